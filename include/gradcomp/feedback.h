@@ -1,0 +1,59 @@
+// Feedback: the per-bucket memory around a codec, composable with any codec.
+//
+// One step on one bucket:
+//   p = fb.compensate(g, info);            // the vector to compress (g corrected by memory)
+//   n = codec.encode(p, frame, ctx, fb.residual());   // residual <- p - D(C(p)), same pass
+//   fb.commit(p);                           // e.g. momentum-factor masking
+// Kinds: "none"; "ef" (error feedback: e <- p - D(C(p)), with optional decay and
+// learning-rate-ratio correction); "dgc" (momentum correction, momentum-factor masking and
+// local gradient clipping); "nesterov" (momentum before compression, optionally with ef).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gradcomp {
+
+// What a feedback needs to know about the current step.
+struct StepInfo {
+  uint64_t step = 0;
+  double lr = 0;       // the learning rate of this step (0: unknown, no lr correction)
+  double prev_lr = 0;  // the learning rate of the previous step (0: unknown)
+  uint32_t world_size = 1;  // for DGC's local clipping threshold
+};
+
+class Feedback {
+ public:
+  virtual ~Feedback() = default;
+
+  // The canonical spec, every parameter spelled out: "ef:decay=1,lr_correction=false".
+  virtual std::string spec() const = 0;
+
+  // Returns the vector to compress for gradient `grad` (same length every step). The span
+  // stays valid until the next call; it may be the feedback's own buffer.
+  virtual std::span<const float> compensate(std::span<const float> grad,
+                                            const StepInfo& info) = 0;
+
+  // Where the codec writes input - decode(frame), or empty when this feedback keeps no
+  // residual. Valid after compensate(); may alias the span compensate() returned.
+  virtual std::span<float> residual() = 0;
+
+  // Called after the codec encoded the compensated vector `sent` (the span compensate
+  // returned, now overwritten by the residual where they alias).
+  virtual void commit() {}
+
+  // The whole memory, for checkpoints; load_state(save_state()) restores it bit-exactly.
+  virtual std::vector<std::byte> save_state() const = 0;
+  virtual void load_state(std::span<const std::byte> state) = 0;
+};
+
+// Builds a feedback from a spec ("ef", "ef:decay=0.9", "dgc:momentum=0.9,clip=1").
+// Throws SpecError naming the feedback, the parameter and what is allowed.
+std::unique_ptr<Feedback> make_feedback(const std::string& spec);
+const std::vector<std::string>& feedback_names();
+
+}  // namespace gradcomp

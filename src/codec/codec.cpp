@@ -1,0 +1,193 @@
+// The Codec base: defaults, the registry of spec names, and the reference payload reduction.
+#include "gradcomp/codec.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <utility>
+
+#include "codec/factories.h"
+#include "common/half.h"
+#include "gradcomp/error.h"
+
+namespace gradcomp {
+namespace {
+
+struct Entry {
+  const char* name;
+  CodecId id;
+  std::unique_ptr<Codec> (*make)(Spec&);
+};
+
+// Documentation order: casts, stochastic quantizers, signs, sparsifiers, low rank, integers.
+constexpr Entry kCodecs[] = {
+    {"none", CodecId::kNone, make_none},
+    {"fp16", CodecId::kFp16, make_fp16},
+    {"bf16", CodecId::kBf16, make_bf16},
+    {"qsgd", CodecId::kQsgd, make_qsgd},
+    {"terngrad", CodecId::kTernGrad, make_terngrad},
+    {"natural", CodecId::kNatural, make_natural},
+    {"dither", CodecId::kDither, make_dither},
+    {"signsgd", CodecId::kSignSgd, make_signsgd},
+    {"efsignsgd", CodecId::kEfSignSgd, make_efsignsgd},
+    {"signum", CodecId::kSignum, make_signum},
+    {"onebit", CodecId::kOneBit, make_onebit},
+    {"topk", CodecId::kTopK, make_topk},
+    {"randomk", CodecId::kRandomK, make_randomk},
+    {"dgc", CodecId::kDgc, make_dgc},
+    {"threshold", CodecId::kThreshold, make_threshold},
+    {"powersgd", CodecId::kPowerSgd, make_powersgd},
+    {"intq", CodecId::kIntQ, make_intq},
+};
+
+template <typename T, typename Op>
+void reduce_as(std::byte* dst, const std::byte* src, size_t count, Op op) {
+  for (size_t i = 0; i < count; ++i) {
+    T a, b;
+    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
+    const T r = op(a, b);
+    std::memcpy(dst + i * sizeof(T), &r, sizeof(T));
+  }
+}
+
+template <typename T>
+void reduce_typed(std::byte* dst, const std::byte* src, size_t count, ReduceOp op) {
+  if (op == ReduceOp::kSum) {
+    reduce_as<T>(dst, src, count, [](T a, T b) { return static_cast<T>(a + b); });
+  } else {
+    reduce_as<T>(dst, src, count, [](T a, T b) { return std::max(a, b); });
+  }
+}
+
+// Half-precision payloads are added in float32 and rounded back, as transports do.
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void reduce_half(std::byte* dst, const std::byte* src, size_t count, ReduceOp op) {
+  reduce_as<uint16_t>(dst, src, count, [op](uint16_t a, uint16_t b) {
+    const float x = ToFloat(a), y = ToFloat(b);
+    return FromFloat(op == ReduceOp::kSum ? x + y : std::max(x, y));
+  });
+}
+
+}  // namespace
+
+size_t dtype_size(DType type) {
+  switch (type) {
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kI8:
+    case DType::kU8:
+      return 1;
+    case DType::kNone:
+      break;
+  }
+  return 0;
+}
+
+const std::vector<std::string>& codec_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& e : kCodecs) v.emplace_back(e.name);
+    return v;
+  }();
+  return names;
+}
+
+const char* codec_name(CodecId id) {
+  for (const auto& e : kCodecs) {
+    if (e.id == id) return e.name;
+  }
+  return "unknown";
+}
+
+std::unique_ptr<Codec> make_codec(const std::string& text) {
+  Spec spec = Spec::parse(text, "codec");
+  for (const auto& e : kCodecs) {
+    if (spec.name() == e.name) {
+      auto codec = e.make(spec);
+      spec.finish();
+      return codec;
+    }
+  }
+  throw SpecError(fmt::format("unknown codec '{}'; available codecs: {}", spec.name(),
+                              fmt::join(codec_names(), ", ")));
+}
+
+const char* Codec::name() const { return codec_name(id()); }
+
+uint32_t Codec::param_hash() const { return fnv1a32(spec()); }
+
+FrameExpectation Codec::expectation(uint64_t elements, uint8_t round) const {
+  return {static_cast<uint8_t>(id()), name(), param_hash(), round, elements};
+}
+
+void Codec::finalize(std::span<float> sum, uint32_t count) const {
+  if (count <= 1) return;
+  const float inv = 1.0f / static_cast<float>(count);
+  for (float& x : sum) x *= inv;
+}
+
+ReduceOp Codec::round_op(int) const { return ReduceOp::kSum; }
+
+size_t Codec::max_round_bytes(int round, size_t) const {
+  throw Error(fmt::format("codec '{}' has a single round; round {} does not exist", name(), round));
+}
+
+size_t Codec::encode_round(int round, std::span<const float>, std::span<std::byte>,
+                           const Context&) {
+  throw Error(fmt::format("codec '{}' has a single round; round {} does not exist", name(), round));
+}
+
+void Codec::absorb_round(int round, std::span<const std::byte>, const Context&) {
+  throw Error(fmt::format("codec '{}' has a single round; round {} does not exist", name(), round));
+}
+
+void Codec::load_state(std::span<const std::byte> state) {
+  if (!state.empty()) {
+    throw Error(fmt::format("codec '{}' keeps no state, but a state of {} bytes was given",
+                            name(), state.size()));
+  }
+}
+
+void reduce_frame_into(std::span<std::byte> dst, std::span<const std::byte> src, DType type,
+                       ReduceOp op) {
+  FrameHeader a = read_frame_header(dst);
+  const FrameHeader b = read_frame_header(src);
+  if (a.codec_id != b.codec_id || a.param_hash != b.param_hash || a.round != b.round ||
+      a.elements != b.elements || a.payload_bytes != b.payload_bytes || a.aux != b.aux) {
+    throw FrameError(fmt::format(
+        "frames cannot be summed: codec {}/{}, round {}/{}, elements {}/{}, payload {}/{} bytes, "
+        "aux 0x{:x}/0x{:x} must all be equal",
+        codec_name(static_cast<CodecId>(a.codec_id)), codec_name(static_cast<CodecId>(b.codec_id)),
+        a.round, b.round, a.elements, b.elements, a.payload_bytes, b.payload_bytes, a.aux, b.aux));
+  }
+  const size_t width = dtype_size(type);
+  if (width == 0 || a.payload_bytes % width != 0) {
+    throw FrameError(fmt::format("payload of {} bytes is not an array of {}-byte elements",
+                                 a.payload_bytes, width));
+  }
+  std::byte* d = dst.data() + kFrameHeaderBytes;
+  const std::byte* s = src.data() + kFrameHeaderBytes;
+  const size_t count = a.payload_bytes / width;
+  switch (type) {
+    case DType::kF32: reduce_typed<float>(d, s, count, op); break;
+    case DType::kI32: reduce_typed<int32_t>(d, s, count, op); break;
+    case DType::kI8: reduce_typed<int8_t>(d, s, count, op); break;
+    case DType::kU8: reduce_typed<uint8_t>(d, s, count, op); break;
+    case DType::kF16: reduce_half<half_to_float, float_to_half>(d, s, count, op); break;
+    case DType::kBF16: reduce_half<bf16_to_float, float_to_bf16>(d, s, count, op); break;
+    case DType::kNone: break;
+  }
+  a.summands += b.summands;
+  a.flags |= b.flags;
+  write_frame_header(a, dst);
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,257 @@
+// The contract every codec keeps, checked for all of them: framing, bad frames, zero-length
+// input, NaN/Inf propagation, the error-feedback invariant, determinism and thread-count
+// independence, summability, and round trip of the aggregate through the reference route.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gradcomp/error.h"
+#include "gradcomp/spec.h"
+#include "support/codec_testing.h"
+
+namespace gradcomp {
+namespace {
+
+using testing::decode;
+using testing::encode;
+using testing::gradient;
+
+// One representative spec per codec (every codec in codec_names() must appear).
+const std::vector<std::string> kSpecs = {
+    "none",          "fp16",           "bf16",          "qsgd:levels=16",
+    "terngrad",      "natural",        "dither:levels=8", "signsgd",
+    "efsignsgd",     "signum",         "onebit",        "topk:ratio=0.01",
+    "randomk:ratio=0.01", "dgc:ratio=0.01", "threshold:tau=0.5", "powersgd:rank=2",
+    "intq:bits=8",
+};
+
+class CodecContract : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<Codec> codec_ = make_codec(GetParam());
+  bool multi_round() const { return codec_->traits().rounds > 1; }
+  // Runs the rounds before the last on this codec alone (world of one).
+  void prepare(std::span<const float> x, const Context& ctx) {
+    for (int r = 0; r + 1 < codec_->traits().rounds; ++r) {
+      std::vector<std::byte> f(codec_->max_round_bytes(r, x.size()));
+      f.resize(codec_->encode_round(r, x, f, ctx));
+      codec_->absorb_round(r, f, ctx);
+    }
+  }
+};
+
+TEST(CodecRegistry, EveryCodecHasAContractSpec) {
+  for (const auto& name : codec_names()) {
+    bool found = false;
+    for (const auto& s : kSpecs) found |= Spec::parse(s).name() == name;
+    EXPECT_TRUE(found) << name;
+  }
+}
+
+TEST(CodecRegistry, UnknownCodecListsTheAvailableOnes) {
+  try {
+    make_codec("zip");
+    FAIL() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown codec 'zip'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("topk"), std::string::npos);
+  }
+}
+
+TEST_P(CodecContract, UnknownParameterIsNamed) {
+  const std::string bad = GetParam() + (GetParam().find(':') == std::string::npos ? ":" : ",") +
+                          "bogus=1";
+  try {
+    make_codec(bad);
+    FAIL() << "no error for " << bad;
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown parameter 'bogus'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(codec_->name()), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(CodecContract, CanonicalSpecRebuildsTheSameCodec) {
+  auto again = make_codec(codec_->spec());
+  EXPECT_EQ(again->spec(), codec_->spec());
+  EXPECT_EQ(again->param_hash(), codec_->param_hash());
+}
+
+TEST_P(CodecContract, FrameFitsTheBoundAndNamesItsCodec) {
+  for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{70001}}) {
+    const auto x = gradient(n, n);
+    Context ctx;
+    prepare(x, ctx);
+    const auto frame = encode(*codec_, x, ctx);
+    EXPECT_LE(frame.size(), codec_->max_frame_bytes(n));
+    const FrameHeader h = read_frame_header(frame);
+    EXPECT_EQ(h.codec_id, static_cast<uint8_t>(codec_->id()));
+    EXPECT_EQ(h.elements, n);
+    EXPECT_EQ(h.summands, 1u);
+    EXPECT_EQ(frame.size(), kFrameHeaderBytes + h.payload_bytes);
+  }
+}
+
+TEST_P(CodecContract, ZeroLengthTensorWorks) {
+  std::vector<float> empty;
+  Context ctx;
+  prepare(empty, ctx);
+  const auto frame = encode(*codec_, empty, ctx);
+  std::vector<float> sum;
+  codec_->decode_accumulate(frame, sum, ctx);
+  codec_->finalize(sum, 2);
+}
+
+TEST_P(CodecContract, RejectsTruncatedFramesAtEveryLength) {
+  const auto x = gradient(300, 3);
+  Context ctx;
+  prepare(x, ctx);
+  const auto frame = encode(*codec_, x, ctx);
+  std::vector<float> sum(x.size());
+  for (size_t len = 0; len < frame.size(); ++len) {
+    EXPECT_THROW(codec_->decode_accumulate(std::span(frame).first(len), sum, ctx), FrameError)
+        << "length " << len;
+  }
+}
+
+TEST_P(CodecContract, RejectsWrongLengthAndForeignFrames) {
+  const auto x = gradient(300, 4);
+  Context ctx;
+  prepare(x, ctx);
+  const auto frame = encode(*codec_, x, ctx);
+  std::vector<float> shorter(299), longer(301);
+  EXPECT_THROW(codec_->decode_accumulate(frame, shorter, ctx), FrameError);
+  EXPECT_THROW(codec_->decode_accumulate(frame, longer, ctx), FrameError);
+  auto padded = frame;
+  padded.push_back(std::byte{0});
+  std::vector<float> sum(300);
+  EXPECT_THROW(codec_->decode_accumulate(padded, sum, ctx), FrameError);
+  // A frame of another codec.
+  auto other = make_codec(codec_->id() == CodecId::kNone ? "fp16" : "none");
+  EXPECT_THROW(codec_->decode_accumulate(encode(*other, x), sum, ctx), FrameError);
+  // Another version, and a flipped header bit.
+  auto versioned = frame;
+  versioned[4] = std::byte{2};
+  EXPECT_THROW(codec_->decode_accumulate(versioned, sum, ctx), FrameError);
+  auto flipped = frame;
+  flipped[17] ^= std::byte{0x10};
+  EXPECT_THROW(codec_->decode_accumulate(flipped, sum, ctx), FrameError);
+}
+
+TEST_P(CodecContract, SameSeedSameBytesOnAnyThreadCount) {
+  const auto x = gradient(300000, 5);
+  Context one{.seed = 42, .bucket = 3, .step = 9, .rank = 1, .world_size = 4, .threads = 1};
+  Context many = one;
+  many.threads = 2;
+  auto a = make_codec(GetParam()), b = make_codec(GetParam());
+  auto run = [&](Codec& c, const Context& ctx) {
+    for (int r = 0; r + 1 < c.traits().rounds; ++r) {
+      std::vector<std::byte> f(c.max_round_bytes(r, x.size()));
+      f.resize(c.encode_round(r, x, f, ctx));
+      c.absorb_round(r, f, ctx);
+    }
+    return encode(c, x, ctx);
+  };
+  EXPECT_EQ(run(*a, one), run(*b, many));
+}
+
+TEST_P(CodecContract, ResidualPlusDecodedEqualsInput) {
+  const auto x = gradient(5000, 6);
+  Context ctx{.seed = 7};
+  prepare(x, ctx);
+  std::vector<float> residual(x.size());
+  const auto frame = encode(*codec_, x, ctx, residual);
+  const auto decoded = decode(*codec_, frame, x.size(), ctx);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float sent_plus_left = decoded[i] + residual[i];
+    const float tolerance = std::numeric_limits<float>::epsilon() *
+                            std::max({std::fabs(x[i]), std::fabs(decoded[i]), 1e-30f});
+    ASSERT_NEAR(sent_plus_left, x[i], tolerance) << "element " << i;
+  }
+}
+
+TEST_P(CodecContract, ResidualMayAliasTheInput) {
+  auto x = gradient(5000, 8);
+  Context ctx{.seed = 7};
+  prepare(x, ctx);
+  std::vector<float> separate(x.size());
+  auto twin = make_codec(GetParam());
+  for (int r = 0; r + 1 < twin->traits().rounds; ++r) {
+    std::vector<std::byte> f(twin->max_round_bytes(r, x.size()));
+    f.resize(twin->encode_round(r, x, f, ctx));
+    twin->absorb_round(r, f, ctx);
+  }
+  const auto expected = encode(*twin, x, ctx, separate);
+  const auto frame = encode(*codec_, x, ctx, x);  // in place
+  EXPECT_EQ(frame, expected);
+  EXPECT_EQ(x, separate);
+}
+
+TEST_P(CodecContract, NanAndInfReachTheDecodedOutput) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    auto x = gradient(1000, 9);
+    x[123] = bad;
+    Context ctx;
+    auto fresh = make_codec(GetParam());
+    for (int r = 0; r + 1 < fresh->traits().rounds; ++r) {
+      std::vector<std::byte> f(fresh->max_round_bytes(r, x.size()));
+      f.resize(fresh->encode_round(r, x, f, ctx));
+      fresh->absorb_round(r, f, ctx);
+    }
+    const auto out = decode(*fresh, encode(*fresh, x, ctx), x.size(), ctx);
+    bool non_finite = false;
+    for (float v : out) non_finite |= !std::isfinite(v);
+    EXPECT_TRUE(non_finite) << "input held " << bad;
+  }
+}
+
+TEST_P(CodecContract, SummedFramesDecodeToTheSumOfDecodes) {
+  if (!codec_->traits().summable || multi_round()) GTEST_SKIP() << "not a single-round summable codec";
+  const size_t n = 4000;
+  const uint32_t world = 4;
+  std::vector<std::vector<std::byte>> frames;
+  std::vector<float> expected(n, 0.0f);
+  for (uint32_t r = 0; r < world; ++r) {
+    Context ctx{.seed = 11, .step = 2, .rank = r, .world_size = world};
+    auto c = make_codec(GetParam());
+    frames.push_back(encode(*c, gradient(n, 100 + r), ctx));
+    c->decode_accumulate(frames.back(), expected, ctx);
+  }
+  for (uint32_t r = 1; r < world; ++r) {
+    reduce_frame_into(frames[0], frames[r], codec_->traits().payload_type, ReduceOp::kSum);
+  }
+  EXPECT_EQ(read_frame_header(frames[0]).summands, world);
+  const auto summed = decode(*codec_, frames[0], n, Context{.seed = 11, .step = 2, .world_size = world});
+  const float tol = codec_->traits().payload_type == DType::kF16 ||
+                            codec_->traits().payload_type == DType::kBF16
+                        ? 0.02f
+                        : 1e-4f;
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(summed[i], expected[i], tol * (1 + std::fabs(expected[i]))) << i;
+}
+
+TEST_P(CodecContract, StateSurvivesSaveAndLoad) {
+  const auto x = gradient(2000, 12);
+  Context ctx;
+  prepare(x, ctx);
+  encode(*codec_, x, ctx);  // advance any state
+  auto copy = make_codec(GetParam());
+  copy->load_state(codec_->save_state());
+  EXPECT_EQ(copy->save_state(), codec_->save_state());
+  Context next{.step = 1};
+  prepare(x, next);
+  for (int r = 0; r + 1 < copy->traits().rounds; ++r) {
+    std::vector<std::byte> f(copy->max_round_bytes(r, x.size()));
+    f.resize(copy->encode_round(r, x, f, next));
+    copy->absorb_round(r, f, next);
+  }
+  EXPECT_EQ(encode(*copy, x, next), encode(*codec_, x, next));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecContract, ::testing::ValuesIn(kSpecs),
+                         [](const auto& info) {
+                           std::string name = Spec::parse(info.param).name();
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace gradcomp
