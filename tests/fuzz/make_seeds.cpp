@@ -1,0 +1,42 @@
+// Writes a seed corpus for frame_fuzz: valid frames of every fuzzed codec, a few sizes each.
+// Usage: frame_fuzz_seeds DIR
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "fuzz_codecs.h"
+#include "gradcomp/codec.h"
+#include "gradcomp/random.h"
+
+int main(int argc, char** argv) {
+  using namespace gradcomp;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    return 2;
+  }
+  std::filesystem::create_directories(argv[1]);
+  const auto& specs = fuzz::fuzz_specs();
+  for (size_t c = 0; c < specs.size(); ++c) {
+    for (size_t n : {0, 1, 5, 64, 300}) {
+      auto codec = make_codec(specs[c]);
+      std::vector<float> x(n);
+      const CounterRng rng(5, c, n, 0);
+      for (size_t i = 0; i < n; ++i) x[i] = rng.uniform(static_cast<uint32_t>(i)) - 0.5f;
+      const Context ctx{.seed = 1, .world_size = 4};
+      for (int r = 0; r + 1 < codec->traits().rounds; ++r) {
+        std::vector<std::byte> f(codec->max_round_bytes(r, n));
+        f.resize(codec->encode_round(r, x, f, ctx));
+        codec->absorb_round(r, f, ctx);
+      }
+      std::vector<std::byte> frame(codec->max_frame_bytes(n));
+      frame.resize(codec->encode(x, frame, ctx));
+      std::ofstream out(std::string(argv[1]) + "/" + std::to_string(c) + "_" + std::to_string(n),
+                        std::ios::binary);
+      const char prefix[2] = {static_cast<char>(c), 0};
+      out.write(prefix, 2);
+      out.write(reinterpret_cast<const char*>(frame.data()), static_cast<std::streamsize>(frame.size()));
+    }
+  }
+  return 0;
+}
