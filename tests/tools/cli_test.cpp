@@ -1,0 +1,78 @@
+// The gradcomp command, run as a user would: its output, its JSON and its errors.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <sys/wait.h>
+
+#include "gradcomp/codec.h"
+
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+Result run(const std::string& args) {
+  const std::string command = std::string(GRADCOMP_CLI) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t got = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), got);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Cli, ListsEveryCodec) {
+  const Result r = run("codecs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& name : gradcomp::codec_names()) {
+    EXPECT_NE(r.output.find("\n" + name + " "), std::string::npos) << name;
+  }
+}
+
+TEST(Cli, BenchWritesJsonWithMemcpyBaseline) {
+  const auto path = std::filesystem::temp_directory_path() / "gradcomp_cli_test.json";
+  const Result r =
+      run("bench codecs --codecs 'none;topk:ratio=0.01' --sizes 10,12 --min-time 0 --json " +
+          path.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("memcpy"), std::string::npos);
+  std::ifstream in(path);
+  const auto doc = nlohmann::json::parse(in);
+  ASSERT_EQ(doc["results"].size(), 4u);
+  ASSERT_EQ(doc["baselines"].size(), 2u);
+  for (const auto& row : doc["results"]) {
+    EXPECT_GT(row["encode_gbps"].get<double>(), 0);
+    EXPECT_GT(row["decode_gbps"].get<double>(), 0);
+    EXPECT_GT(row["memcpy_gbps"].get<double>(), 0);
+  }
+  EXPECT_EQ(doc["results"][1]["spec"], "topk:ratio=0.01");
+  EXPECT_GT(doc["results"][1]["compression_ratio"].get<double>(), 10);
+  std::filesystem::remove(path);
+}
+
+TEST(Cli, BadSpecIsAClearError) {
+  const Result r = run("bench codecs --codecs 'topk:ratio=1.5' --sizes 10");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("codec 'topk': parameter 'ratio' = 1.5 is out of range"),
+            std::string::npos)
+      << r.output;
+  const Result unknown = run("bench codecs --codecs zip --sizes 10");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.output.find("available codecs: none, fp16"), std::string::npos)
+      << unknown.output;
+}
+
+TEST(Cli, BadOptionIsRejected) {
+  const Result r = run("bench codecs --sizes 99");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--sizes"), std::string::npos) << r.output;
+}
+
+}  // namespace
