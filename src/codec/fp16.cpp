@@ -1,6 +1,125 @@
-// PENDING: replaced by the real codec.
+// fp16: each float32 is cast to IEEE binary16, round to nearest even. Overflow becomes Inf and
+// NaN stays NaN (IEEE semantics, so a loss scaler sees an overflow). Summable: payloads of
+// several ranks add element-wise as fp16. docs/wire/fp16.md describes the frame.
+//
+// Payload: n little-endian binary16 values.
+#include <cstring>
+
+#if defined(__AVX512F__) || defined(__F16C__)
+// GCC 12 flags the intrinsics' internal _mm512_undefined_* values as uninitialized.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+#include "codec/casts_frame.h"
 #include "codec/factories.h"
+#include "common/half.h"
+#include "common/parallel.h"
 
 namespace gradcomp {
-std::unique_ptr<Codec> make_fp16(Spec& spec) { spec.fail("PENDING: not written yet"); }
+namespace {
+
+constexpr const char* kName = "fp16";
+// vcvtps2ph's rounding control: round to nearest even whatever MXCSR says, no exceptions.
+#if defined(__AVX512F__) || defined(__F16C__)
+constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#endif
+
+// Casts x[0, n) into out (2n bytes); residual[i] = x[i] - half(x[i]) when kResidual (it may
+// alias x). The vector paths and the scalar tail give the bytes of float_to_half (half.h).
+template <bool kResidual>
+void encode_run(const float* x, size_t n, std::byte* out, float* residual) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m256i h = _mm512_cvtps_ph(v, kRne);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * i), h);
+    if constexpr (kResidual) _mm512_storeu_ps(residual + i, _mm512_sub_ps(v, _mm512_cvtph_ps(h)));
+  }
+#elif defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m128i h = _mm256_cvtps_ph(v, kRne);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
+    if constexpr (kResidual) _mm256_storeu_ps(residual + i, _mm256_sub_ps(v, _mm256_cvtph_ps(h)));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float v = x[i];
+    const uint16_t h = float_to_half(v);
+    std::memcpy(out + 2 * i, &h, 2);
+    if constexpr (kResidual) residual[i] = v - half_to_float(h);
+  }
+}
+
+// sum[i] += half(in[i]) for i in [0, n).
+void accumulate_run(const std::byte* in, size_t n, float* sum) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
+    _mm512_storeu_ps(sum + i, _mm512_add_ps(_mm512_loadu_ps(sum + i), _mm512_cvtph_ps(h)));
+  }
+#elif defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
+    _mm256_storeu_ps(sum + i, _mm256_add_ps(_mm256_loadu_ps(sum + i), _mm256_cvtph_ps(h)));
+  }
+#endif
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, 2);
+    sum[i] += half_to_float(h);
+  }
+}
+
+class Fp16Codec final : public Codec {
+ public:
+  CodecId id() const override { return CodecId::kFp16; }
+  std::string spec() const override { return kName; }
+  CodecTraits traits() const override {
+    return {.summable = true, .payload_type = DType::kF16, .bits_per_element = 16,
+            .unbiased = false};
+  }
+  size_t max_frame_bytes(size_t n) const override { return kFrameHeaderBytes + 2 * n; }
+
+  size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
+                std::span<float> residual) override {
+    const size_t n = input.size();
+    casts::check_buffers(kName, n, out, max_frame_bytes(n), residual);
+    std::byte* payload = out.data() + kFrameHeaderBytes;
+    for_chunks(n, ctx.threads, [&](size_t b, size_t e, size_t) {
+      if (residual.empty()) {
+        encode_run<false>(input.data() + b, e - b, payload + 2 * b, nullptr);
+      } else {
+        encode_run<true>(input.data() + b, e - b, payload + 2 * b, residual.data() + b);
+      }
+    });
+    write_frame_header({.codec_id = static_cast<uint8_t>(id()), .param_hash = param_hash(),
+                        .elements = n, .payload_bytes = 2 * n},
+                       out);
+    return max_frame_bytes(n);
+  }
+
+  void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
+                         const Context& ctx) const override {
+    FrameHeader h;
+    const auto payload = check_frame(frame, expectation(sum.size()), &h);
+    const bool non_finite =
+        casts::check_header(kName, h, payload.size(), 2 * sum.size(), /*summable=*/true);
+    for_chunks(sum.size(), ctx.threads, [&](size_t b, size_t e, size_t) {
+      accumulate_run(payload.data() + 2 * b, e - b, sum.data() + b);
+    });
+    if (non_finite) casts::add_nan(sum);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_fp16(Spec&) { return std::make_unique<Fp16Codec>(); }
+
 }  // namespace gradcomp

@@ -1,6 +1,164 @@
-// PENDING: replaced by the real codec.
+// signum: the sign of momentum (Bernstein et al., signSGD with majority vote, "Signum"). The
+// codec keeps a momentum m (n floats: zeros at the first encode; n must not change after)
+// and on each encode of gradient g computes
+//     m <- beta * m + (1 - beta) * g        (as fma(beta, m, float(1 - beta) * g) in float32)
+// and sends sign(m), decoded as +1 / -1; the aggregate of W ranks is the majority vote, 0 on a
+// tie. The residual is g - sign(m) (input minus decoded). A NaN or Inf gradient element leaves
+// its momentum unchanged, so one overflow does not poison the state for good; the frame carries
+// the non-finite flag instead and the decoder adds NaN everywhere. docs/wire/signum.md.
+//
+// Payload: ceil(n/8) bytes of sign bits of m, LSB-first, bit = 1 when m < 0.
+// State (save_state): "SGNM", u32 version 1, u64 n, then n float32 values of m; no bytes
+// before the first encode.
+#include <cstring>
+
+#include "codec/casts_frame.h"
 #include "codec/factories.h"
+#include "codec/sign_bits.h"
 
 namespace gradcomp {
-std::unique_ptr<Codec> make_signum(Spec& spec) { spec.fail("PENDING: not written yet"); }
+namespace {
+
+constexpr const char* kName = "signum";
+constexpr uint32_t kStateMagic = 0x4d4e4753;  // "SGNM" read as little-endian u32
+constexpr uint32_t kStateVersion = 1;
+constexpr size_t kStateHeaderBytes = 16;
+
+class SignumCodec final : public Codec {
+ public:
+  explicit SignumCodec(double beta)
+      : beta_(beta),
+        beta_f_(static_cast<float>(beta)),
+        one_minus_beta_f_(static_cast<float>(1.0 - beta)) {}
+
+  CodecId id() const override { return CodecId::kSignum; }
+  std::string spec() const override {
+    return fmt::format("{}:momentum={}", kName, format_number(beta_));
+  }
+  // Not shardable: the momentum belongs to the whole bucket and its size is fixed.
+  CodecTraits traits() const override {
+    return {.shardable = false, .bits_per_element = 1, .unbiased = false,
+            .aggregation = Aggregation::kMajorityVote};
+  }
+  size_t max_frame_bytes(size_t n) const override {
+    return kFrameHeaderBytes + sign_bits::bytes_for(n);
+  }
+
+  size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
+                std::span<float> residual) override {
+    const size_t n = input.size();
+    casts::check_buffers(kName, n, out, max_frame_bytes(n), residual);
+    prepare_momentum(n);
+    auto* bits = reinterpret_cast<uint8_t*>(out.data() + kFrameHeaderBytes);
+    const bool non_finite = reduce_chunks<int>(
+        n, ctx.threads, 0,
+        [&](size_t b, size_t e) {
+          return static_cast<int>(sign_bits::momentum_pack(
+              input.data() + b, momentum_.data() + b, e - b, beta_f_, one_minus_beta_f_,
+              bits + b / 8, residual.empty() ? nullptr : residual.data() + b));
+        },
+        [](int a, int c) { return a | c; }) != 0;
+    write_frame_header({.codec_id = static_cast<uint8_t>(id()),
+                        .flags = non_finite ? kFlagNonFinite : uint8_t{0},
+                        .param_hash = param_hash(), .elements = n,
+                        .payload_bytes = sign_bits::bytes_for(n)},
+                       out);
+    return max_frame_bytes(n);
+  }
+
+  void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
+                         const Context& ctx) const override {
+    FrameHeader h;
+    const auto payload = check_frame(frame, expectation(sum.size()), &h);
+    const bool non_finite = casts::check_header(kName, h, payload.size(),
+                                                sign_bits::bytes_for(sum.size()), false);
+    casts::check_padding(kName, payload.data(), sum.size());
+    if (non_finite) {
+      casts::add_nan(sum);
+      return;
+    }
+    sign_bits::accumulate_chunks(payload.data(), sum, -1.0f, 1.0f, ctx.threads);
+  }
+
+  void finalize(std::span<float> sum, uint32_t) const override { sign_bits::majority_vote(sum); }
+
+  std::vector<std::byte> save_state() const override {
+    if (!has_momentum_) return {};
+    std::vector<std::byte> state(kStateHeaderBytes + 4 * momentum_.size());
+    const uint64_t count = momentum_.size();
+    std::memcpy(state.data(), &kStateMagic, 4);
+    std::memcpy(state.data() + 4, &kStateVersion, 4);
+    std::memcpy(state.data() + 8, &count, 8);
+    if (count != 0) std::memcpy(state.data() + kStateHeaderBytes, momentum_.data(), 4 * count);
+    return state;
+  }
+
+  void load_state(std::span<const std::byte> state) override {
+    if (state.empty()) {  // the state of a codec that never encoded
+      momentum_.clear();
+      has_momentum_ = false;
+      return;
+    }
+    const uint64_t count = check_state(state);
+    momentum_.resize(count);
+    if (count != 0) std::memcpy(momentum_.data(), state.data() + kStateHeaderBytes, 4 * count);
+    has_momentum_ = true;
+  }
+
+ private:
+  // Creates the momentum (zeros) on the first encode. A codec instance serves one bucket,
+  // whose length never changes: another length means the codec is shared by mistake, and
+  // silently restarting the momentum would hide that.
+  void prepare_momentum(size_t n) {
+    if (!has_momentum_) {
+      momentum_.assign(n, 0.0f);
+      has_momentum_ = true;
+    } else if (momentum_.size() != n) {
+      throw Error(fmt::format("codec '{}': its momentum holds {} elements but the input has {}; "
+                              "a signum codec serves one bucket of a fixed length",
+                              kName, momentum_.size(), n));
+    }
+  }
+
+  // Validates a saved state and returns its element count.
+  static uint64_t check_state(std::span<const std::byte> state) {
+    if (state.size() < kStateHeaderBytes) {
+      throw Error(fmt::format("codec '{}': state of {} bytes is shorter than its {}-byte header",
+                              kName, state.size(), kStateHeaderBytes));
+    }
+    uint32_t magic, version;
+    uint64_t count;
+    std::memcpy(&magic, state.data(), 4);
+    std::memcpy(&version, state.data() + 4, 4);
+    std::memcpy(&count, state.data() + 8, 8);
+    if (magic != kStateMagic) {
+      throw Error(fmt::format("codec '{}': state magic 0x{:08x} is not \"SGNM\" (0x{:08x})", kName,
+                              magic, kStateMagic));
+    }
+    if (version != kStateVersion) {
+      throw Error(fmt::format("codec '{}': state version {} is not supported; allowed: {}", kName,
+                              version, kStateVersion));
+    }
+    const size_t body = state.size() - kStateHeaderBytes;
+    if (body % 4 != 0 || count != body / 4) {
+      throw Error(fmt::format("codec '{}': state announces {} momentum values but holds {} bytes "
+                              "after its header; expected 4 per value",
+                              kName, count, body));
+    }
+    return count;
+  }
+
+  double beta_;
+  float beta_f_;
+  float one_minus_beta_f_;
+  std::vector<float> momentum_;
+  bool has_momentum_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_signum(Spec& spec) {
+  return std::make_unique<SignumCodec>(spec.get_double("momentum", 0.9, 0.0, 1.0, false, true));
+}
+
 }  // namespace gradcomp

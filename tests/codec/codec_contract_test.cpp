@@ -78,6 +78,7 @@ TEST_P(CodecContract, CanonicalSpecRebuildsTheSameCodec) {
 
 TEST_P(CodecContract, FrameFitsTheBoundAndNamesItsCodec) {
   for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{70001}}) {
+    codec_ = make_codec(GetParam());  // a codec instance serves one bucket length
     const auto x = gradient(n, n);
     Context ctx;
     prepare(x, ctx);

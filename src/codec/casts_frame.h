@@ -1,0 +1,77 @@
+// Frame checks shared by the cast and sign codecs (fp16, bf16, signsgd, efsignsgd, signum,
+// onebit): none of them uses aux, and only the casts are summable.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+
+#include "gradcomp/error.h"
+#include "gradcomp/frame.h"
+
+namespace gradcomp::casts {
+
+// Throws unless `out` can hold a frame of `needed` bytes and `residual` is empty or has one
+// element per input element.
+inline void check_buffers(const char* codec, size_t n, std::span<std::byte> out, size_t needed,
+                          std::span<const float> residual) {
+  if (out.size() < needed) {
+    throw Error(fmt::format("codec '{}': output buffer of {} bytes is too small; the frame "
+                            "needs {}",
+                            codec, out.size(), needed));
+  }
+  if (!residual.empty() && residual.size() != n) {
+    throw Error(fmt::format("codec '{}': residual has {} elements, the input {}; allowed: empty "
+                            "or the input's length",
+                            codec, residual.size(), n));
+  }
+}
+
+// Checks the header fields these codecs do not carry data in (flags beyond the non-finite bit,
+// aux, and summands for codecs whose frames cannot be summed) and the payload length. Returns
+// whether the non-finite flag is set.
+inline bool check_header(const char* codec, const FrameHeader& h, size_t payload_bytes,
+                         size_t expected_payload_bytes, bool summable) {
+  if ((h.flags & ~kFlagNonFinite) != 0) {
+    throw FrameError(fmt::format("codec '{}': frame flags 0x{:02x} hold unknown bits; allowed: "
+                                 "0x{:02x} (non-finite)",
+                                 codec, h.flags, kFlagNonFinite));
+  }
+  if (h.aux != 0) {
+    throw FrameError(fmt::format("codec '{}': frame aux is 0x{:08x}; this codec writes 0", codec,
+                                 h.aux));
+  }
+  if (!summable && h.summands != 1) {
+    throw FrameError(fmt::format("codec '{}': frame claims {} summands, but its frames cannot be "
+                                 "summed; allowed: 1",
+                                 codec, h.summands));
+  }
+  if (payload_bytes != expected_payload_bytes) {
+    throw FrameError(fmt::format("codec '{}': payload is {} bytes; {} elements need exactly {}",
+                                 codec, payload_bytes, h.elements, expected_payload_bytes));
+  }
+  return (h.flags & kFlagNonFinite) != 0;
+}
+
+// Sign bits: the padding bits after element n in the last byte must be zero (one canonical
+// encoding per frame, and a check that catches some corruption).
+inline void check_padding(const char* codec, const std::byte* bits, size_t n) {
+  if (n % 8 == 0) return;
+  const auto last = std::to_integer<uint8_t>(bits[n / 8]);
+  if ((last >> (n % 8)) != 0) {
+    throw FrameError(fmt::format("codec '{}': padding bits after element {} are not zero "
+                                 "(last byte 0x{:02x})",
+                                 codec, n, last));
+  }
+}
+
+// The decoder's answer to the non-finite flag: every element of the sum becomes NaN.
+inline void add_nan(std::span<float> sum) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float& s : sum) s += nan;
+}
+
+}  // namespace gradcomp::casts
