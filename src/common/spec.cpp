@@ -31,6 +31,10 @@ std::string bound_text(double lo, double hi, bool lo_open, bool hi_open) {
 }  // namespace
 
 std::string format_number(double value) {
+  // Integral values print as integers (1000000, not 1e+06) so integer getters read them back.
+  if (value == std::trunc(value) && std::fabs(value) < 0x1.0p53) {
+    return fmt::format("{}", static_cast<int64_t>(value));
+  }
   char buf[64];
   const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
   return ec == std::errc{} ? std::string(buf, end) : fmt::format("{}", value);

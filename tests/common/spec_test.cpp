@@ -90,6 +90,9 @@ TEST(Spec, MalformedText) {
 TEST(Spec, FormatNumberRoundTrips) {
   EXPECT_EQ(format_number(0.01), "0.01");
   EXPECT_EQ(format_number(16), "16");
+  EXPECT_EQ(format_number(1e6), "1000000");
+  EXPECT_EQ(format_number(-3), "-3");
+  EXPECT_EQ(format_number(1e-7), "1e-07");
   EXPECT_EQ(format_number(0.1 + 0.2), "0.30000000000000004");
 }
 
