@@ -1,6 +1,63 @@
-// PENDING: replaced by the real feedback.
+// ef: error feedback (Seide et al. 2014; Karimireddy et al. 2019), with the learning-rate
+// correction of dist-EF-SGDM (Zheng et al. 2019; BytePS "corrected_ef").
+//
+//   p = g + alpha * e,  alpha = decay * (lr_correction && prev_lr > 0 && lr > 0 ? prev_lr / lr : 1)
+//   e <- p - D(C(p))    (written by the codec into residual(), in place)
+// alpha is computed in double and rounded to float; p[i] = fma(alpha, e[i], g[i]).
+// One buffer holds e between steps and p after compensate(): residual() aliases the vector to
+// compress, and the codec overwrites it with the new e in the same pass.
+// Parameters: decay in [0, 1] (default 1), lr_correction (default false).
+// State: the buffer e (format in state_io.h).
+#include <cmath>
+
 #include "feedback/factories.h"
+#include "feedback/state_io.h"
+#include "gradcomp/spec.h"
 
 namespace gradcomp {
-std::unique_ptr<Feedback> make_error_feedback(Spec& spec) { spec.fail("PENDING: not written yet"); }
+namespace {
+
+class ErrorFeedback final : public Feedback {
+ public:
+  ErrorFeedback(double decay, bool lr_correction) : decay_(decay), lr_correction_(lr_correction) {}
+
+  std::string spec() const override {
+    return fmt::format("ef:decay={},lr_correction={}", format_number(decay_),
+                       lr_correction_ ? "true" : "false");
+  }
+
+  std::span<const float> compensate(std::span<const float> grad, const StepInfo& info) override {
+    memory_.fit(grad.size(), {&e_});
+    const auto alpha = static_cast<float>(alpha_for(info));
+    float* e = e_.data();
+    const float* g = grad.data();
+    for (size_t i = 0; i < grad.size(); ++i) e[i] = std::fma(alpha, e[i], g[i]);
+    return e_;
+  }
+
+  std::span<float> residual() override { return e_; }
+
+  std::vector<std::byte> save_state() const override { return memory_.save({&e_}); }
+  void load_state(std::span<const std::byte> state) override { memory_.load(state, {&e_}); }
+
+ private:
+  double alpha_for(const StepInfo& info) const {
+    const bool rescale = lr_correction_ && info.prev_lr > 0 && info.lr > 0;
+    return decay_ * (rescale ? info.prev_lr / info.lr : 1.0);
+  }
+
+  double decay_;
+  bool lr_correction_;
+  std::vector<float> e_;  // e between steps; p between compensate() and the codec's encode
+  feedback::Memory memory_{"ef", feedback::FeedbackKind::kErrorFeedback};
+};
+
+}  // namespace
+
+std::unique_ptr<Feedback> make_error_feedback(Spec& spec) {
+  const double decay = spec.get_double("decay", 1.0, 0.0, 1.0);
+  const bool lr_correction = spec.get_bool("lr_correction", false);
+  return std::make_unique<ErrorFeedback>(decay, lr_correction);
+}
+
 }  // namespace gradcomp

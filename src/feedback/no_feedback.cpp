@@ -1,6 +1,31 @@
-// PENDING: replaced by the real feedback.
+// none: no memory. compensate() returns the gradient itself, there is no residual, and the
+// state is empty.
+#include <fmt/format.h>
+
 #include "feedback/factories.h"
+#include "gradcomp/error.h"
 
 namespace gradcomp {
-std::unique_ptr<Feedback> make_no_feedback(Spec& spec) { spec.fail("PENDING: not written yet"); }
+namespace {
+
+class NoFeedback final : public Feedback {
+ public:
+  std::string spec() const override { return "none"; }
+  std::span<const float> compensate(std::span<const float> grad, const StepInfo&) override {
+    return grad;
+  }
+  std::span<float> residual() override { return {}; }
+  std::vector<std::byte> save_state() const override { return {}; }
+  void load_state(std::span<const std::byte> state) override {
+    if (!state.empty()) {
+      throw Error(fmt::format("feedback 'none': keeps no state, but a state of {} bytes was given",
+                              state.size()));
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Feedback> make_no_feedback(Spec&) { return std::make_unique<NoFeedback>(); }
+
 }  // namespace gradcomp
