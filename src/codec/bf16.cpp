@@ -1,6 +1,6 @@
 // bf16: each float32 is cast to bfloat16 (the top 16 bits of a float32), round to nearest even.
 // Inf stays Inf and NaN stays NaN (quiet bit forced). Summable: payloads of several ranks add
-// element-wise as bf16. docs/wire/bf16.md describes the frame.
+// element-wise as bf16. docs/wire-format.md (bf16) describes the frame.
 //
 // Payload: n little-endian bfloat16 values.
 //

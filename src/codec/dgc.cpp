@@ -5,7 +5,7 @@
 // Unlike Espresso's DGC, which kept the first k indices above the threshold (a positional
 // bias), the fix-up keeps the k largest, so the frame equals exact top-k (ties to the lower
 // index). Momentum correction, momentum-factor masking and local clipping are the "dgc"
-// feedback's job. Payload: the shared sparse payload (docs/wire/dgc.md).
+// feedback's job. Payload: the shared sparse payload (docs/wire-format.md, dgc).
 #include <algorithm>
 #include <cmath>
 

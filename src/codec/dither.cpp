@@ -7,7 +7,7 @@
 //   partition=natural: {0, 2^(1-s), 2^(2-s), ..., 1/2, 1}
 // and decoded = sign(x) * grid point * scale.
 //
-// Payload (docs/wire/dither.md): float32 scale, then n codes of width ceil(log2(s + 1)) + 1
+// Payload (docs/wire-format.md (dither)): float32 scale, then n codes of width ceil(log2(s + 1)) + 1
 // bits, code = k << 1 | sign with k the grid index in 0..s, packed LSB-first.
 #include <fmt/format.h>
 

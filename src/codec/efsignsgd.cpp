@@ -1,7 +1,7 @@
 // efsignsgd: scaled sign (Karimireddy et al., "Error Feedback Fixes SignSGD"): every element is
 // sent as sign(x) * scale with scale = mean |x| = ||x||_1 / n, so the decoded vector has the
 // input's l1 norm. Zero counts as +. Meant to run with error feedback (the fused residual).
-// The aggregate of W ranks is the mean. docs/wire/efsignsgd.md describes the frame.
+// The aggregate of W ranks is the mean. docs/wire-format.md (efsignsgd) describes the frame.
 //
 // Payload: float32 scale, then ceil(n/8) bytes of sign bits (LSB-first, bit = 1 when x < 0).
 // A NaN or Inf input makes the scale non-finite; the header's non-finite flag is set too.

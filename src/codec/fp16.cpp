@@ -1,6 +1,6 @@
 // fp16: each float32 is cast to IEEE binary16, round to nearest even. Overflow becomes Inf and
 // NaN stays NaN (IEEE semantics, so a loss scaler sees an overflow). Summable: payloads of
-// several ranks add element-wise as fp16. docs/wire/fp16.md describes the frame.
+// several ranks add element-wise as fp16. docs/wire-format.md (fp16) describes the frame.
 //
 // Payload: n little-endian binary16 values.
 #include <cstring>

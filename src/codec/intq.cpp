@@ -19,7 +19,7 @@
 // The trailer sums to summands * q, so a reduced frame tells its decoder the offset to remove
 // and is checked against the header's summands. Header aux = float bits of scale. If the input
 // holds NaN or Inf the frame carries kFlagNonFinite, zero codes and aux 0, and decodes to NaN
-// in every element: the bad step must reach every rank. docs/wire/intq.md has the details.
+// in every element: the bad step must reach every rank. docs/wire-format.md (intq) has the details.
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -8,7 +8,7 @@
 // Subnormals round the same way between 0 and 2^-126; |x| >= 2^127 rounds down to 2^127 (2^128
 // is not a float); zero, Inf and NaN are kept.
 //
-// Payload (docs/wire/natural.md): n 9-bit codes packed LSB-first, code = sign << 8 | exponent,
+// Payload (docs/wire-format.md (natural)): n 9-bit codes packed LSB-first, code = sign << 8 | exponent,
 // where exponent is a float32 biased exponent: the decoded value has the bits code << 23
 // (0 = zero, 1..254 = +-2^(e-127), 255 = +-Inf), except code 0x100 ("-0"), which means NaN.
 // Every code is valid.

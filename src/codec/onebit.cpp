@@ -3,7 +3,7 @@
 // elements with x >= 0 and mean_neg = mean of the elements with x < 0. This keeps the sum of
 // each side exactly (up to rounding): sum(decoded) == sum(x). The aggregate of W ranks is the
 // mean. (MergeComp's decoder inverted a 0/1 uint8 mask with `~` and so reconstructed with 254
-// and 255; here the bit selects the value directly.) docs/wire/onebit.md describes the frame.
+// and 255; here the bit selects the value directly.) docs/wire-format.md (onebit) describes the frame.
 //
 // Payload: float32 mean_pos, float32 mean_neg, then ceil(n/8) bytes of bits (LSB-first,
 // bit = 1 when x < 0). A side with no element has mean 0. NaN counts on the positive side

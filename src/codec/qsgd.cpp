@@ -5,7 +5,7 @@
 //   level_i = floor(|x_i| / norm * s + u_i),  u_i uniform in [0, 1)
 //   decoded_i = sign(x_i) * level_i * norm / s
 //
-// Payload (docs/wire/qsgd.md): ceil(n / L) float32 norms (L = block, or n when block = 0), then
+// Payload (docs/wire-format.md (qsgd)): ceil(n / L) float32 norms (L = block, or n when block = 0), then
 // n codes of width = ceil(log2(s + 1)) + 1 bits, code = level << 1 | sign, packed LSB-first.
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 // signsgd: the sign of each element, one bit (Bernstein et al., signSGD with majority vote).
 // Decoded values are +1 and -1 with no scale; the aggregate of W ranks is the majority vote
-// sign(sum of signs), 0 on a tie. Zero counts as +. docs/wire/signsgd.md describes the frame.
+// sign(sum of signs), 0 on a tie. Zero counts as +. docs/wire-format.md (signsgd) describes the frame.
 //
 // Payload: ceil(n/8) bytes of sign bits, LSB-first, bit = 1 when x < 0. Signs cannot carry NaN
 // or Inf, so the header's non-finite flag does, and the decoder then adds NaN everywhere.

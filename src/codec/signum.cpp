@@ -5,7 +5,7 @@
 // and sends sign(m), decoded as +1 / -1; the aggregate of W ranks is the majority vote, 0 on a
 // tie. The residual is g - sign(m) (input minus decoded). A NaN or Inf gradient element leaves
 // its momentum unchanged, so one overflow does not poison the state for good; the frame carries
-// the non-finite flag instead and the decoder adds NaN everywhere. docs/wire/signum.md.
+// the non-finite flag instead and the decoder adds NaN everywhere. docs/wire-format.md (signum).
 //
 // Payload: ceil(n/8) bytes of sign bits of m, LSB-first, bit = 1 when m < 0.
 // State (save_state): "SGNM", u32 version 1, u64 n, then n float32 values of m; no bytes

@@ -2,7 +2,7 @@
 // every sparsifier needs: the magnitude key that orders elements, the residual update and the
 // element-count limit of 32-bit indices.
 //
-// Payload (little-endian, no padding; docs/wire/topk.md is the normative description):
+// Payload (little-endian, no padding; docs/wire-format.md (topk) is the normative description):
 //   offset   size      field
 //   0        4         count c (u32)
 //   4        4c        indices (u32), strictly increasing, each < n

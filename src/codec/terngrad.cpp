@@ -4,7 +4,7 @@
 //   t_i = sign(x_i) * Bernoulli(|x_i| / scale),  scale = max_i |x_i|
 //   decoded_i = t_i * scale
 //
-// Payload (docs/wire/terngrad.md): float32 scale, then n 2-bit codes packed LSB-first:
+// Payload (docs/wire-format.md (terngrad)): float32 scale, then n 2-bit codes packed LSB-first:
 // 0 = 0, 1 = +scale, 2 = -scale; code 3 is invalid and rejected.
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 // threshold: every element with |x| >= tau, plus every NaN and Inf (Strom 2015; GRACE's
 // "threshold"). The count depends on the data, so the frame length varies; biased, not
-// summable. Payload: the shared sparse payload (docs/wire/threshold.md).
+// summable. Payload: the shared sparse payload (docs/wire-format.md, threshold).
 #include <cfloat>
 #include <cmath>
 #include <limits>

@@ -2,7 +2,7 @@
 // with Memory"). Biased and not summable (supports differ across ranks): frames are gathered.
 //
 // Exact: sampled threshold, one vectorised filtering pass, exact fix-up on the candidates
-// (sparse_select.h). Payload: the shared sparse payload (sparse_payload.h, docs/wire/topk.md).
+// (sparse_select.h). Payload: the shared sparse payload (sparse_payload.h, docs/wire-format.md, topk).
 #include "codec/factories.h"
 #include "codec/sparse_count.h"
 #include "codec/sparse_payload.h"

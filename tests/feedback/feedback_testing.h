@@ -17,17 +17,6 @@
 
 namespace gradcomp::testing {
 
-// make_codec(spec), or nullptr while that codec is still a "PENDING" placeholder of another
-// helper (any other error propagates).
-inline std::unique_ptr<Codec> codec_if_written(const std::string& spec) {
-  try {
-    return make_codec(spec);
-  } catch (const SpecError& e) {
-    if (std::string(e.what()).find("PENDING") != std::string::npos) return nullptr;
-    throw;
-  }
-}
-
 // Encodes with every round of the codec (a world of one), the residual in the last round.
 inline std::vector<std::byte> encode_all_rounds(Codec& codec, std::span<const float> input,
                                                 const Context& ctx, std::span<float> residual) {
