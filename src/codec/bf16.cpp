@@ -18,15 +18,13 @@
 #pragma GCC diagnostic pop
 #endif
 
-#include "codec/casts_frame.h"
 #include "codec/factories.h"
+#include "codec/half_cast_codec.h"
 #include "common/half.h"
-#include "common/parallel.h"
 
 namespace gradcomp {
 namespace {
 
-constexpr const char* kName = "bf16";
 
 #if defined(__AVX512F__)
 // float_to_bf16 on 16 lanes, widened to 32 bits: (x + 0x7fff + lsb) >> 16, or for a NaN its
@@ -84,49 +82,20 @@ void accumulate_run(const std::byte* in, size_t n, float* sum) {
   }
 }
 
-class Bf16Codec final : public Codec {
- public:
-  CodecId id() const override { return CodecId::kBf16; }
-  std::string spec() const override { return kName; }
-  CodecTraits traits() const override {
-    return {.summable = true, .payload_type = DType::kBF16, .bits_per_element = 16,
-            .unbiased = false};
+// The fp16/bf16 codec's view of this format (half_cast_codec.h).
+struct Bf16 {
+  static constexpr const char* kName = "bf16";
+  static constexpr CodecId kId = CodecId::kBf16;
+  static constexpr DType kType = DType::kBF16;
+  template <bool kResidual>
+  static void encode(const float* x, size_t n, std::byte* out, float* residual) {
+    encode_run<kResidual>(x, n, out, residual);
   }
-  size_t max_frame_bytes(size_t n) const override { return kFrameHeaderBytes + 2 * n; }
-
-  size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
-                std::span<float> residual) override {
-    const size_t n = input.size();
-    casts::check_buffers(kName, n, out, max_frame_bytes(n), residual);
-    std::byte* payload = out.data() + kFrameHeaderBytes;
-    for_chunks(n, ctx.threads, [&](size_t b, size_t e, size_t) {
-      if (residual.empty()) {
-        encode_run<false>(input.data() + b, e - b, payload + 2 * b, nullptr);
-      } else {
-        encode_run<true>(input.data() + b, e - b, payload + 2 * b, residual.data() + b);
-      }
-    });
-    write_frame_header({.codec_id = static_cast<uint8_t>(id()), .param_hash = param_hash(),
-                        .elements = n, .payload_bytes = 2 * n},
-                       out);
-    return max_frame_bytes(n);
-  }
-
-  void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
-                         const Context& ctx) const override {
-    FrameHeader h;
-    const auto payload = check_frame(frame, expectation(sum.size()), &h);
-    const bool non_finite =
-        casts::check_header(kName, h, payload.size(), 2 * sum.size(), /*summable=*/true);
-    for_chunks(sum.size(), ctx.threads, [&](size_t b, size_t e, size_t) {
-      accumulate_run(payload.data() + 2 * b, e - b, sum.data() + b);
-    });
-    if (non_finite) casts::add_nan(sum);
-  }
+  static void accumulate(const std::byte* in, size_t n, float* sum) { accumulate_run(in, n, sum); }
 };
 
 }  // namespace
 
-std::unique_ptr<Codec> make_bf16(Spec&) { return std::make_unique<Bf16Codec>(); }
+std::unique_ptr<Codec> make_bf16(Spec&) { return std::make_unique<casts::HalfCastCodec<Bf16>>(); }
 
 }  // namespace gradcomp

@@ -1,6 +1,8 @@
 // none: float32 as is. The uncompressed baseline; summable as float32.
 //
 // Payload: n little-endian float32 values.
+#include <fmt/format.h>
+
 #include <cstring>
 
 #include "codec/factories.h"
@@ -21,11 +23,19 @@ class NoneCodec final : public Codec {
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context&,
                 std::span<float> residual) override {
     const size_t n = input.size();
-    FrameHeader h{.codec_id = static_cast<uint8_t>(id()), .param_hash = param_hash(),
-                  .elements = n, .payload_bytes = 4 * n};
-    if (out.size() < max_frame_bytes(n)) throw Error("none: output buffer too small");
-    std::memcpy(out.data() + kFrameHeaderBytes, input.data(), 4 * n);
-    write_frame_header(h, out);
+    if (out.size() < max_frame_bytes(n)) {
+      throw Error(fmt::format("codec 'none': output buffer of {} bytes is too small; the frame "
+                              "needs {}", out.size(), max_frame_bytes(n)));
+    }
+    if (!residual.empty() && residual.size() != n) {
+      throw Error(fmt::format("codec 'none': residual has {} elements, the input {}; allowed: "
+                              "empty or the input's length", residual.size(), n));
+    }
+    // memcpy with a null pointer is undefined even for 0 bytes, and an empty span may hold one.
+    if (n > 0) std::memcpy(out.data() + kFrameHeaderBytes, input.data(), 4 * n);
+    write_frame_header({.codec_id = static_cast<uint8_t>(id()), .param_hash = param_hash(),
+                        .elements = n, .payload_bytes = 4 * n},
+                       out);
     for (float& r : residual) r = 0.0f;  // lossless: nothing is left behind
     return kFrameHeaderBytes + 4 * n;
   }
