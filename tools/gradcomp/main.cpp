@@ -11,15 +11,17 @@
 namespace {
 
 void list_codecs() {
-  fmt::print("{:<11} {:<36} {:>8} {:>6} {:>8} {:>6} {}\n", "codec", "canonical spec (defaults)",
-             "bits/el", "rounds", "summable", "unbias", "aggregation");
+  fmt::print("{:<10} {:>8} {:>6} {:>8} {:>8} {:<14} {}\n", "codec", "bits/el", "rounds",
+             "summable", "unbiased", "aggregation", "canonical spec (the defaults)");
   for (const auto& name : gradcomp::codec_names()) {
-    const std::string probe = name == "threshold" ? "threshold:tau=0.01" : name;
-    const auto codec = gradcomp::make_codec(probe);
+    // threshold has no default tau: list it with a placeholder value and say so.
+    const bool needs_tau = name == "threshold";
+    const auto codec = gradcomp::make_codec(needs_tau ? "threshold:tau=1" : name);
     const auto t = codec->traits();
-    fmt::print("{:<11} {:<36} {:>8.3g} {:>6} {:>8} {:>6} {}\n", name, codec->spec(),
-               t.bits_per_element, t.rounds, t.summable ? "yes" : "no", t.unbiased ? "yes" : "no",
-               t.aggregation == gradcomp::Aggregation::kMajorityVote ? "majority vote" : "mean");
+    fmt::print("{:<10} {:>8.3g} {:>6} {:>8} {:>8} {:<14} {}\n", name, t.bits_per_element,
+               t.rounds, t.summable ? "yes" : "no", t.unbiased ? "yes" : "no",
+               t.aggregation == gradcomp::Aggregation::kMajorityVote ? "majority vote" : "mean",
+               needs_tau ? "threshold:tau=<required>" : codec->spec());
   }
 }
 
