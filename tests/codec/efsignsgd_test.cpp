@@ -8,7 +8,6 @@
 #include <cstring>
 #include <limits>
 
-#include "casts_testing.h"
 #include "gradcomp/error.h"
 #include "support/codec_testing.h"
 

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <limits>
 
-#include "casts_testing.h"
 #include "common/half.h"
 #include "gradcomp/error.h"
 #include "support/codec_testing.h"

@@ -17,21 +17,13 @@ namespace {
 
 using testing::decode;
 using testing::encode;
+using testing::error_text;
 using testing::gradient;
 using testing::hex;
 
 const std::vector<float> kSmall = {0.5f, -1.0f, 0.0f,  2.0f,   -2.0f, 0.25f, 1.0f,
                                    -0.5f, 3.0f,  0.0f,  -3.0f, 0.125f, 1.5f, -1.5f,
                                    0.75f, -2.0f, 0.0f,  -0.25f, 2.0f,  1.0f};
-
-std::string error_text(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 // Distinct non-zero values, so the decoded support is visible.
 std::vector<float> ramp(size_t n) {

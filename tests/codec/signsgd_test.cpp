@@ -5,7 +5,6 @@
 #include <cmath>
 #include <limits>
 
-#include "casts_testing.h"
 #include "gradcomp/error.h"
 #include "support/codec_testing.h"
 

@@ -17,6 +17,7 @@ namespace {
 
 using testing::decode;
 using testing::encode;
+using testing::error_text;
 using testing::gradient;
 using testing::hex;
 using testing::parse_sparse_payload;
@@ -24,15 +25,6 @@ using testing::parse_sparse_payload;
 const std::vector<float> kSmall = {0.5f, -1.0f, 0.0f,  2.0f,   -2.0f, 0.25f, 1.0f,
                                    -0.5f, 3.0f,  0.0f,  -3.0f, 0.125f, 1.5f, -1.5f,
                                    0.75f, -2.0f, 0.0f,  -0.25f, 2.0f,  1.0f};
-
-std::string error_text(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST(Threshold, GoldenBytes) {
   auto codec = make_codec("threshold:tau=2");

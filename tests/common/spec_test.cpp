@@ -5,18 +5,12 @@
 #include <limits>
 
 #include "gradcomp/error.h"
+#include "support/codec_testing.h"
 
 namespace gradcomp {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const SpecError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_text;
 
 TEST(Spec, ParsesNameAndParameters) {
   Spec s = Spec::parse("topk: ratio = 0.01 ,k=5");
@@ -37,25 +31,25 @@ TEST(Spec, NameOnlyAndDefaults) {
 
 TEST(Spec, RangeErrorsNameCodecParameterAndAllowedRange) {
   Spec s = Spec::parse("topk:ratio=1.5");
-  const auto msg = error_of([&] { s.get_double("ratio", 0.01, 0, 1, true, false); });
+  const auto msg = error_text([&] { s.get_double("ratio", 0.01, 0, 1, true, false); });
   EXPECT_EQ(msg, "codec 'topk': parameter 'ratio' = 1.5 is out of range; allowed: (0, 1]");
   Spec zero = Spec::parse("topk:ratio=0");
-  EXPECT_NE(error_of([&] { zero.get_double("ratio", 0.01, 0, 1, true); }).find("(0, 1]"),
+  EXPECT_NE(error_text([&] { zero.get_double("ratio", 0.01, 0, 1, true); }).find("(0, 1]"),
             std::string::npos);
   Spec lv = Spec::parse("qsgd:levels=0");
-  EXPECT_EQ(error_of([&] { lv.get_int("levels", 16, 1, 32767); }),
+  EXPECT_EQ(error_text([&] { lv.get_int("levels", 16, 1, 32767); }),
             "codec 'qsgd': parameter 'levels' = 0 is out of range; allowed: an integer in [1, 32767]");
 }
 
 TEST(Spec, NotANumber) {
   Spec s = Spec::parse("qsgd:levels=abc");
-  EXPECT_NE(error_of([&] { s.get_int("levels", 16, 1, 100); }).find("is not an integer"),
+  EXPECT_NE(error_text([&] { s.get_int("levels", 16, 1, 100); }).find("is not an integer"),
             std::string::npos);
   Spec f = Spec::parse("topk:ratio=0.1x");
-  EXPECT_NE(error_of([&] { f.get_double("ratio", 0.1, 0, 1); }).find("is not a number"),
+  EXPECT_NE(error_text([&] { f.get_double("ratio", 0.1, 0, 1); }).find("is not a number"),
             std::string::npos);
   Spec nan = Spec::parse("topk:ratio=nan");
-  EXPECT_NE(error_of([&] { nan.get_double("ratio", 0.1, 0, 1); }).find("is not a number"),
+  EXPECT_NE(error_text([&] { nan.get_double("ratio", 0.1, 0, 1); }).find("is not a number"),
             std::string::npos);
 }
 
@@ -63,16 +57,16 @@ TEST(Spec, UnknownKeyListsAllowedOnes) {
   Spec s = Spec::parse("qsgd:levels=4,bogus=1");
   s.get_int("levels", 16, 1, 100);
   s.get_choice("norm", "l2", {"l2"});
-  EXPECT_EQ(error_of([&] { s.finish(); }),
+  EXPECT_EQ(error_text([&] { s.finish(); }),
             "codec 'qsgd': unknown parameter 'bogus'; allowed: levels, norm");
 }
 
 TEST(Spec, Choices) {
   Spec s = Spec::parse("dither:partition=cubic", "codec");
-  EXPECT_EQ(error_of([&] { s.get_choice("partition", "linear", {"linear", "natural"}); }),
+  EXPECT_EQ(error_text([&] { s.get_choice("partition", "linear", {"linear", "natural"}); }),
             "codec 'dither': parameter 'partition' = 'cubic' is not allowed; allowed: linear, natural");
   Spec b = Spec::parse("ef:lr_correction=yes", "feedback");
-  EXPECT_NE(error_of([&] { b.get_bool("lr_correction", false); }).find("feedback 'ef'"),
+  EXPECT_NE(error_text([&] { b.get_bool("lr_correction", false); }).find("feedback 'ef'"),
             std::string::npos);
   Spec one = Spec::parse("ef:lr_correction=1", "feedback");
   EXPECT_TRUE(one.get_bool("lr_correction", false));
