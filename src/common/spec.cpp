@@ -132,7 +132,7 @@ std::string Spec::get_choice(const std::string& key, const std::string& fallback
                              const std::vector<std::string>& allowed) {
   asked_.insert(key);
   if (!has(key)) return fallback;
-  const std::string value = raw(key);
+  std::string value = raw(key);
   for (const auto& a : allowed) {
     if (a == value) return value;
   }

@@ -25,9 +25,7 @@ void list_codecs() {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"gradcomp: compressed gradient communication for data-parallel training"};
   app.require_subcommand(1);
 
@@ -62,4 +60,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // e.g. out of memory at the largest benchmark sizes
+    fmt::print(stderr, "gradcomp: internal error: {}\n", e.what());
+    return 3;
+  }
 }
