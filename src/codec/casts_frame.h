@@ -35,20 +35,7 @@ inline void check_buffers(const char* codec, size_t n, std::span<std::byte> out,
 // whether the non-finite flag is set.
 inline bool check_header(const char* codec, const FrameHeader& h, size_t payload_bytes,
                          size_t expected_payload_bytes, bool summable) {
-  if ((h.flags & ~kFlagNonFinite) != 0) {
-    throw FrameError(fmt::format("codec '{}': frame flags 0x{:02x} hold unknown bits; allowed: "
-                                 "0x{:02x} (non-finite)",
-                                 codec, h.flags, kFlagNonFinite));
-  }
-  if (h.aux != 0) {
-    throw FrameError(fmt::format("codec '{}': frame aux is 0x{:08x}; this codec writes 0", codec,
-                                 h.aux));
-  }
-  if (!summable && h.summands != 1) {
-    throw FrameError(fmt::format("codec '{}': frame claims {} summands, but its frames cannot be "
-                                 "summed; allowed: 1",
-                                 codec, h.summands));
-  }
+  check_plain_header(h, codec, summable);
   if (payload_bytes != expected_payload_bytes) {
     throw FrameError(fmt::format("codec '{}': payload is {} bytes; {} elements need exactly {}",
                                  codec, payload_bytes, h.elements, expected_payload_bytes));

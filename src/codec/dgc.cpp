@@ -75,7 +75,7 @@ class DgcCodec final : public Codec {
                          const Context& ctx) const override {
     FrameHeader header;
     const auto payload = check_frame(frame, expectation(sum.size()), &header);
-    sparse::check_header_fields(name(), header, /*summable=*/false);
+    check_plain_header(header, name(), /*summable=*/false);
     const size_t n = sum.size();
     sparse::validate_and_scatter_add(name(), payload, sum, sparse::count_for_ratio(p_.ratio, n),
                                      max_count(n), ctx.threads);

@@ -174,7 +174,7 @@ void DitherCodec::decode_accumulate(std::span<const std::byte> frame, std::span<
                                     const Context& ctx) const {
   FrameHeader header;
   const auto payload = check_frame(frame, expectation(sum.size()), &header);
-  check_header_fields(header, "dither");
+  check_plain_header(header, "dither", /*summable=*/false);
   const size_t n = sum.size();
   if (payload.size() != payload_bytes(n)) {
     throw FrameError(fmt::format(

@@ -102,7 +102,7 @@ void NaturalCodec::decode_accumulate(std::span<const std::byte> frame, std::span
                                      const Context& ctx) const {
   FrameHeader header;
   const auto payload = check_frame(frame, expectation(sum.size()), &header);
-  check_header_fields(header, "natural");
+  check_plain_header(header, "natural", /*summable=*/false);
   const size_t n = sum.size();
   if (payload.size() != packed_bytes(n, kBits)) {
     throw FrameError(

@@ -138,7 +138,7 @@ void QsgdCodec::decode_accumulate(std::span<const std::byte> frame, std::span<fl
                                   const Context& ctx) const {
   FrameHeader header;
   const auto payload = check_frame(frame, expectation(sum.size()), &header);
-  check_header_fields(header, "qsgd");
+  check_plain_header(header, "qsgd", /*summable=*/false);
   const size_t n = sum.size();
   if (payload.size() != payload_bytes(n)) {
     throw FrameError(fmt::format(

@@ -95,7 +95,7 @@ class RandomKCodec final : public Codec {
                          const Context& ctx) const override {
     FrameHeader header;
     const auto payload = check_frame(frame, expectation(sum.size()), &header);
-    sparse::check_header_fields(name(), header, /*summable=*/true);
+    check_plain_header(header, name(), /*summable=*/true);
     const size_t n = sum.size();
     sparse::check_index_range(name(), n);
     const size_t k = count_.bound(n);

@@ -33,20 +33,6 @@ void check_index_range(const char* codec, size_t n) {
   }
 }
 
-void check_header_fields(const char* codec, const FrameHeader& header, bool summable) {
-  if ((header.flags & ~kFlagNonFinite) != 0) {
-    throw FrameError(fmt::format("{}: unknown frame flags 0x{:02x}; allowed: 0x01 (non-finite)",
-                                 codec, header.flags));
-  }
-  if (header.aux != 0) {
-    throw FrameError(fmt::format("{}: frame aux is 0x{:x}, this codec writes 0", codec, header.aux));
-  }
-  if (!summable && header.summands != 1) {
-    throw FrameError(fmt::format("{}: frame sums {} frames, but this codec's frames cannot be "
-                                 "summed", codec, header.summands));
-  }
-}
-
 void apply_non_finite_flag(const FrameHeader& header, std::span<float> sum) {
   if ((header.flags & kFlagNonFinite) == 0) return;
   for (float& s : sum) s += std::numeric_limits<float>::quiet_NaN();

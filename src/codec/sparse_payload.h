@@ -37,10 +37,6 @@ void check_index_range(const char* codec, size_t n);
 
 inline constexpr size_t payload_bytes(size_t count) { return 4 + 8 * count; }
 
-// The header fields check_frame leaves to the codec: flags may hold only the non-finite bit,
-// aux must be 0, and a frame of a non-summable codec sums exactly one frame. Throws FrameError.
-void check_header_fields(const char* codec, const FrameHeader& header, bool summable);
-
 // Adds NaN to every element when the header's non-finite flag is set.
 void apply_non_finite_flag(const FrameHeader& header, std::span<float> sum);
 

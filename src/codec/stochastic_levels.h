@@ -416,18 +416,7 @@ inline void add_linear(const uint32_t* codes, size_t count, float step, float* s
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decoder checks beyond check_frame
-
-// The header fields check_frame leaves to the codec: only the non-finite flag may be set, aux is
-// unused (0), and summands is 1 (frames of these codecs are never summed).
-inline void check_header_fields(const FrameHeader& h, const char* codec) {
-  if ((h.flags & ~kFlagNonFinite) != 0 || h.aux != 0 || h.summands != 1) {
-    throw FrameError(fmt::format(
-        "{}: header has flags 0x{:02x}, aux 0x{:x}, summands {}; allowed: flags 0x00 or 0x01, "
-        "aux 0, summands 1 (these frames cannot be summed)",
-        codec, h.flags, h.aux, h.summands));
-  }
-}
+// Decoder checks beyond check_frame and check_plain_header
 
 // The bits after the last of n `bits`-bit codes must be zero, as the encoder writes them, so
 // every frame has a single byte form.

@@ -98,7 +98,7 @@ void TernGradCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
                                       const Context& ctx) const {
   FrameHeader header;
   const auto payload = check_frame(frame, expectation(sum.size()), &header);
-  check_header_fields(header, "terngrad");
+  check_plain_header(header, "terngrad", /*summable=*/false);
   const size_t n = sum.size();
   if (payload.size() != payload_bytes(n)) {
     throw FrameError(fmt::format(

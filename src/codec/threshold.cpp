@@ -57,7 +57,7 @@ class ThresholdCodec final : public Codec {
                          const Context& ctx) const override {
     FrameHeader header;
     const auto payload = check_frame(frame, expectation(sum.size()), &header);
-    sparse::check_header_fields(name(), header, /*summable=*/false);
+    check_plain_header(header, name(), /*summable=*/false);
     sparse::validate_and_scatter_add(name(), payload, sum, 0, sum.size(), ctx.threads);
     sparse::apply_non_finite_flag(header, sum);
   }

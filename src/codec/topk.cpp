@@ -53,7 +53,7 @@ class TopKCodec final : public Codec {
                          const Context& ctx) const override {
     FrameHeader header;
     const auto payload = check_frame(frame, expectation(sum.size()), &header);
-    sparse::check_header_fields(name(), header, /*summable=*/false);
+    check_plain_header(header, name(), /*summable=*/false);
     const size_t k = count_.bound(sum.size());
     sparse::validate_and_scatter_add(name(), payload, sum, k, k, ctx.threads);
     sparse::apply_non_finite_flag(header, sum);

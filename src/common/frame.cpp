@@ -135,4 +135,21 @@ std::span<const std::byte> check_frame(std::span<const std::byte> frame,
   return frame.subspan(kFrameHeaderBytes, h.payload_bytes);
 }
 
+void check_plain_header(const FrameHeader& h, const char* codec, bool summable) {
+  if ((h.flags & ~kFlagNonFinite) != 0) {
+    throw FrameError(fmt::format("codec '{}': frame flags 0x{:02x} hold unknown bits; allowed: "
+                                 "0x00 or 0x{:02x} (non-finite)",
+                                 codec, h.flags, kFlagNonFinite));
+  }
+  if (h.aux != 0) {
+    throw FrameError(fmt::format("codec '{}': frame aux is 0x{:x}; this codec writes 0", codec,
+                                 h.aux));
+  }
+  if (!summable && h.summands != 1) {
+    throw FrameError(fmt::format("codec '{}': frame sums {} frames, but this codec's frames "
+                                 "cannot be summed; allowed: 1",
+                                 codec, h.summands));
+  }
+}
+
 }  // namespace gradcomp

@@ -205,7 +205,7 @@ TEST(TopK, DecoderRejectsMalformedPayloadsBeforeWriting) {
   }
   // Header fields check_frame leaves to the codec.
   const std::vector<uint32_t> good = {2, 3, 9, one, one};
-  for (auto [field, message] : {std::pair{0, "unknown frame flags 0x02"}, {1, "aux is 0x5"},
+  for (auto [field, message] : {std::pair{0, "flags 0x02 hold unknown bits"}, {1, "aux is 0x5"},
                                 {2, "sums 2 frames"}}) {
     std::vector<std::byte> f(kFrameHeaderBytes + 20);
     std::memcpy(f.data() + kFrameHeaderBytes, good.data(), 20);

@@ -83,6 +83,20 @@ TEST(Frame, RejectsEachKindOfDamageWithAClearMessage) {
   EXPECT_NE(error_of(longer, kTopk).find("its header says 48"), std::string::npos);
 }
 
+TEST(Frame, PlainHeaderAllowsOnlyTheNonFiniteFlagNoAuxAndOneSummand) {
+  check_plain_header({.flags = kFlagNonFinite}, "topk", false);
+  check_plain_header({.summands = 4}, "fp16", true);
+  const auto text = [](const FrameHeader& h, bool summable) {
+    return testing::error_text([&] { check_plain_header(h, "topk", summable); });
+  };
+  EXPECT_EQ(text({.flags = 2}, false),
+            "codec 'topk': frame flags 0x02 hold unknown bits; allowed: 0x00 or 0x01 (non-finite)");
+  EXPECT_EQ(text({.aux = 5}, true), "codec 'topk': frame aux is 0x5; this codec writes 0");
+  EXPECT_EQ(text({.summands = 2}, false),
+            "codec 'topk': frame sums 2 frames, but this codec's frames cannot be summed; "
+            "allowed: 1");
+}
+
 TEST(Frame, ZeroSummandsIsCorruption) {
   std::vector<std::byte> f(kFrameHeaderBytes);
   write_frame_header({.codec_id = 1, .summands = 0}, f);
