@@ -9,6 +9,7 @@
 #include <limits>
 #include <span>
 
+#include "codec/sign_bits.h"
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
 
@@ -59,6 +60,21 @@ inline void check_padding(const char* codec, const std::byte* bits, size_t n) {
 inline void add_nan(std::span<float> sum) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (float& s : sum) s += nan;
+}
+
+// Decodes the payload of an unscaled sign frame (signsgd, signum: one bit per element, 1 for
+// negative) into sum: +-1 per element, or NaN everywhere when the frame is flagged non-finite.
+inline void accumulate_unscaled_signs(const char* codec, const FrameHeader& h,
+                                      std::span<const std::byte> payload, std::span<float> sum,
+                                      int threads) {
+  const bool non_finite =
+      check_header(codec, h, payload.size(), sign_bits::bytes_for(sum.size()), false);
+  check_padding(codec, payload.data(), sum.size());
+  if (non_finite) {
+    add_nan(sum);
+    return;
+  }
+  sign_bits::accumulate_chunks(payload.data(), sum, -1.0f, 1.0f, threads);
 }
 
 }  // namespace gradcomp::casts

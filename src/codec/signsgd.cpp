@@ -42,14 +42,7 @@ class SignSgdCodec final : public Codec {
                          const Context& ctx) const override {
     FrameHeader h;
     const auto payload = check_frame(frame, expectation(sum.size()), &h);
-    const bool non_finite = casts::check_header(kName, h, payload.size(),
-                                                sign_bits::bytes_for(sum.size()), false);
-    casts::check_padding(kName, payload.data(), sum.size());
-    if (non_finite) {
-      casts::add_nan(sum);
-      return;
-    }
-    sign_bits::accumulate_chunks(payload.data(), sum, -1.0f, 1.0f, ctx.threads);
+    casts::accumulate_unscaled_signs(kName, h, payload, sum, ctx.threads);
   }
 
   void finalize(std::span<float> sum, uint32_t) const override { sign_bits::majority_vote(sum); }
