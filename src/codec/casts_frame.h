@@ -1,5 +1,6 @@
 // Frame checks shared by the cast and sign codecs (fp16, bf16, signsgd, efsignsgd, signum,
-// onebit): none of them uses aux, and only the casts are summable.
+// onebit), and the decoder of unscaled sign frames: none of them uses aux, only the casts are
+// summable.
 #pragma once
 
 #include <fmt/format.h>
