@@ -176,16 +176,8 @@ void DitherCodec::decode_accumulate(std::span<const std::byte> frame, std::span<
   const auto payload = check_frame(frame, expectation(sum.size()), &header);
   check_plain_header(header, "dither", /*summable=*/false);
   const size_t n = sum.size();
-  if (payload.size() != payload_bytes(n)) {
-    throw FrameError(fmt::format(
-        "dither: payload is {} bytes; expected {} for {} elements (float32 scale, then {}-bit "
-        "codes)",
-        payload.size(), payload_bytes(n), n, width_));
-  }
-  const float scale = load_f32(payload.data());
-  if (scale < 0.0f) throw FrameError(fmt::format("dither: scale is {}; allowed: >= 0", scale));
+  const float scale = read_scale_and_codes("dither", payload, n, width_);
   const std::byte* codes_in = payload.data() + 4;
-  check_padding(codes_in, n, width_, "dither");
   float* out = sum.data();
   const uint32_t levels = levels_;
   const float step = scale / static_cast<float>(levels);

@@ -453,4 +453,20 @@ inline float load_f32(const std::byte* p) {
   return v;
 }
 
+// The payload of a single-scale frame (terngrad, dither): a float32 scale, then n `bits`-bit
+// codes. Checks its length, a non-negative scale and zero padding; returns the scale.
+inline float read_scale_and_codes(const char* codec, std::span<const std::byte> payload, size_t n,
+                                  unsigned bits) {
+  const size_t expected = 4 + packed_bytes(n, bits);
+  if (payload.size() != expected) {
+    throw FrameError(fmt::format("{}: payload is {} bytes; expected {} for {} elements (float32 "
+                                 "scale, then {}-bit codes)",
+                                 codec, payload.size(), expected, n, bits));
+  }
+  const float scale = load_f32(payload.data());
+  if (scale < 0.0f) throw FrameError(fmt::format("{}: scale is {}; allowed: >= 0", codec, scale));
+  check_padding(payload.data() + 4, n, bits, codec);
+  return scale;
+}
+
 }  // namespace gradcomp::levels

@@ -100,16 +100,8 @@ void TernGradCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
   const auto payload = check_frame(frame, expectation(sum.size()), &header);
   check_plain_header(header, "terngrad", /*summable=*/false);
   const size_t n = sum.size();
-  if (payload.size() != payload_bytes(n)) {
-    throw FrameError(fmt::format(
-        "terngrad: payload is {} bytes; expected {} for {} elements (float32 scale, then "
-        "2-bit codes)",
-        payload.size(), payload_bytes(n), n));
-  }
-  const float scale = load_f32(payload.data());
-  if (scale < 0.0f) throw FrameError(fmt::format("terngrad: scale is {}; allowed: >= 0", scale));
+  const float scale = read_scale_and_codes("terngrad", payload, n, kBits);
   const std::byte* codes_in = payload.data() + 4;
-  check_padding(codes_in, n, kBits, "terngrad");
   if (max_code<kBits>(codes_in, n, ctx.threads) > kTopCode) {
     throw FrameError("terngrad: a code is 3; allowed: 0 (zero), 1 (+scale), 2 (-scale)");
   }
