@@ -10,6 +10,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libcli11-dev   # formatting, JSON, the command line
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
   clang libclang-rt-14-dev                     # libFuzzer for the frame fuzzer
+  libopenmpi-dev openmpi-bin libgloo-dev       # the transports: Open MPI and Gloo
 )
 
 missing=()

@@ -24,4 +24,18 @@ class FrameError : public Error {
   using Error::Error;
 };
 
+// A collective that failed: a peer closed its connection, a transport reported an error, or
+// the ranks disagree (registered tensors, plan). The message names the bucket and phase.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective that did not finish within its timeout (GRADCOMP_TIMEOUT, default 300 s): a peer
+// died or stopped. The message names the bucket and phase.
+class TimeoutError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 }  // namespace gradcomp

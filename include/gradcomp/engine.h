@@ -1,0 +1,86 @@
+// Engine: executes a Plan every step. Gradients arrive as they become ready (a backward hook
+// calls ready()); a bucket is launched once all its tensors arrived and every earlier bucket was
+// launched; encode, communication and decode of different buckets overlap on background
+// threads; the mean over ranks is written back in place into the caller's gradients, and
+// synchronize() waits for the step. Every rank ends every step with bit-identical gradients.
+//
+//   Engine engine(transport, plan, options);
+//   for each step:
+//     for each gradient, as backward produces it:  engine.ready(index, grad);
+//     engine.synchronize();          // grads now hold the compressed mean over ranks
+//     optimizer.step();
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradcomp/plan.h"
+#include "gradcomp/transport.h"
+
+namespace gradcomp {
+
+struct EngineOptions {
+  uint64_t seed = 0;           // keys every codec's randomness; the same on all ranks
+  Milliseconds timeout{0};     // per collective; 0: GRADCOMP_TIMEOUT or 300 s
+  std::string timeline;        // Chrome-trace path; empty: GRADCOMP_TIMELINE (may be empty)
+  int local_size = 0;          // ranks per node for the hierarchical route; 0: from launcher
+  int codec_threads = 1;       // threads one codec call may use
+};
+
+// What the last completed step did on this rank.
+struct StepStats {
+  uint64_t step = 0;
+  size_t bytes_sent = 0;         // handed to the transport, all buckets and phases
+  size_t uncompressed_bytes = 0;  // 4 bytes per element of every bucket
+  double step_seconds = 0;       // first ready() to the end of synchronize()
+  double exchange_seconds = 0;   // time the exchange thread spent in collectives
+};
+
+class Engine {
+ public:
+  // Validates the plan, builds a route per bucket and starts the threads. A collective over the
+  // transport's ranks happens at the first step (the plan hash check), not here.
+  Engine(std::shared_ptr<Transport> transport, Plan plan, EngineOptions options = {});
+  ~Engine();  // stops the threads; a step in flight is abandoned
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Hands over gradient `tensor` (index into plan().tensors) of this step; its span must hold
+  // that tensor's element count and stay valid until synchronize() returns, which overwrites it
+  // with the mean over ranks. Throws Error on an unknown index, a wrong size, or a tensor
+  // handed over twice in one step.
+  void ready(size_t tensor, std::span<float> grad);
+  void ready(const std::string& name, std::span<float> grad);
+
+  // Waits until every bucket of the step is written back and starts the next step. Tensors
+  // not handed over are an Error naming them. Rethrows the first error of any bucket (with
+  // its bucket and phase); after an error the engine is broken and every call throws.
+  void synchronize();
+
+  // The learning rate of the coming step, for feedbacks that correct by the lr ratio.
+  void set_learning_rate(double lr);
+
+  const Plan& plan() const;
+  const StepStats& last_step() const;
+  uint64_t step() const;  // steps completed
+  // Bytes held by the engine: fused buffers, frames, feedback and codec state.
+  size_t memory_bytes() const;
+
+  // Every codec and feedback state and the step counter, for checkpoints; loading it into an
+  // engine with the same plan resumes bit-exactly. Throws Error on state of another plan.
+  std::vector<std::byte> save_state() const;
+  void load_state(std::span<const std::byte> state);
+
+  // Starts (or with an empty path stops) writing the Chrome-trace timeline.
+  void set_timeline(const std::string& path);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gradcomp

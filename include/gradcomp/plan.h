@@ -1,0 +1,87 @@
+// Plan: the registered tensors in backward order, cut into buckets, each with an Option that
+// says how the bucket is compressed and how it travels. Versioned JSON; identical on every rank
+// (checked by hash at the first step). The planner (cost model) produces plans; the engine
+// executes them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace gradcomp {
+
+inline constexpr int kPlanVersion = 1;
+
+// A gradient the engine will receive every step.
+struct TensorInfo {
+  std::string name;
+  size_t elements = 0;
+};
+
+// Where a bucket's first encoding runs: on the thread that hands over the bucket's last
+// gradient (no hand-off latency, but it delays the backward pass), or on the engine's encoder
+// thread (overlaps with the backward pass).
+enum class EncodeOn { kEngine, kCaller };
+
+// How one bucket is compressed and routed.
+struct Option {
+  std::string codec = "none";     // codec spec, e.g. "topk:ratio=0.01"
+  std::string feedback = "none";  // worker-side feedback spec, e.g. "ef"
+  // Route spec: "allreduce", "allgather", "twoway" (server_feedback=<spec>),
+  // "hierarchical" (inner=allreduce|allgather|twoway, intra=none|fp16).
+  std::string route = "allreduce";
+  EncodeOn encode_on = EncodeOn::kEngine;
+
+  bool operator==(const Option&) const = default;
+};
+
+// A group of tensors fused into one buffer, in the order listed, and sent together.
+struct Bucket {
+  std::vector<size_t> tensors;  // indices into Plan::tensors, in fusion order
+  Option option;
+
+  bool operator==(const Bucket&) const = default;
+};
+
+// Settings of the default plan.
+struct DefaultPlanSettings {
+  size_t bucket_bytes = 25u << 20;     // fusion buffer size, as DDP's 25 MB buckets
+  size_t min_compress_elements = 16384;  // smaller tensors (biases, norms) stay uncompressed
+  Option compressed;                    // the option of buckets of large tensors
+};
+
+struct Plan {
+  int version = kPlanVersion;
+  std::vector<TensorInfo> tensors;  // backward order: the order gradients usually become ready
+  // Launch order: the engine sends bucket i only after bucket i-1 (every rank the same order).
+  std::vector<Bucket> buckets;
+
+  bool operator==(const Plan&) const = default;
+
+  // Elements of one bucket (sum over its tensors).
+  size_t bucket_elements(size_t bucket) const;
+
+  // Throws Error naming the first problem: a tensor in no bucket or in two, an index out of
+  // range, an empty or duplicate name, a bad codec, feedback or route spec, or a codec the
+  // route cannot carry (allreduce needs summable, twoway needs shardable single-round codecs).
+  void validate() const;
+
+  // FNV-1a 64 of the canonical JSON: ranks compare it before the first step.
+  uint64_t hash() const;
+
+  nlohmann::json to_json() const;
+  // Throws Error naming the field that is missing or malformed, or an unsupported version.
+  static Plan from_json(const nlohmann::json& json);
+  void save(const std::string& path) const;
+  static Plan load(const std::string& path);
+};
+
+// The default plan: large tensors fused into buckets of at most bucket_bytes with
+// settings.compressed, tensors under min_compress_elements fused into uncompressed allreduce
+// buckets; buckets ordered by when their last tensor becomes ready (backward order).
+Plan make_default_plan(std::vector<TensorInfo> tensors, const DefaultPlanSettings& settings = {});
+
+}  // namespace gradcomp

@@ -1,0 +1,107 @@
+// Route: how one bucket's frames travel between ranks, one class per pattern (route/*.cpp):
+//   allreduce     summable codecs: every round's frames are summed by the transport
+//   allgather     any codec: every rank decodes all W frames in rank order
+//   twoway        BytePS-Compress with co-located servers: W shards, alltoallv, each rank
+//                 reduces its shard, applies server-side feedback, re-encodes, allgatherv
+//   hierarchical  reduce inside the node (none or fp16), an inner route among node leaders,
+//                 broadcast back inside the node
+// A route object belongs to one bucket and keeps its codec, feedback and buffers across steps
+// (buffers are sized once, so memory does not grow). The engine drives it in three stages,
+// each on its own thread, so buckets pipeline:
+//   encode(grad)   compensate + first encoding (the caller's thread or the encoder thread)
+//   exchange()     every collective and the computation between them (the exchange thread)
+//   decode(out)    the aggregate, the mean over ranks, into `out` (the decoder thread)
+// Every rank ends with bit-identical output: all ranks decode the same bytes in the same order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradcomp/codec.h"
+#include "gradcomp/feedback.h"
+#include "gradcomp/plan.h"
+#include "gradcomp/timeline.h"
+#include "gradcomp/transport.h"
+
+namespace gradcomp {
+
+// The transports a route may use.
+struct RouteEnv {
+  Transport* world = nullptr;
+  Transport* intra = nullptr;    // hierarchical: the ranks of this node (rank 0 is the leader)
+  Transport* leaders = nullptr;  // hierarchical: one rank per node; nullptr on non-leaders
+  uint64_t seed = 0;             // the job's seed: Context::seed of every codec call
+  int threads = 1;               // threads a codec call may use
+};
+
+// What changes from step to step.
+struct StepState {
+  uint64_t step = 0;
+  double lr = 0;
+  double prev_lr = 0;
+};
+
+// Times phases into the timeline and turns failures into errors that name the bucket and the
+// phase. One per bucket; used from the thread running the stage.
+class Phases {
+ public:
+  Phases(size_t bucket, Milliseconds timeout, Timeline* timeline)
+      : bucket_(bucket), timeout_(timeout), timeline_(timeline) {}
+
+  // Waits for `work` (issued at `issued`) and records [issued, now) as `phase`. Rethrows a
+  // CommError or TimeoutError as "bucket B, phase P: ...".
+  void wait(const WorkPtr& work, const char* phase, Clock::time_point issued) const;
+  // Runs `f` as computation phase `phase` (encode, decode, ...) and records it.
+  template <class F>
+  void run(const char* phase, F&& f) const {
+    const auto start = Clock::now();
+    f();
+    record(phase, start, Clock::now());
+  }
+  void record(const char* phase, Clock::time_point start, Clock::time_point end) const;
+
+  size_t bucket() const { return bucket_; }
+  Milliseconds timeout() const { return timeout_; }
+
+ private:
+  size_t bucket_;
+  Milliseconds timeout_;
+  Timeline* timeline_;
+};
+
+class Route {
+ public:
+  virtual ~Route() = default;
+
+  // Stage 1. `grad` is this rank's fused gradient of the bucket; it is not modified and may be
+  // reused once encode returns.
+  virtual void encode(std::span<const float> grad, const StepState& step, const Phases& p) = 0;
+  // Stage 2. Blocks until every collective of this bucket finished.
+  virtual void exchange(const StepState& step, const Phases& p) = 0;
+  // Stage 3. Writes the mean over ranks into `out` (the bucket's element count).
+  virtual void decode(std::span<float> out, const StepState& step, const Phases& p) = 0;
+
+  // Bytes this rank handed to the transport in the last step (all phases).
+  virtual size_t bytes_sent() const = 0;
+  // Bytes of buffers and feedback state this route holds.
+  virtual size_t memory_bytes() const = 0;
+  // Codec and feedback state (worker and server side), for checkpoints.
+  virtual std::vector<std::byte> save_state() const = 0;
+  virtual void load_state(std::span<const std::byte> state) = 0;
+};
+
+// Builds the route of `option` for bucket `bucket` of `elements` elements. Throws SpecError on
+// a bad route spec, Error when the codec cannot travel this way (allreduce needs a summable
+// codec, twoway a shardable single-round codec) or a transport the route needs is missing.
+std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
+                                  const RouteEnv& env);
+// The route names make_route accepts.
+const std::vector<std::string>& route_names();
+// Checks an option without building it (plan validation): the same errors as make_route.
+void check_route(const Option& option);
+
+}  // namespace gradcomp
