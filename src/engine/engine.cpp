@@ -1,0 +1,431 @@
+// The engine: three background stages (encoder, exchanger, decoder) over the buckets of a Plan,
+// fed by ready() from the backward pass, drained by synchronize(). See engine.h and
+// docs/architecture.md for the threading and ordering rules.
+#include "gradcomp/engine.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "engine/live_bucket.h"
+#include "engine/consistency.h"
+#include "engine/nodes.h"
+#include "engine/state_file.h"
+#include "gradcomp/error.h"
+#include "gradcomp/timeline.h"
+#include "route/route.h"
+
+namespace gradcomp {
+namespace {
+
+std::string timeline_from_environment() {
+  const char* path = std::getenv("GRADCOMP_TIMELINE");
+  return path == nullptr ? std::string() : std::string(path);
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  Impl(std::shared_ptr<Transport> transport_in, Plan plan_in, EngineOptions options_in);
+  ~Impl();
+
+  void ready(size_t tensor, std::span<float> grad);
+  void synchronize();
+
+  // Stage threads.
+  void encoder_loop();
+  void exchanger_loop();
+  void decoder_loop();
+
+  // Launches every complete bucket whose predecessors are launched (under mutex); returns the
+  // buckets the caller must encode itself (EncodeOn::kCaller).
+  std::vector<size_t> launch_complete_buckets();
+  void encode_bucket(size_t b);
+  void fail(std::exception_ptr error);  // records the first error and wakes every waiter
+  void throw_if_failed() const;         // under mutex
+  // Waits (under `lock`) until `done` or an error or shutdown; false on error or shutdown.
+  template <class Pred>
+  bool wait_for(std::unique_lock<std::mutex>& lock, Pred done);
+  void open_timeline(const std::string& path);
+  void attach_timeline();  // points every bucket's Phases at the current timeline
+  void make_routes();
+
+  std::shared_ptr<Transport> transport;
+  Plan plan;
+  EngineOptions options;
+  std::unique_ptr<Transport> intra, leaders;  // hierarchical routes only
+  std::unique_ptr<Timeline> timeline;
+  std::vector<LiveBucket> buckets;
+  std::vector<TensorSlot> slots;  // per tensor: its bucket and place in the fused buffer
+  std::unordered_map<std::string, size_t> index_of;
+
+  mutable std::mutex mutex;
+  std::condition_variable changed;  // any stage progressed, or an error, or shutdown
+  std::deque<size_t> encode_queue;
+  size_t next_launch = 0;    // the first bucket of this step not yet launched
+  // Steps completed by this engine object: the stage threads count cycles with it. The step
+  // number codecs see (step_state.step) continues from a loaded checkpoint instead.
+  uint64_t cycle = 0;
+  bool consistency_checked = false;
+  bool step_wanted = false;  // a gradient arrived or synchronize() was called: the step is on
+  bool stopping = false;
+  std::exception_ptr error;
+  StepState step_state;
+  StepStats stats;
+  double next_lr = 0;
+  Clock::time_point step_start{};
+  bool step_started = false;
+  double exchange_seconds = 0;
+
+  std::thread encoder, exchanger, decoder;
+};
+
+Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
+                   EngineOptions options_in)
+    : transport(std::move(transport_in)), plan(std::move(plan_in)), options(options_in) {
+  if (!transport) throw Error("Engine: the transport is null");
+  plan.validate();
+  if (options.timeout.count() <= 0) options.timeout = timeout_from_environment();
+  if (options.codec_threads < 1) {
+    throw Error(fmt::format("Engine: codec_threads is {}; it must be at least 1",
+                            options.codec_threads));
+  }
+  for (size_t t = 0; t < plan.tensors.size(); ++t) index_of.emplace(plan.tensors[t].name, t);
+  make_routes();
+  const std::string path = options.timeline.empty() ? timeline_from_environment()
+                                                    : options.timeline;
+  if (!path.empty()) open_timeline(path);
+  attach_timeline();
+  encoder = std::thread([this] { encoder_loop(); });
+  exchanger = std::thread([this] { exchanger_loop(); });
+  decoder = std::thread([this] { decoder_loop(); });
+}
+
+Engine::Impl::~Impl() {
+  {
+    std::lock_guard lock(mutex);
+    stopping = true;
+  }
+  changed.notify_all();
+  encoder.join();
+  exchanger.join();
+  decoder.join();
+}
+
+void Engine::Impl::make_routes() {
+  const bool hierarchical = std::any_of(plan.buckets.begin(), plan.buckets.end(), [](auto& b) {
+    return b.option.route.rfind("hierarchical", 0) == 0;
+  });
+  RouteEnv env{.world = transport.get(), .seed = options.seed, .threads = options.codec_threads};
+  if (hierarchical) {
+    auto nodes = split_nodes(*transport, options.local_size);
+    intra = std::move(nodes.intra);
+    leaders = std::move(nodes.leaders);
+    env.intra = intra.get();
+    env.leaders = leaders.get();
+  }
+  slots.resize(plan.tensors.size());
+  buckets.reserve(plan.buckets.size());
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    buckets.emplace_back(plan, b, env, slots, options.timeout);
+  }
+}
+
+void Engine::Impl::open_timeline(const std::string& path) {
+  timeline = std::make_unique<Timeline>(rank_path(path, transport->rank()), transport->rank());
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    timeline->name_lane(static_cast<int>(b), buckets[b].describe(plan));
+  }
+}
+
+void Engine::Impl::attach_timeline() {
+  for (LiveBucket& b : buckets) b.phases = Phases(b.index, options.timeout, timeline.get());
+}
+
+void Engine::Impl::fail(std::exception_ptr e) {
+  {
+    std::lock_guard lock(mutex);
+    if (!error) error = e;
+  }
+  changed.notify_all();
+}
+
+void Engine::Impl::throw_if_failed() const {
+  if (error) std::rethrow_exception(error);
+}
+
+template <class Pred>
+bool Engine::Impl::wait_for(std::unique_lock<std::mutex>& lock, Pred done) {
+  changed.wait(lock, [&] { return done() || error || stopping; });
+  return !error && !stopping;
+}
+
+void Engine::Impl::ready(size_t tensor, std::span<float> grad) {
+  std::vector<size_t> to_encode;
+  {
+    std::lock_guard lock(mutex);
+    throw_if_failed();
+    if (tensor >= slots.size()) {
+      throw Error(fmt::format("ready: tensor {} is not registered; the plan has {} tensors",
+                              tensor, slots.size()));
+    }
+    TensorSlot& slot = slots[tensor];
+    if (grad.size() != slot.elements) {
+      throw Error(fmt::format("ready: tensor '{}' has {} elements; it was registered with {}",
+                              plan.tensors[tensor].name, grad.size(), slot.elements));
+    }
+    if (slot.ready) {
+      throw Error(fmt::format("ready: tensor '{}' was handed over twice in step {}",
+                              plan.tensors[tensor].name, step_state.step));
+    }
+    if (!step_started) {
+      step_started = true;
+      step_wanted = true;
+      step_start = Clock::now();
+    }
+    slot.ready = true;
+    LiveBucket& bucket = buckets[slot.bucket];
+    bucket.take(slot, grad);
+    if (bucket.pending == 0) {
+      bucket.complete_at = Clock::now();
+      to_encode = launch_complete_buckets();
+    }
+  }
+  changed.notify_all();
+  for (size_t b : to_encode) encode_bucket(b);
+}
+
+std::vector<size_t> Engine::Impl::launch_complete_buckets() {
+  std::vector<size_t> on_caller;
+  while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+    LiveBucket& bucket = buckets[next_launch];
+    if (timeline) {
+      timeline->span(static_cast<int>(next_launch), "ready", bucket.first_ready_at,
+                     bucket.complete_at);
+    }
+    if (plan.buckets[next_launch].option.encode_on == EncodeOn::kCaller) {
+      on_caller.push_back(next_launch);
+    } else {
+      encode_queue.push_back(next_launch);
+    }
+    ++next_launch;
+  }
+  return on_caller;
+}
+
+void Engine::Impl::encode_bucket(size_t b) {
+  LiveBucket& bucket = buckets[b];
+  try {
+    bucket.route->encode(bucket.input(), step_state, bucket.phases);
+  } catch (...) {
+    fail(std::current_exception());
+    return;
+  }
+  {
+    std::lock_guard lock(mutex);
+    bucket.encoded_step = cycle;
+  }
+  changed.notify_all();
+}
+
+void Engine::Impl::encoder_loop() {
+  std::unique_lock lock(mutex);
+  for (;;) {
+    if (!wait_for(lock, [&] { return !encode_queue.empty(); })) return;
+    const size_t b = encode_queue.front();
+    encode_queue.pop_front();
+    lock.unlock();
+    encode_bucket(b);
+    lock.lock();
+  }
+}
+
+void Engine::Impl::exchanger_loop() {
+  uint64_t current = 0;  // the step this thread works on
+  std::unique_lock lock(mutex);
+  for (;;) {
+    if (!wait_for(lock, [&] { return cycle == current && step_wanted; })) return;
+    try {
+      if (!consistency_checked) {
+        lock.unlock();
+        check_consistency(*transport, plan, options.timeout);
+        lock.lock();
+        consistency_checked = true;
+        changed.notify_all();
+      }
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        if (!wait_for(lock, [&] { return buckets[b].encoded_step == current; })) return;
+        lock.unlock();
+        const auto start = Clock::now();
+        buckets[b].route->exchange(step_state, buckets[b].phases);
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        lock.lock();
+        exchange_seconds += seconds;
+        buckets[b].exchanged_step = current;
+        changed.notify_all();
+      }
+    } catch (...) {
+      if (!lock.owns_lock()) lock.lock();
+      if (!error) error = std::current_exception();
+      changed.notify_all();
+      return;
+    }
+    ++current;
+  }
+}
+
+void Engine::Impl::decoder_loop() {
+  uint64_t current = 0;
+  std::unique_lock lock(mutex);
+  for (;;) {
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      if (!wait_for(lock, [&] { return buckets[b].exchanged_step == current; })) return;
+      lock.unlock();
+      try {
+        LiveBucket& bucket = buckets[b];
+        bucket.route->decode(bucket.output(), step_state, bucket.phases);
+        bucket.phases.run("write back", [&] { bucket.give_back(); });
+      } catch (...) {
+        lock.lock();
+        if (!error) error = std::current_exception();
+        changed.notify_all();
+        return;
+      }
+      lock.lock();
+      buckets[b].decoded_step = current;
+      changed.notify_all();
+    }
+    // Next step: wait until synchronize() has closed this one.
+    if (!wait_for(lock, [&] { return cycle > current; })) return;
+    ++current;
+  }
+}
+
+void Engine::Impl::synchronize() {
+  std::unique_lock lock(mutex);
+  throw_if_failed();
+  std::vector<std::string> missing;
+  for (size_t t = 0; t < slots.size(); ++t) {
+    if (!slots[t].ready) missing.push_back(plan.tensors[t].name);
+  }
+  if (!missing.empty()) {
+    const size_t shown = std::min<size_t>(missing.size(), 5);
+    std::vector<std::string> head(missing.begin(), missing.begin() + shown);
+    auto e = std::make_exception_ptr(Error(fmt::format(
+        "synchronize: {} registered tensor(s) were not handed over in step {}: {}{}; every "
+        "rank must hand over every registered gradient each step (the engine cannot finish "
+        "this step and stops)",
+        missing.size(), step_state.step, fmt::join(head, ", "), missing.size() > shown ? ", ..." : "")));
+    error = e;
+    changed.notify_all();
+    std::rethrow_exception(e);
+  }
+  step_wanted = true;
+  changed.notify_all();
+  const bool finished = wait_for(lock, [&] {
+    if (!consistency_checked) return false;
+    return std::all_of(buckets.begin(), buckets.end(),
+                       [&](const LiveBucket& b) { return b.decoded_step == cycle; });
+  });
+  throw_if_failed();
+  if (!finished) throw Error("synchronize: the engine is shutting down");
+
+  stats.step = step_state.step;
+  stats.bytes_sent = 0;
+  stats.uncompressed_bytes = 0;
+  for (const LiveBucket& b : buckets) {
+    stats.bytes_sent += b.route->bytes_sent();
+    stats.uncompressed_bytes += b.elements * sizeof(float);
+  }
+  stats.step_seconds =
+      step_started ? std::chrono::duration<double>(Clock::now() - step_start).count() : 0;
+  stats.exchange_seconds = exchange_seconds;
+  exchange_seconds = 0;
+
+  for (TensorSlot& slot : slots) slot.ready = false;
+  for (LiveBucket& b : buckets) b.reset();
+  next_launch = 0;
+  step_started = false;
+  step_wanted = false;
+  ++cycle;
+  ++step_state.step;
+  step_state.prev_lr = step_state.lr;
+  step_state.lr = next_lr;
+  if (timeline) timeline->flush();
+  changed.notify_all();
+}
+
+Engine::Engine(std::shared_ptr<Transport> transport, Plan plan, EngineOptions options)
+    : impl_(std::make_unique<Impl>(std::move(transport), std::move(plan), options)) {}
+
+Engine::~Engine() = default;
+
+void Engine::ready(size_t tensor, std::span<float> grad) { impl_->ready(tensor, grad); }
+
+void Engine::ready(const std::string& name, std::span<float> grad) {
+  auto it = impl_->index_of.find(name);
+  if (it == impl_->index_of.end()) {
+    throw Error(fmt::format("ready: no registered tensor is named '{}'", name));
+  }
+  impl_->ready(it->second, grad);
+}
+
+void Engine::synchronize() { impl_->synchronize(); }
+
+void Engine::set_learning_rate(double lr) {
+  if (!(lr >= 0)) throw Error(fmt::format("set_learning_rate: {} is not a learning rate", lr));
+  std::lock_guard lock(impl_->mutex);
+  impl_->next_lr = lr;
+  if (!impl_->step_started) impl_->step_state.lr = lr;  // before the step's first gradient
+}
+
+const Plan& Engine::plan() const { return impl_->plan; }
+
+const StepStats& Engine::last_step() const { return impl_->stats; }
+
+uint64_t Engine::step() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->step_state.step;
+}
+
+size_t Engine::memory_bytes() const {
+  size_t total = 0;
+  for (const LiveBucket& b : impl_->buckets) total += b.memory_bytes();
+  return total;
+}
+
+std::vector<std::byte> Engine::save_state() const {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->step_started) throw Error("save_state: a step is in flight; call synchronize() first");
+  std::vector<std::vector<std::byte>> routes;
+  for (const LiveBucket& b : impl_->buckets) routes.push_back(b.route->save_state());
+  return write_engine_state(impl_->plan.hash(), impl_->step_state, routes);
+}
+
+void Engine::load_state(std::span<const std::byte> state) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->step_started) throw Error("load_state: a step is in flight; call synchronize() first");
+  EngineState loaded = read_engine_state(state, impl_->plan.hash(), impl_->buckets.size());
+  for (size_t b = 0; b < impl_->buckets.size(); ++b) {
+    impl_->buckets[b].route->load_state(loaded.routes[b]);
+  }
+  impl_->step_state = loaded.step_state;  // the stage threads keep counting cycles
+  impl_->next_lr = loaded.step_state.lr;
+}
+
+void Engine::set_timeline(const std::string& path) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->step_started) throw Error("set_timeline: a step is in flight; call synchronize() first");
+  impl_->timeline.reset();
+  if (!path.empty()) impl_->open_timeline(path);
+  impl_->attach_timeline();
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,67 @@
+#include "engine/live_bucket.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace gradcomp {
+
+LiveBucket::LiveBucket(const Plan& plan, size_t index_in, const RouteEnv& env,
+               std::vector<TensorSlot>& slots, Milliseconds timeout)
+    : index(index_in), phases(index_in, timeout, nullptr) {
+  const auto& tensors = plan.buckets[index].tensors;
+  tensor_count_ = tensors.size();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t t = tensors[i];
+    slots[t] = TensorSlot{.bucket = index, .position = i, .offset = elements,
+                          .elements = plan.tensors[t].elements};
+    offsets_.push_back(elements);
+    elements += plan.tensors[t].elements;
+  }
+  targets_.resize(tensor_count_);
+  if (tensor_count_ > 1) fused_.assign(elements, 0.0f);
+  pending = tensor_count_;
+  route = make_route(plan.buckets[index].option, index, elements, env);
+}
+
+void LiveBucket::take(const TensorSlot& slot, std::span<float> grad) {
+  if (pending == tensor_count_) first_ready_at = Clock::now();
+  targets_[slot.position] = grad;
+  if (!fused_.empty()) std::copy(grad.begin(), grad.end(), fused_.begin() + slot.offset);
+  --pending;
+}
+
+std::span<const float> LiveBucket::input() const {
+  if (tensor_count_ == 1) return targets_[0];
+  return fused_;
+}
+
+std::span<float> LiveBucket::output() {
+  if (tensor_count_ == 1) return targets_[0];
+  return fused_;
+}
+
+void LiveBucket::give_back() {
+  if (tensor_count_ == 1) return;  // decoded in place
+  for (size_t i = 0; i < tensor_count_; ++i) {
+    std::copy_n(fused_.begin() + offsets_[i], targets_[i].size(), targets_[i].begin());
+  }
+}
+
+void LiveBucket::reset() {
+  pending = tensor_count_;
+  std::fill(targets_.begin(), targets_.end(), std::span<float>());
+}
+
+std::string LiveBucket::describe(const Plan& plan) const {
+  const Option& o = plan.buckets[index].option;
+  return fmt::format("bucket {}: {} tensor{}, {:.3g} MB, {} / {} / {}", index, tensor_count_,
+                     tensor_count_ == 1 ? "" : "s", elements * 4.0 / 1e6, o.codec, o.feedback,
+                     o.route);
+}
+
+size_t LiveBucket::memory_bytes() const {
+  return fused_.size() * sizeof(float) + route->memory_bytes();
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,25 @@
+// The engine's checkpoint: the step counter, the learning rates, and every route's state, bound
+// to the plan by its hash so a checkpoint cannot be loaded into a different plan.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "route/route.h"
+
+namespace gradcomp {
+
+struct EngineState {
+  StepState step_state;
+  std::vector<std::vector<std::byte>> routes;  // one per bucket
+};
+
+std::vector<std::byte> write_engine_state(uint64_t plan_hash, const StepState& step,
+                                          const std::vector<std::vector<std::byte>>& routes);
+// Throws Error when the bytes are not an engine state, are truncated, or belong to another plan.
+EngineState read_engine_state(std::span<const std::byte> bytes, uint64_t plan_hash,
+                              size_t buckets);
+
+}  // namespace gradcomp
