@@ -1,0 +1,50 @@
+// The process-wide side of the MPI backend: initialising (and finalising) MPI, serialising MPI
+// calls when the library gives less than MPI_THREAD_MULTIPLE, the reduction operators, and
+// waiting for a request with a deadline.
+#pragma once
+
+// Only the C API: Open MPI's deprecated C++ bindings would need their own library.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <mutex>
+
+#include "gradcomp/transport.h"
+
+namespace gradcomp::mpi {
+
+using Clock = std::chrono::steady_clock;
+
+// Initialises MPI unless the application already did (then finalises it at exit), and checks
+// the thread level: our calls come from the transports' own threads, so at least
+// MPI_THREAD_SERIALIZED is needed. Throws Error when MPI cannot serve us. Idempotent.
+void ensure_initialized();
+
+// Held around every MPI call. With MPI_THREAD_MULTIPLE it holds nothing; with SERIALIZED it
+// serialises the threads of all our transports (each split has its own thread).
+std::unique_lock<std::mutex> lock();
+
+// Throws CommError "mpi: <what> failed: <MPI's message>" when rc is not MPI_SUCCESS.
+void check(int rc, const char* what);
+
+// The MPI element type and operator for an allreduce of `type` with `op`. The operators are
+// our own (half_reduce.h), so every backend reduces to the same bits.
+MPI_Datatype element_type(DType type);
+MPI_Op reduce_op(DType type, ReduceOp op);
+
+// Polls `request` until it completes: spins for a few microseconds (small collectives finish
+// there), then sleeps a growing interval up to a cap, so a rank waiting on a slow peer costs
+// little CPU. Throws TimeoutError naming `op` and `bytes` at `deadline`; the request is then
+// abandoned (a collective request cannot be cancelled), which note_abandoned() records.
+void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout, const char* op,
+          size_t bytes);
+
+// Once a request was abandoned, MPI_Finalize at exit could wait forever for a dead peer, so
+// it is skipped (the job is failing anyway).
+void note_abandoned();
+
+}  // namespace gradcomp::mpi
