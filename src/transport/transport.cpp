@@ -1,4 +1,6 @@
 // make_transport: reads the launcher's environment and starts a backend.
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -24,7 +26,7 @@ std::optional<long> env_int(const char* name) {
   if (!text) return std::nullopt;
   char* end = nullptr;
   const long value = std::strtol(text->c_str(), &end, 10);
-  if (*end != '\0' || value < 0) {
+  if (*end != '\0' || value < 0 || value > INT_MAX) {  // also keeps the int casts below exact
     throw Error(fmt::format("environment variable {}='{}' must be a non-negative integer", name,
                             *text));
   }
@@ -77,7 +79,8 @@ Milliseconds timeout_from_environment() {
     throw Error(fmt::format(
         "GRADCOMP_TIMEOUT='{}' must be a positive number of seconds (default 300)", *text));
   }
-  return Milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
+  // At least 1 ms: a tiny positive value must not round to 0, which means "unset" elsewhere.
+  return Milliseconds(std::max(1LL, static_cast<long long>(seconds * 1000 + 0.5)));
 }
 
 std::vector<std::string> transport_names() { return {"mpi", "gloo"}; }
@@ -86,9 +89,10 @@ std::unique_ptr<Transport> make_transport(TransportOptions options) {
   LaunchInfo launch = launch_info_from_environment();
   if (options.rank >= 0) launch.rank = options.rank;
   if (options.world_size > 0) launch.world_size = options.world_size;
-  if (options.rank >= options.world_size && options.world_size > 0) {
-    throw Error(fmt::format("rank {} is not within world size {}", options.rank,
-                            options.world_size));
+  // Checked after the override: an explicit rank must also fit the environment's world size.
+  if (launch.rank >= launch.world_size) {
+    throw Error(fmt::format("rank {} is not within world size {} (options or RANK / WORLD_SIZE)",
+                            launch.rank, launch.world_size));
   }
   if (options.timeout.count() <= 0) options.timeout = timeout_from_environment();
   if (options.backend.empty()) {
