@@ -81,6 +81,8 @@ void OpQueue::loop() {
         error = std::current_exception();
       } catch (const std::exception& e) {  // a backend's own exception type
         error = std::make_exception_ptr(CommError(fmt::format("{}: {}", name_, e.what())));
+      } catch (...) {  // anything else would escape the thread and terminate the process
+        error = std::make_exception_ptr(CommError(name_ + ": collective failed (unknown error)"));
       }
       if (error) {
         std::lock_guard lock(mutex_);
