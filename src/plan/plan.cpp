@@ -1,0 +1,349 @@
+// Plan: validation, the canonical hash, and the versioned JSON form (docs/plan-format.md).
+#include "gradcomp/plan.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+#include <string_view>
+#include <unistd.h>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "gradcomp/codec.h"
+#include "gradcomp/error.h"
+#include "gradcomp/feedback.h"
+#include "route/route.h"
+
+namespace gradcomp {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kFormat = "gradcomp-plan";
+
+// ---- JSON reading: every error names the field path ("buckets[3].codec") and what is wrong.
+
+[[noreturn]] void field_error(const std::string& path, std::string_view what) {
+  throw Error(fmt::format("{}: {}", path, what));
+}
+
+// Rejects keys the schema does not have, so a misspelt optional field ("feedbak") is an error
+// rather than silently taking its default.
+void check_keys(const json& object, const std::string& path,
+                std::initializer_list<std::string_view> allowed) {
+  for (const auto& item : object.items()) {
+    bool known = false;
+    for (std::string_view key : allowed) known = known || item.key() == key;
+    if (!known) {
+      const std::string where = path.empty() ? "plan" : path;
+      throw Error(fmt::format("{}: unknown field '{}'; allowed: {}", where, item.key(),
+                              fmt::join(allowed, ", ")));
+    }
+  }
+}
+
+std::string join_path(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
+}
+
+const json& required(const json& object, const std::string& path, std::string_view key,
+                     std::string_view expected) {
+  const auto it = object.find(key);
+  if (it == object.end()) field_error(join_path(path, key), fmt::format("missing; expected {}", expected));
+  return *it;
+}
+
+std::string read_string(const json& value, const std::string& path) {
+  if (!value.is_string()) field_error(path, "expected a string");
+  return value.get<std::string>();
+}
+
+// An optional string field: `fallback` when absent.
+std::string optional_string(const json& object, const std::string& path, std::string_view key,
+                            const std::string& fallback) {
+  const auto it = object.find(key);
+  return it == object.end() ? fallback : read_string(*it, join_path(path, key));
+}
+
+// Element counts and indices: JSON numbers that are integers >= 0. A float such as 3.0 is
+// rejected too, because a plan is written by programs and a float there is a bug upstream.
+size_t read_count(const json& value, const std::string& path) {
+  if (value.is_number_unsigned()) return value.get<size_t>();
+  if (value.is_number_integer() && value.get<int64_t>() >= 0) return value.get<size_t>();
+  field_error(path, "must be a non-negative integer");
+}
+
+const json& read_array(const json& value, const std::string& path) {
+  if (!value.is_array()) field_error(path, "expected an array");
+  return value;
+}
+
+void check_object(const json& value, const std::string& path) {
+  if (!value.is_object()) field_error(path, "expected an object");
+}
+
+const char* encode_on_name(EncodeOn where) {
+  return where == EncodeOn::kCaller ? "caller" : "engine";
+}
+
+EncodeOn read_encode_on(const json& bucket, const std::string& path) {
+  const std::string text = optional_string(bucket, path, "encode_on", "engine");
+  if (text == "engine") return EncodeOn::kEngine;
+  if (text == "caller") return EncodeOn::kCaller;
+  field_error(join_path(path, "encode_on"),
+              fmt::format("'{}' is not allowed; allowed: engine, caller", text));
+}
+
+void check_version(const json& root) {
+  const json& value = required(root, "", "version", fmt::format("the integer {}", kPlanVersion));
+  if (!value.is_number_integer()) field_error("version", "must be an integer");
+  const int64_t version = value.get<int64_t>();
+  if (version != kPlanVersion) {
+    throw Error(fmt::format("version {} is not supported; this gradcomp reads version {}",
+                            version, kPlanVersion));
+  }
+}
+
+TensorInfo read_tensor(const json& value, const std::string& path) {
+  check_object(value, path);
+  check_keys(value, path, {"name", "elements"});
+  TensorInfo tensor;
+  tensor.name = read_string(required(value, path, "name", "a string"), path + ".name");
+  tensor.elements = read_count(required(value, path, "elements", "a non-negative integer"),
+                               path + ".elements");
+  return tensor;
+}
+
+Bucket read_bucket(const json& value, const std::string& path) {
+  check_object(value, path);
+  check_keys(value, path, {"tensors", "codec", "feedback", "route", "encode_on"});
+  Bucket bucket;
+  const std::string tensors_path = path + ".tensors";
+  const json& tensors = read_array(
+      required(value, path, "tensors", "an array of tensor indices"), tensors_path);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    bucket.tensors.push_back(read_count(tensors[i], fmt::format("{}[{}]", tensors_path, i)));
+  }
+  bucket.option.codec = read_string(required(value, path, "codec", "a codec spec string"),
+                                    path + ".codec");
+  const Option defaults;
+  bucket.option.feedback = optional_string(value, path, "feedback", defaults.feedback);
+  bucket.option.route = optional_string(value, path, "route", defaults.route);
+  bucket.option.encode_on = read_encode_on(value, path);
+  return bucket;
+}
+
+// ---- validation
+
+std::string tensor_label(const Plan& plan, size_t t) {
+  return fmt::format("tensor '{}' (tensors[{}])", plan.tensors[t].name, t);
+}
+
+void validate_tensors(const Plan& plan) {
+  std::unordered_map<std::string_view, size_t> first_with_name;
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    const std::string& name = plan.tensors[t].name;
+    if (name.empty()) {
+      throw Error(fmt::format("tensors[{}]: the name is empty; every tensor needs a unique, "
+                              "non-empty name", t));
+    }
+    const auto [it, inserted] = first_with_name.emplace(name, t);
+    if (!inserted) {
+      throw Error(fmt::format("tensors[{}]: the name '{}' is already used by tensors[{}]; "
+                              "tensor names must be unique", t, name, it->second));
+    }
+  }
+}
+
+// Each tensor index in range and in exactly one bucket.
+void validate_membership(const Plan& plan) {
+  constexpr size_t kNone = std::numeric_limits<size_t>::max();
+  std::vector<size_t> owner(plan.tensors.size(), kNone);
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& tensors = plan.buckets[b].tensors;
+    if (tensors.empty()) {
+      throw Error(fmt::format("buckets[{}]: has no tensors; every bucket needs at least one", b));
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const size_t t = tensors[i];
+      if (t >= plan.tensors.size()) {
+        throw Error(fmt::format("buckets[{}].tensors[{}]: index {} is out of range; the plan has "
+                                "{} tensors", b, i, t, plan.tensors.size()));
+      }
+      if (owner[t] != kNone) {
+        throw Error(fmt::format("{} is in buckets[{}] and again in buckets[{}]; each tensor "
+                                "must be in exactly one bucket", tensor_label(plan, t), owner[t], b));
+      }
+      owner[t] = b;
+    }
+  }
+  for (size_t t = 0; t < owner.size(); ++t) {
+    if (owner[t] == kNone) {
+      throw Error(fmt::format("{} is in no bucket; each tensor must be in exactly one bucket",
+                              tensor_label(plan, t)));
+    }
+  }
+}
+
+// Runs `check` and prefixes its error with `path`, keeping the error's type (a bad spec stays a
+// SpecError).
+template <class F>
+void with_path(const std::string& path, F&& check) {
+  try {
+    check();
+  } catch (const SpecError& e) {
+    throw SpecError(fmt::format("{}: {}", path, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+void validate_option(const Option& option, size_t b) {
+  const std::string path = fmt::format("buckets[{}]", b);
+  with_path(path + ".codec", [&] { make_codec(option.codec); });
+  with_path(path + ".feedback", [&] { make_feedback(option.feedback); });
+  // check_route re-checks codec and feedback, which passed above, so what it reports is about
+  // the route spec or whether this codec can travel over it.
+  with_path(path + ".route", [&] { check_route(option); });
+}
+
+uint64_t fnv1a64(std::string_view text) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+size_t Plan::bucket_elements(size_t bucket) const {
+  if (bucket >= buckets.size()) {
+    throw Error(fmt::format("bucket {} does not exist; the plan has {} buckets", bucket,
+                            buckets.size()));
+  }
+  size_t sum = 0;
+  for (const size_t t : buckets[bucket].tensors) {
+    if (t >= tensors.size()) {
+      throw Error(fmt::format("buckets[{}]: tensor index {} is out of range; the plan has {} "
+                              "tensors", bucket, t, tensors.size()));
+    }
+    sum += tensors[t].elements;
+  }
+  return sum;
+}
+
+void Plan::validate() const {
+  if (version != kPlanVersion) {
+    throw Error(fmt::format("version {} is not supported; this gradcomp reads version {}",
+                            version, kPlanVersion));
+  }
+  validate_tensors(*this);
+  validate_membership(*this);
+  for (size_t b = 0; b < buckets.size(); ++b) validate_option(buckets[b].option, b);
+}
+
+uint64_t Plan::hash() const {
+  // nlohmann's default json keeps object keys sorted, so dump() is canonical: the same plan
+  // gives the same bytes on every rank and in every run.
+  return fnv1a64(to_json().dump());
+}
+
+nlohmann::json Plan::to_json() const {
+  json tensor_list = json::array();
+  for (const TensorInfo& t : tensors) {
+    tensor_list.push_back({{"name", t.name}, {"elements", t.elements}});
+  }
+  json bucket_list = json::array();
+  for (const Bucket& b : buckets) {
+    bucket_list.push_back({{"tensors", b.tensors},
+                           {"codec", b.option.codec},
+                           {"feedback", b.option.feedback},
+                           {"route", b.option.route},
+                           {"encode_on", encode_on_name(b.option.encode_on)}});
+  }
+  return {{"format", kFormat},
+          {"version", version},
+          {"tensors", std::move(tensor_list)},
+          {"buckets", std::move(bucket_list)}};
+}
+
+Plan Plan::from_json(const nlohmann::json& root) {
+  if (!root.is_object()) throw Error("plan: expected a JSON object");
+  check_keys(root, "", {"format", "version", "tensors", "buckets"});
+  const std::string format =
+      read_string(required(root, "", "format", fmt::format("\"{}\"", kFormat)), "format");
+  if (format != kFormat) {
+    field_error("format", fmt::format("'{}' is not a gradcomp plan; expected \"{}\"", format,
+                                      kFormat));
+  }
+  check_version(root);
+
+  Plan plan;
+  const json& tensors =
+      read_array(required(root, "", "tensors", "an array of tensors"), "tensors");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    plan.tensors.push_back(read_tensor(tensors[i], fmt::format("tensors[{}]", i)));
+  }
+  const json& buckets =
+      read_array(required(root, "", "buckets", "an array of buckets"), "buckets");
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    plan.buckets.push_back(read_bucket(buckets[i], fmt::format("buckets[{}]", i)));
+  }
+  return plan;
+}
+
+void Plan::save(const std::string& path) const {
+  const std::string text = to_json().dump(2) + "\n";
+  // Write a temporary file beside the target and rename it over the target, so a reader (or a
+  // crash) never sees a half-written plan. The pid keeps concurrent writers apart.
+  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
+  std::FILE* file = std::fopen(temp.c_str(), "wb");
+  if (file == nullptr) {
+    throw Error(fmt::format("cannot write plan file '{}' (creating '{}'): {}", path, temp,
+                            errno_text()));
+  }
+  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
+  const int write_errno = errno;
+  if (std::fclose(file) != 0 || !written) {
+    const std::string why = written ? errno_text() : std::strerror(write_errno);
+    std::remove(temp.c_str());
+    throw Error(fmt::format("cannot write plan file '{}' (writing '{}'): {}", path, temp, why));
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    std::remove(temp.c_str());
+    throw Error(fmt::format("cannot write plan file '{}' (renaming '{}'): {}", path, temp, why));
+  }
+}
+
+Plan Plan::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("cannot open plan file '{}': {}", path, errno_text()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  json root;
+  try {
+    root = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    throw Error(fmt::format("plan file '{}' is not valid JSON: {}", path, e.what()));
+  }
+  try {
+    return from_json(root);
+  } catch (const Error& e) {
+    throw Error(fmt::format("plan file '{}': {}", path, e.what()));
+  }
+}
+
+}  // namespace gradcomp

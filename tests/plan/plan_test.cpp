@@ -1,0 +1,316 @@
+#include "gradcomp/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <string>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gradcomp/error.h"
+#include "support/codec_testing.h"
+
+namespace gradcomp {
+namespace {
+
+using nlohmann::json;
+using testing::error_text;
+
+// Three tensors in two buckets: a compressed one with every field set, and a plain one.
+Plan sample_plan() {
+  Plan plan;
+  plan.tensors = {{"fc.weight", 40000}, {"fc.bias", 100}, {"conv.weight", 90000}};
+  plan.buckets = {
+      Bucket{{0, 2},
+             Option{.codec = "topk:ratio=0.01", .feedback = "ef", .route = "allgather",
+                    .encode_on = EncodeOn::kCaller}},
+      Bucket{{1}, Option{}},
+  };
+  return plan;
+}
+
+std::filesystem::path temp_path(const std::string& name) {
+  // One directory per process: ctest may run the tests of this file side by side.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("gradcomp_plan_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+// Field by field: TensorInfo declares no operator==, so Plan's defaulted one is deleted.
+void expect_same(const Plan& a, const Plan& b) {
+  EXPECT_EQ(a.version, b.version);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    EXPECT_EQ(a.tensors[t].name, b.tensors[t].name) << "tensors[" << t << "]";
+    EXPECT_EQ(a.tensors[t].elements, b.tensors[t].elements) << "tensors[" << t << "]";
+  }
+  EXPECT_EQ(a.buckets, b.buckets);
+}
+
+// The from_json error for sample_plan's JSON after `edit`.
+std::string from_json_error(const std::function<void(json&)>& edit) {
+  json j = sample_plan().to_json();
+  edit(j);
+  return error_text([&] { Plan::from_json(j); });
+}
+
+// The validate() error for sample_plan after `edit`.
+std::string validate_error(const std::function<void(Plan&)>& edit) {
+  Plan plan = sample_plan();
+  edit(plan);
+  return error_text([&] { plan.validate(); });
+}
+
+TEST(Plan, BucketElements) {
+  const Plan plan = sample_plan();
+  EXPECT_EQ(plan.bucket_elements(0), 130000u);
+  EXPECT_EQ(plan.bucket_elements(1), 100u);
+  EXPECT_EQ(error_text([&] { plan.bucket_elements(2); }),
+            "bucket 2 does not exist; the plan has 2 buckets");
+}
+
+TEST(Plan, ToJsonFollowsTheSchema) {
+  const json j = sample_plan().to_json();
+  EXPECT_EQ(j["format"], "gradcomp-plan");
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["tensors"][0], (json{{"name", "fc.weight"}, {"elements", 40000}}));
+  EXPECT_EQ(j["buckets"][0], (json{{"tensors", {0, 2}},
+                                   {"codec", "topk:ratio=0.01"},
+                                   {"feedback", "ef"},
+                                   {"route", "allgather"},
+                                   {"encode_on", "caller"}}));
+  EXPECT_EQ(j["buckets"][1]["encode_on"], "engine");
+}
+
+TEST(Plan, JsonRoundTrip) {
+  const Plan plan = sample_plan();
+  expect_same(Plan::from_json(plan.to_json()), plan);
+  expect_same(Plan::from_json(json::parse(plan.to_json().dump())), plan);
+  expect_same(Plan::from_json(Plan{}.to_json()), Plan{});
+}
+
+TEST(Plan, SpecsAreKeptAsWritten) {
+  Plan plan = sample_plan();
+  plan.buckets[0].option.codec = "topk: ratio = 0.010";
+  EXPECT_EQ(Plan::from_json(plan.to_json()).buckets[0].option.codec, "topk: ratio = 0.010");
+}
+
+TEST(Plan, OptionalBucketFieldsTakeTheirDefaults) {
+  json j = sample_plan().to_json();
+  for (const char* key : {"feedback", "route", "encode_on"}) j["buckets"][0].erase(key);
+  const Option option = Plan::from_json(j).buckets[0].option;
+  EXPECT_EQ(option, (Option{.codec = "topk:ratio=0.01"}));
+}
+
+TEST(Plan, SaveLoadRoundTrip) {
+  const auto path = temp_path("plan.json");
+  const Plan plan = sample_plan();
+  plan.save(path.string());
+  expect_same(Plan::load(path.string()), plan);
+  EXPECT_EQ(Plan::load(path.string()).hash(), plan.hash());
+
+  // Pretty-printed with an indent of 2, and no temporary file left beside it.
+  std::ifstream in(path);
+  std::string first, second;
+  std::getline(in, first);
+  std::getline(in, second);
+  EXPECT_EQ(first, "{");
+  EXPECT_EQ(second.substr(0, 3), "  \"");
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path())) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos);
+  }
+
+  // Saving again replaces the file.
+  Plan other = plan;
+  other.tensors[0].elements = 7;
+  other.save(path.string());
+  expect_same(Plan::load(path.string()), other);
+  std::filesystem::remove_all(path.parent_path());
+}
+
+TEST(Plan, FileErrorsNameTheFile) {
+  EXPECT_EQ(error_text([] { Plan::load("/nonexistent/plan.json"); }),
+            "cannot open plan file '/nonexistent/plan.json': No such file or directory");
+  EXPECT_EQ(error_text([] { sample_plan().save("/nonexistent/dir/plan.json"); })
+                .find("cannot write plan file '/nonexistent/dir/plan.json' (creating "
+                      "'/nonexistent/dir/plan.json.tmp."),
+            0u);
+
+  const auto path = temp_path("broken.json");
+  std::ofstream(path) << "{\"format\": ";
+  EXPECT_EQ(error_text([&] { Plan::load(path.string()); })
+                .find("plan file '" + path.string() + "' is not valid JSON: "),
+            0u);
+  std::ofstream(path) << R"({"format": "gradcomp-plan", "version": 2})";
+  EXPECT_EQ(error_text([&] { Plan::load(path.string()); }),
+            "plan file '" + path.string() +
+                "': version 2 is not supported; this gradcomp reads version 1");
+  std::filesystem::remove_all(path.parent_path());
+}
+
+TEST(Plan, HashIsStableAndCanonical) {
+  const Plan plan = sample_plan();
+  EXPECT_EQ(plan.hash(), sample_plan().hash());
+  EXPECT_EQ(plan.hash(), Plan::from_json(json::parse(plan.to_json().dump(2))).hash());
+  // A fixed value: the hash must not change between builds, or ranks built differently would
+  // disagree. FNV-1a 64 of the canonical dump.
+  const std::string canonical = plan.to_json().dump();
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : canonical) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  EXPECT_EQ(plan.hash(), h);
+  EXPECT_EQ(canonical.substr(0, 11), "{\"buckets\":");  // keys sorted
+}
+
+TEST(Plan, HashChangesWithAnyField) {
+  const std::vector<std::function<void(Plan&)>> edits = {
+      [](Plan& p) { p.tensors[0].name = "fc.weights"; },
+      [](Plan& p) { p.tensors[1].elements += 1; },
+      [](Plan& p) { std::swap(p.tensors[0], p.tensors[1]); },
+      [](Plan& p) { p.tensors.push_back({"extra", 1}); },
+      [](Plan& p) { std::swap(p.buckets[0].tensors[0], p.buckets[0].tensors[1]); },
+      [](Plan& p) { std::swap(p.buckets[0], p.buckets[1]); },
+      [](Plan& p) { p.buckets[0].option.codec = "topk:ratio=0.02"; },
+      [](Plan& p) { p.buckets[0].option.feedback = "none"; },
+      [](Plan& p) { p.buckets[0].option.route = "allreduce"; },
+      [](Plan& p) { p.buckets[0].option.encode_on = EncodeOn::kEngine; },
+      [](Plan& p) { p.version = 2; },
+  };
+  std::set<uint64_t> hashes = {sample_plan().hash()};
+  for (const auto& edit : edits) {
+    Plan plan = sample_plan();
+    edit(plan);
+    EXPECT_TRUE(hashes.insert(plan.hash()).second) << plan.to_json().dump();
+  }
+}
+
+TEST(Plan, FromJsonErrorsNameTheField) {
+  EXPECT_EQ(error_text([] { Plan::from_json(json::array()); }), "plan: expected a JSON object");
+  EXPECT_EQ(from_json_error([](json& j) { j.erase("format"); }),
+            "format: missing; expected \"gradcomp-plan\"");
+  EXPECT_EQ(from_json_error([](json& j) { j["format"] = 3; }), "format: expected a string");
+  EXPECT_EQ(from_json_error([](json& j) { j["format"] = "other"; }),
+            "format: 'other' is not a gradcomp plan; expected \"gradcomp-plan\"");
+  EXPECT_EQ(from_json_error([](json& j) { j.erase("version"); }),
+            "version: missing; expected the integer 1");
+  EXPECT_EQ(from_json_error([](json& j) { j["version"] = "1"; }), "version: must be an integer");
+  EXPECT_EQ(from_json_error([](json& j) { j["version"] = 2; }),
+            "version 2 is not supported; this gradcomp reads version 1");
+  EXPECT_EQ(from_json_error([](json& j) { j["extra"] = 1; }),
+            "plan: unknown field 'extra'; allowed: format, version, tensors, buckets");
+}
+
+TEST(Plan, FromJsonTensorErrors) {
+  EXPECT_EQ(from_json_error([](json& j) { j.erase("tensors"); }),
+            "tensors: missing; expected an array of tensors");
+  EXPECT_EQ(from_json_error([](json& j) { j["tensors"] = json::object(); }),
+            "tensors: expected an array");
+  EXPECT_EQ(from_json_error([](json& j) { j["tensors"][1] = "fc.bias"; }),
+            "tensors[1]: expected an object");
+  EXPECT_EQ(from_json_error([](json& j) { j["tensors"][2].erase("name"); }),
+            "tensors[2].name: missing; expected a string");
+  EXPECT_EQ(from_json_error([](json& j) { j["tensors"][2]["name"] = 5; }),
+            "tensors[2].name: expected a string");
+  EXPECT_EQ(from_json_error([](json& j) { j["tensors"][0].erase("elements"); }),
+            "tensors[0].elements: missing; expected a non-negative integer");
+  for (const json& bad : {json(-1), json(1.5), json(3.0), json("10"), json(nullptr)}) {
+    EXPECT_EQ(from_json_error([&](json& j) { j["tensors"][1]["elements"] = bad; }),
+              "tensors[1].elements: must be a non-negative integer")
+        << bad.dump();
+  }
+  EXPECT_EQ(from_json_error([](json& j) { j["tensors"][0]["size"] = 1; }),
+            "tensors[0]: unknown field 'size'; allowed: name, elements");
+}
+
+TEST(Plan, FromJsonBucketErrors) {
+  EXPECT_EQ(from_json_error([](json& j) { j.erase("buckets"); }),
+            "buckets: missing; expected an array of buckets");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"] = 1; }), "buckets: expected an array");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][1] = json::array(); }),
+            "buckets[1]: expected an object");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][1].erase("tensors"); }),
+            "buckets[1].tensors: missing; expected an array of tensor indices");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][1]["tensors"] = 1; }),
+            "buckets[1].tensors: expected an array");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["tensors"][1] = -2; }),
+            "buckets[0].tensors[1]: must be a non-negative integer");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][1].erase("codec"); }),
+            "buckets[1].codec: missing; expected a codec spec string");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][1]["codec"] = json::object(); }),
+            "buckets[1].codec: expected a string");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["feedback"] = true; }),
+            "buckets[0].feedback: expected a string");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["route"] = 1; }),
+            "buckets[0].route: expected a string");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["encode_on"] = "gpu"; }),
+            "buckets[0].encode_on: 'gpu' is not allowed; allowed: engine, caller");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["feedbak"] = "ef"; }),
+            "buckets[0]: unknown field 'feedbak'; allowed: tensors, codec, feedback, route, "
+            "encode_on");
+}
+
+TEST(Plan, ValidAndEmptyPlansPass) {
+  sample_plan().validate();
+  Plan{}.validate();
+}
+
+TEST(Plan, ValidateTensorErrors) {
+  EXPECT_EQ(validate_error([](Plan& p) { p.tensors[1].name = ""; }),
+            "tensors[1]: the name is empty; every tensor needs a unique, non-empty name");
+  EXPECT_EQ(validate_error([](Plan& p) { p.tensors[2].name = "fc.weight"; }),
+            "tensors[2]: the name 'fc.weight' is already used by tensors[0]; tensor names must "
+            "be unique");
+  EXPECT_EQ(validate_error([](Plan& p) { p.version = 2; }),
+            "version 2 is not supported; this gradcomp reads version 1");
+}
+
+TEST(Plan, ValidateMembershipErrors) {
+  EXPECT_EQ(validate_error([](Plan& p) { p.buckets[0].tensors = {0}; }),
+            "tensor 'conv.weight' (tensors[2]) is in no bucket; each tensor must be in exactly "
+            "one bucket");
+  EXPECT_EQ(validate_error([](Plan& p) { p.buckets[1].tensors.push_back(2); }),
+            "tensor 'conv.weight' (tensors[2]) is in buckets[0] and again in buckets[1]; each "
+            "tensor must be in exactly one bucket");
+  EXPECT_EQ(validate_error([](Plan& p) { p.buckets[0].tensors = {0, 2, 0}; }),
+            "tensor 'fc.weight' (tensors[0]) is in buckets[0] and again in buckets[0]; each "
+            "tensor must be in exactly one bucket");
+  EXPECT_EQ(validate_error([](Plan& p) { p.buckets[1].tensors = {1, 3}; }),
+            "buckets[1].tensors[1]: index 3 is out of range; the plan has 3 tensors");
+  EXPECT_EQ(validate_error([](Plan& p) { p.buckets.push_back(Bucket{}); }),
+            "buckets[2]: has no tensors; every bucket needs at least one");
+}
+
+TEST(Plan, ValidateOptionErrorsNameTheBucketAndField) {
+  const std::string codec = validate_error([](Plan& p) { p.buckets[1].option.codec = "zip"; });
+  EXPECT_EQ(codec.find("buckets[1].codec: "), 0u) << codec;
+  EXPECT_NE(codec.find("zip"), std::string::npos) << codec;
+  const std::string param =
+      validate_error([](Plan& p) { p.buckets[0].option.codec = "topk:ratio=2"; });
+  EXPECT_EQ(param.find("buckets[0].codec: "), 0u) << param;
+  EXPECT_NE(param.find("ratio"), std::string::npos) << param;
+  const std::string feedback =
+      validate_error([](Plan& p) { p.buckets[0].option.feedback = "memory"; });
+  EXPECT_EQ(feedback.find("buckets[0].feedback: "), 0u) << feedback;
+  EXPECT_NE(feedback.find("memory"), std::string::npos) << feedback;
+  const std::string route = validate_error([](Plan& p) { p.buckets[0].option.route = "ring"; });
+  EXPECT_EQ(route.find("buckets[0].route: "), 0u) << route;
+  EXPECT_NE(route.find("ring"), std::string::npos) << route;
+  // topk is not summable, so it cannot travel by allreduce.
+  const std::string fit =
+      validate_error([](Plan& p) { p.buckets[0].option.route = "allreduce"; });
+  EXPECT_EQ(fit.find("buckets[0].route: "), 0u) << fit;
+  EXPECT_NE(fit.find("topk"), std::string::npos) << fit;
+  EXPECT_NE(fit.find("summable"), std::string::npos) << fit;
+  // A bad spec keeps its type.
+  Plan plan = sample_plan();
+  plan.buckets[1].option.codec = "zip";
+  EXPECT_THROW(plan.validate(), SpecError);
+}
+
+}  // namespace
+}  // namespace gradcomp
