@@ -19,6 +19,8 @@ inline constexpr int kPlanVersion = 1;
 struct TensorInfo {
   std::string name;
   size_t elements = 0;
+
+  bool operator==(const TensorInfo&) const = default;
 };
 
 // Where a bucket's first encoding runs: on the thread that hands over the bucket's last

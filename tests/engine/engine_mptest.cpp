@@ -1,0 +1,248 @@
+// The engine across real processes (mpirun and the Gloo launcher, W = 2 and 4): gradients
+// handed over in any order come back as the mean over ranks, bit-identical on every rank, for
+// every route; checkpoints resume exactly; the timeline is written; ranks that registered
+// different tensors get an error naming the first difference; memory stays bounded.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "gradcomp/engine.h"
+#include "gradcomp/error.h"
+#include "mp_test.h"
+#include "support/codec_testing.h"
+
+namespace gradcomp {
+namespace {
+
+using testing::gather_bytes;
+using testing::world;
+
+// A small model: conv-like weights with biases between them, in backward order.
+std::vector<TensorInfo> model_tensors() {
+  return {{"fc.bias", 10},        {"fc.weight", 40000},  {"conv3.bias", 64},
+          {"conv3.weight", 36864}, {"bn2.weight", 64},    {"conv2.weight", 18432},
+          {"empty", 0},           {"conv1.weight", 1728}, {"conv1.bias", 64}};
+}
+
+// Rank r's gradients of step s: reproducible on every rank, so each rank can compute the mean.
+std::vector<std::vector<float>> gradients(const std::vector<TensorInfo>& tensors, int rank,
+                                          uint64_t step) {
+  std::vector<std::vector<float>> g;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    g.push_back(testing::gradient(tensors[t].elements, 1000 * step + 17 * t + rank + 1));
+  }
+  return g;
+}
+
+// Hands every gradient over (in `order`), synchronizes, and returns the results.
+std::vector<std::vector<float>> run_step(Engine& engine, uint64_t step,
+                                         const std::vector<size_t>& order) {
+  auto g = gradients(engine.plan().tensors, world()->rank(), step);
+  for (size_t t : order) engine.ready(t, g[t]);
+  engine.synchronize();
+  return g;
+}
+
+std::vector<size_t> backward_order(size_t n) {
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  return order;
+}
+
+std::vector<std::byte> flatten(const std::vector<std::vector<float>>& g) {
+  std::vector<std::byte> out;
+  for (const auto& v : g) {
+    auto b = std::as_bytes(std::span(v));
+    out.insert(out.end(), b.begin(), b.end());
+  }
+  return out;
+}
+
+// Every rank holds the same bytes.
+void expect_identical_across_ranks(const std::vector<std::vector<float>>& g) {
+  const auto mine = flatten(g);
+  const auto all = gather_bytes(mine);
+  for (int r = 0; r < world()->size(); ++r) {
+    EXPECT_TRUE(std::equal(mine.begin(), mine.end(), all.begin() + r * mine.size()))
+        << "rank " << world()->rank() << " differs from rank " << r;
+  }
+}
+
+Plan plan_with(const Option& option) {
+  DefaultPlanSettings settings;
+  settings.bucket_bytes = 100'000;  // several buckets
+  settings.min_compress_elements = 1000;
+  settings.compressed = option;
+  return make_default_plan(model_tensors(), settings);
+}
+
+TEST(Engine, UncompressedIsTheMeanInAnyOrder) {
+  Engine engine(world(), plan_with({}));
+  const int W = world()->size();
+  auto order = backward_order(model_tensors().size());
+  for (uint64_t step = 0; step < 3; ++step) {
+    if (step == 1) std::reverse(order.begin(), order.end());
+    if (step == 2) std::rotate(order.begin(), order.begin() + 3, order.end());
+    const auto got = run_step(engine, step, order);
+    for (size_t t = 0; t < got.size(); ++t) {
+      std::vector<double> mean(got[t].size(), 0.0);
+      for (int r = 0; r < W; ++r) {
+        const auto g = gradients(model_tensors(), r, step)[t];
+        for (size_t i = 0; i < g.size(); ++i) mean[i] += g[i] / W;
+      }
+      for (size_t i = 0; i < got[t].size(); ++i) {
+        ASSERT_NEAR(got[t][i], mean[i], 1e-5) << model_tensors()[t].name << "[" << i << "]";
+      }
+    }
+    expect_identical_across_ranks(got);
+  }
+  EXPECT_EQ(engine.step(), 3u);
+  EXPECT_EQ(engine.last_step().uncompressed_bytes,
+            4u * (10 + 40000 + 64 + 36864 + 64 + 18432 + 1728 + 64));
+}
+
+struct RouteCase {
+  std::string name;
+  Option option;
+};
+
+class EngineRoutes : public ::testing::TestWithParam<RouteCase> {};
+
+TEST_P(EngineRoutes, BitIdenticalAcrossRanksAndCompressed) {
+  Engine engine(world(), plan_with(GetParam().option), EngineOptions{.seed = 7, .local_size = 2});
+  for (uint64_t step = 0; step < 4; ++step) {
+    const auto got = run_step(engine, step, backward_order(model_tensors().size()));
+    expect_identical_across_ranks(got);
+    for (const auto& v : got) {
+      for (float x : v) ASSERT_TRUE(std::isfinite(x));
+    }
+  }
+  if (GetParam().option.codec != "none") {
+    EXPECT_LT(engine.last_step().bytes_sent, engine.last_step().uncompressed_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Routes, EngineRoutes,
+    ::testing::Values(
+        RouteCase{"fp16_allreduce", {.codec = "fp16"}},
+        RouteCase{"intq_allreduce", {.codec = "intq", .feedback = "ef"}},
+        RouteCase{"powersgd_allreduce", {.codec = "powersgd", .feedback = "ef"}},
+        RouteCase{"topk_allgather", {.codec = "topk:ratio=0.05", .feedback = "ef",
+                                     .route = "allgather"}},
+        RouteCase{"qsgd_allgather_on_caller",
+                  {.codec = "qsgd", .route = "allgather", .encode_on = EncodeOn::kCaller}},
+        RouteCase{"efsignsgd_twoway", {.codec = "efsignsgd", .feedback = "ef",
+                                       .route = "twoway"}},
+        RouteCase{"randomk_hierarchical",
+                  {.codec = "randomk:ratio=0.1", .route = "hierarchical:inner=allreduce"}},
+        RouteCase{"topk_hierarchical_twoway",
+                  {.codec = "topk:ratio=0.1", .feedback = "ef",
+                   .route = "hierarchical:inner=twoway,intra=fp16"}}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(Engine, CheckpointResumesBitExactly) {
+  const Plan plan = plan_with({.codec = "topk:ratio=0.05", .feedback = "ef", .route = "allgather"});
+  const auto order = backward_order(model_tensors().size());
+  Engine first(world(), plan, EngineOptions{.seed = 3});
+  for (uint64_t s = 0; s < 3; ++s) run_step(first, s, order);
+  const auto state = first.save_state();
+  std::vector<std::vector<std::vector<float>>> uninterrupted;
+  for (uint64_t s = 3; s < 5; ++s) uninterrupted.push_back(run_step(first, s, order));
+
+  Engine resumed(world(), plan, EngineOptions{.seed = 3});
+  resumed.load_state(state);
+  EXPECT_EQ(resumed.step(), 3u);
+  for (uint64_t s = 3; s < 5; ++s) {
+    EXPECT_EQ(run_step(resumed, s, order), uninterrupted[s - 3]) << "step " << s;
+  }
+  // A checkpoint of another plan is refused.
+  Engine other(world(), plan_with({}), EngineOptions{});
+  EXPECT_NE(testing::error_text([&] { other.load_state(state); }).find("another plan"),
+            std::string::npos);
+}
+
+TEST(Engine, WritesATimelinePerRank) {
+  const std::string path = "/tmp/gradcomp_engine_timeline_" + std::to_string(getppid()) + ".json";
+  {
+    Engine engine(world(), plan_with({.codec = "topk:ratio=0.05", .route = "allgather"}),
+                  EngineOptions{.timeline = path});
+    for (uint64_t s = 0; s < 2; ++s) run_step(engine, s, backward_order(9));
+  }
+  const std::string mine =
+      "/tmp/gradcomp_engine_timeline_" + std::to_string(getppid()) + ".rank" +
+      std::to_string(world()->rank()) + ".json";
+  std::ifstream in(mine);
+  ASSERT_TRUE(in) << mine;
+  const auto trace = nlohmann::json::parse(in);
+  std::set<std::string> names;
+  std::set<int> lanes;
+  for (const auto& e : trace) {
+    if (e.value("ph", "") == "X") {
+      names.insert(e["name"].get<std::string>());
+      lanes.insert(e["tid"].get<int>());
+      EXPECT_EQ(e["pid"].get<int>(), world()->rank());
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+    }
+  }
+  for (const char* phase : {"ready", "encode", "decode", "write back"}) {
+    EXPECT_TRUE(names.count(phase)) << "no '" << phase << "' event";
+  }
+  EXPECT_EQ(lanes.size(), plan_with({}).buckets.size());
+  std::remove(mine.c_str());
+}
+
+TEST(Engine, MismatchedRegistrationNamesTheFirstDifference) {
+  auto tensors = model_tensors();
+  if (world()->rank() == 1) tensors[3].elements += 1;  // conv3.weight differs on rank 1
+  Engine engine(world(), make_default_plan(tensors));
+  std::vector<std::vector<float>> g;
+  for (const auto& t : tensors) g.emplace_back(t.elements, 1.0f);
+  std::string message;
+  try {
+    for (size_t t = 0; t < tensors.size(); ++t) engine.ready(t, g[t]);
+    engine.synchronize();
+  } catch (const CommError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("tensor 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("different tensors"), std::string::npos) << message;
+  if (world()->rank() == 1) EXPECT_NE(message.find("conv3.weight"), std::string::npos);
+  world()->barrier()->wait(world()->timeout());  // the transport itself still works
+}
+
+TEST(Engine, MemoryStaysBoundedOverManySteps) {
+  const Plan plan = plan_with({.codec = "topk:ratio=0.05", .feedback = "ef", .route = "allgather"});
+  Engine engine(world(), plan);
+  size_t gradient_bytes = 0;
+  for (const auto& t : plan.tensors) gradient_bytes += 4 * t.elements;
+  const auto order = backward_order(plan.tensors.size());
+  auto g = gradients(plan.tensors, world()->rank(), 0);
+  for (size_t t : order) engine.ready(t, g[t]);
+  engine.synchronize();
+  const size_t after_first = engine.memory_bytes();
+  for (int s = 1; s < 300; ++s) {
+    for (size_t t : order) engine.ready(t, g[t]);
+    engine.synchronize();
+  }
+  EXPECT_EQ(engine.memory_bytes(), after_first);
+  EXPECT_LE(engine.memory_bytes(), 3 * gradient_bytes);
+}
+
+TEST(Engine, ZeroTensorsAndEmptyBuckets) {
+  Engine engine(world(), make_default_plan({{"a", 0}, {"b", 0}}));
+  std::vector<float> none;
+  for (int s = 0; s < 3; ++s) {
+    engine.ready("a", none);
+    engine.ready("b", none);
+    engine.synchronize();
+  }
+  EXPECT_EQ(engine.step(), 3u);
+}
+
+}  // namespace
+}  // namespace gradcomp

@@ -1,0 +1,118 @@
+// The engine in one process (a real Gloo transport of one rank): W = 1 gives back the
+// gradient itself, bad input is a clear Error, and a broken engine stays broken.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "gradcomp/engine.h"
+#include "gradcomp/error.h"
+#include "support/codec_testing.h"
+
+namespace gradcomp {
+namespace {
+
+using testing::error_text;
+
+std::shared_ptr<Transport> single_rank() {
+  static const auto dir = [] {
+    auto d = std::filesystem::temp_directory_path() /
+             ("gradcomp_engine_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  static int instance = 0;
+  const auto store = dir / std::to_string(instance++);
+  std::filesystem::create_directories(store);
+  return make_transport({.backend = "gloo", .rank = 0, .world_size = 1,
+                         .store = "file:" + store.string(), .timeout = Milliseconds(10'000)});
+}
+
+Plan small_plan(const Option& option = {}) {
+  DefaultPlanSettings settings;
+  settings.min_compress_elements = 100;
+  settings.compressed = option;
+  return make_default_plan({{"w", 1000}, {"b", 10}}, settings);
+}
+
+TEST(EngineSingleRank, MeanOfOneRankIsTheGradient) {
+  Engine engine(single_rank(), small_plan());
+  auto w = testing::gradient(1000, 1);
+  auto b = testing::gradient(10, 2);
+  const auto w0 = w, b0 = b;
+  engine.ready("b", b);
+  engine.ready("w", w);
+  engine.synchronize();
+  EXPECT_EQ(w, w0);
+  EXPECT_EQ(b, b0);
+  EXPECT_EQ(engine.step(), 1u);
+}
+
+TEST(EngineSingleRank, CompressedRoutesWorkWithOneRank) {
+  for (const char* route : {"allgather", "twoway"}) {
+    Engine engine(single_rank(), small_plan({.codec = "topk:ratio=0.1", .feedback = "ef",
+                                             .route = route}));
+    auto w = testing::gradient(1000, 1);
+    auto b = testing::gradient(10, 2);
+    engine.ready("w", w);
+    engine.ready("b", b);
+    engine.synchronize();
+    const size_t kept = static_cast<size_t>(std::count_if(w.begin(), w.end(),
+                                                          [](float x) { return x != 0; }));
+    EXPECT_EQ(kept, 100u) << route;
+  }
+}
+
+TEST(EngineSingleRank, BadInputIsAClearError) {
+  Engine engine(single_rank(), small_plan());
+  std::vector<float> w(1000), wrong(999), b(10);
+  EXPECT_NE(error_text([&] { engine.ready(7, w); }).find("tensor 7 is not registered"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] { engine.ready("nope", w); }).find("no registered tensor is named"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] { engine.ready("w", wrong); }).find("has 999 elements"),
+            std::string::npos);
+  engine.ready("w", w);
+  EXPECT_NE(error_text([&] { engine.ready("w", w); }).find("handed over twice"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] { engine.set_learning_rate(-1); }).find("not a learning rate"),
+            std::string::npos);
+  // A missing tensor stops the step: the engine is broken from then on.
+  EXPECT_NE(error_text([&] { engine.synchronize(); }).find("not handed over"), std::string::npos);
+  EXPECT_NE(error_text([&] { engine.ready("b", b); }).find("not handed over"), std::string::npos);
+}
+
+TEST(EngineSingleRank, RejectsBadPlansAndOptions) {
+  Plan plan = small_plan();
+  plan.buckets.pop_back();  // a tensor in no bucket
+  EXPECT_NE(error_text([&] { Engine e(single_rank(), plan); }), "no error");
+  EXPECT_NE(error_text([&] { Engine e(nullptr, small_plan()); }).find("transport is null"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] {
+              Engine e(single_rank(), small_plan(), EngineOptions{.codec_threads = 0});
+            }).find("codec_threads"),
+            std::string::npos);
+  EXPECT_NE(error_text([&] {
+              Engine e(single_rank(), small_plan(), EngineOptions{.timeline = "/nonexistent/x.json"});
+            }).find("/nonexistent"),
+            std::string::npos);
+}
+
+TEST(EngineSingleRank, StateOfAStepInFlightIsRefused) {
+  Engine engine(single_rank(), small_plan({.codec = "topk:ratio=0.1", .feedback = "ef",
+                                           .route = "allgather"}));
+  std::vector<float> w(1000, 1.0f), b(10, 1.0f);
+  engine.ready("w", w);
+  EXPECT_NE(error_text([&] { engine.save_state(); }).find("in flight"), std::string::npos);
+  engine.ready("b", b);
+  engine.synchronize();
+  const auto state = engine.save_state();
+  auto truncated = state;
+  truncated.resize(truncated.size() / 2);
+  EXPECT_NE(error_text([&] { engine.load_state(truncated); }).find("truncated"),
+            std::string::npos);
+  engine.load_state(state);
+  EXPECT_EQ(engine.step(), 1u);
+}
+
+}  // namespace
+}  // namespace gradcomp
