@@ -73,6 +73,10 @@ struct CodecTraits {
   // E[decode(encode(x))] == x.
   bool unbiased = true;
   Aggregation aggregation = Aggregation::kMean;
+  // NaN and Inf in the input survive a payload sum by themselves (the payload holds the values,
+  // or values computed from them), so an allreduce route need not OR the header's non-finite
+  // flag across ranks. False for codecs that signal them only through the flag.
+  bool payload_carries_nonfinite = false;
 };
 
 // Where and when a codec call happens; keys the counter-based randomness.

@@ -19,7 +19,7 @@ class HalfCastCodec final : public Codec {
   std::string spec() const override { return Format::kName; }
   CodecTraits traits() const override {
     return {.summable = true, .payload_type = Format::kType, .bits_per_element = 16,
-            .unbiased = false};
+            .unbiased = false, .payload_carries_nonfinite = true};
   }
   size_t max_frame_bytes(size_t n) const override { return kFrameHeaderBytes + 2 * n; }
 

@@ -16,7 +16,8 @@ class NoneCodec final : public Codec {
   CodecId id() const override { return CodecId::kNone; }
   std::string spec() const override { return "none"; }
   CodecTraits traits() const override {
-    return {.summable = true, .payload_type = DType::kF32, .bits_per_element = 32};
+    return {.summable = true, .payload_type = DType::kF32, .bits_per_element = 32,
+            .payload_carries_nonfinite = true};
   }
   size_t max_frame_bytes(size_t n) const override { return kFrameHeaderBytes + 4 * n; }
 

@@ -108,7 +108,8 @@ class PowerSgdCodec final : public Codec {
             .shared_randomness = true,
             .rounds = 2,
             .bits_per_element = bits,
-            .unbiased = false};
+            .unbiased = false,
+            .payload_carries_nonfinite = true};  // NaN in M spreads through P and Q
   }
 
   size_t max_frame_bytes(size_t n) const override {

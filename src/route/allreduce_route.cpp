@@ -1,0 +1,208 @@
+// allreduce: summable codecs. The transport adds the payloads of every rank's frame, so each
+// rank sends and receives one frame's payload per round, whatever W. Multi-round codecs run
+// their earlier rounds here too (codec.h). The codec "none" without feedback skips framing:
+// the float32 bucket is allreduced in place, so the engine costs (almost) nothing over a raw
+// allreduce.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "gradcomp/error.h"
+#include "route/frames.h"
+#include "route/routes.h"
+
+namespace gradcomp::route {
+namespace {
+
+constexpr const char* kName = "allreduce";
+
+class AllreduceRoute final : public Route {
+ public:
+  explicit AllreduceRoute(const RouteConfig& config);
+
+  void encode(std::span<const float> grad, const StepState& step, const Phases& p) override;
+  void exchange(const StepState& step, const Phases& p) override;
+  void decode(std::span<float> out, const StepState& step, const Phases& p) override;
+
+  size_t bytes_sent() const override { return sent_; }
+  size_t memory_bytes() const override;
+  std::vector<std::byte> save_state() const override;
+  void load_state(std::span<const std::byte> state) override;
+
+ private:
+  Context context(const StepState& step) const {
+    return codec_context(env_, bucket_, step, rank_, world_size_);
+  }
+  // Allreduces the payload of `frame` (its first `bytes` bytes) and waits.
+  void reduce_payload(std::span<std::byte> frame, size_t bytes, DType type, ReduceOp op,
+                      const char* phase, const Phases& p);
+  void run_early_rounds(const StepState& step, const Phases& p);
+  void reduce_last_round(const Phases& p);
+
+  Transport& world_;
+  RouteEnv env_;
+  size_t bucket_;
+  size_t n_;
+  uint32_t rank_;
+  uint32_t world_size_;
+  std::unique_ptr<Codec> codec_;
+  std::unique_ptr<Feedback> feedback_;
+  CodecTraits traits_;
+  bool direct_;  // codec none, feedback none: the bucket itself is allreduced
+
+  // The direct path's bucket; for multi-round codecs without feedback, the copy of the input
+  // the later rounds encode (the engine reuses grad's buffer once encode returns).
+  std::vector<float> input_;
+  std::span<const float> x_;  // the compensated input of this step (multi-round codecs)
+  std::vector<std::byte> round_frame_;  // frames of the rounds before the last
+  std::vector<std::byte> frame_;        // the last round's frame, summed in place
+  size_t round_bytes_ = 0;
+  size_t frame_bytes_ = 0;
+  int32_t non_finite_ = 0;  // OR-ed across ranks (as a max) when the payload cannot carry it
+  size_t sent_ = 0;
+};
+
+AllreduceRoute::AllreduceRoute(const RouteConfig& c)
+    : world_(*c.env.world),
+      env_(c.env),
+      bucket_(c.bucket),
+      n_(c.elements),
+      rank_(static_cast<uint32_t>(world_.rank())),
+      world_size_(static_cast<uint32_t>(world_.size())),
+      codec_(make_codec(c.codec)),
+      feedback_(make_feedback(c.feedback)),
+      traits_(codec_->traits()),
+      direct_(codec_->id() == CodecId::kNone && feedback_->spec() == "none") {
+  check_codec_fits(kName, *codec_);
+  const bool copy_input = direct_ || (traits_.rounds > 1 && feedback_->spec() == "none");
+  if (copy_input) input_.resize(n_);
+  if (direct_) return;
+  frame_.resize(codec_->max_frame_bytes(n_));
+  size_t round_max = 0;
+  for (int r = 0; r + 1 < traits_.rounds; ++r) {
+    round_max = std::max(round_max, codec_->max_round_bytes(r, n_));
+  }
+  round_frame_.resize(round_max);
+}
+
+void AllreduceRoute::encode(std::span<const float> grad, const StepState& step, const Phases& p) {
+  check_length(kName, bucket_, "gradient", grad.size(), n_);
+  sent_ = 0;
+  p.run("encode", [&] {
+    if (direct_) {
+      if (n_ > 0) std::memcpy(input_.data(), grad.data(), n_ * sizeof(float));
+      return;
+    }
+    const StepInfo info = step_info(step, world_size_);
+    if (traits_.rounds == 1) {  // the whole encoding happens here; grad is read only now
+      const auto x = feedback_->compensate(grad, info);
+      frame_bytes_ = codec_->encode(x, frame_, context(step), feedback_->residual());
+      feedback_->commit();
+      return;
+    }
+    x_ = compensate_owned(*feedback_, grad, info, input_);
+    round_bytes_ = codec_->encode_round(0, x_, round_frame_, context(step));
+  });
+}
+
+void AllreduceRoute::reduce_payload(std::span<std::byte> frame, size_t bytes, DType type,
+                                    ReduceOp op, const char* phase, const Phases& p) {
+  const auto payload = frame.subspan(kFrameHeaderBytes, bytes - kFrameHeaderBytes);
+  const auto issued = Clock::now();
+  p.wait(world_.allreduce(payload, type, op), phase, issued);
+  sent_ += payload.size();
+}
+
+void AllreduceRoute::run_early_rounds(const StepState& step, const Phases& p) {
+  const Context ctx = context(step);
+  for (int r = 0; r + 1 < traits_.rounds; ++r) {
+    if (r > 0) p.run("encode", [&] { round_bytes_ = codec_->encode_round(r, x_, round_frame_, ctx); });
+    const auto phase = r == 0 ? "round 0" : "round";
+    reduce_payload(round_frame_, round_bytes_, DType::kF32, codec_->round_op(r), phase, p);
+    const auto frame = std::span(round_frame_).first(round_bytes_);
+    finish_summed_header(frame, world_size_, frame_non_finite(frame));
+    p.run("absorb", [&] { codec_->absorb_round(r, frame, ctx); });
+  }
+  p.run("encode", [&] {
+    frame_bytes_ = codec_->encode(x_, frame_, ctx, feedback_->residual());
+    feedback_->commit();
+  });
+}
+
+void AllreduceRoute::reduce_last_round(const Phases& p) {
+  const auto frame = std::span(frame_).first(frame_bytes_);
+  const auto payload = frame.subspan(kFrameHeaderBytes);
+  // Both collectives in flight at once: the flag costs no extra round trip.
+  const auto issued = Clock::now();
+  const WorkPtr sum = world_.allreduce(payload, traits_.payload_type, ReduceOp::kSum);
+  WorkPtr flag;
+  if (!traits_.payload_carries_nonfinite) {
+    non_finite_ = frame_non_finite(frame) ? 1 : 0;
+    flag = world_.allreduce(std::as_writable_bytes(std::span(&non_finite_, 1)), DType::kI32,
+                            ReduceOp::kMax);
+    sent_ += sizeof non_finite_;
+  }
+  p.wait(sum, "allreduce", issued);
+  if (flag) p.wait(flag, "non-finite flag", issued);
+  sent_ += payload.size();
+  const bool non_finite =
+      traits_.payload_carries_nonfinite ? frame_non_finite(frame) : non_finite_ != 0;
+  finish_summed_header(frame, world_size_, non_finite);
+}
+
+void AllreduceRoute::exchange(const StepState& step, const Phases& p) {
+  if (direct_) {
+    const auto issued = Clock::now();
+    p.wait(world_.allreduce(std::span(input_)), "allreduce", issued);
+    sent_ += n_ * sizeof(float);
+    return;
+  }
+  if (traits_.rounds > 1) run_early_rounds(step, p);
+  reduce_last_round(p);
+  if (traits_.rounds > 1) {  // e.g. PowerSGD keeps the aggregated Q as its warm start
+    const auto frame = std::span<const std::byte>(frame_).first(frame_bytes_);
+    p.run("absorb", [&] { codec_->absorb_round(traits_.rounds - 1, frame, context(step)); });
+  }
+}
+
+void AllreduceRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
+  check_length(kName, bucket_, "output", out.size(), n_);
+  p.run("decode", [&] {
+    if (direct_) {
+      // Exactly what decode_accumulate into zeros and finalize give (0 + x turns -0 into +0),
+      // so both paths produce the same bits.
+      const float inv = world_size_ > 1 ? 1.0f / static_cast<float>(world_size_) : 1.0f;
+      const float* s = input_.data();
+      for (size_t i = 0; i < n_; ++i) out[i] = (0.0f + s[i]) * inv;
+      return;
+    }
+    zero(out);
+    codec_->decode_accumulate(std::span(frame_).first(frame_bytes_), out, context(step));
+    codec_->finalize(out, world_size_);
+  });
+}
+
+size_t AllreduceRoute::memory_bytes() const {
+  // The feedback's own buffers are measured by their checkpoint (the interface has no size).
+  return input_.size() * sizeof(float) + round_frame_.size() + frame_.size() +
+         feedback_->save_state().size();
+}
+
+std::vector<std::byte> AllreduceRoute::save_state() const {
+  return save_parts(kName, {n_, world_size_}, {codec_->save_state(), feedback_->save_state()});
+}
+
+void AllreduceRoute::load_state(std::span<const std::byte> state) {
+  const auto parts = load_parts(kName, state, {n_, world_size_}, 2);
+  codec_->load_state(parts[0]);
+  feedback_->load_state(parts[1]);
+}
+
+}  // namespace
+
+std::unique_ptr<Route> make_allreduce_route(const RouteConfig& config) {
+  return std::make_unique<AllreduceRoute>(config);
+}
+
+}  // namespace gradcomp::route

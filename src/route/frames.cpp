@@ -1,0 +1,123 @@
+#include "route/frames.h"
+
+#include <fmt/format.h>
+
+#include "gradcomp/error.h"
+
+namespace gradcomp::route {
+namespace {
+
+constexpr uint32_t kStateMagic = 0x53524347;  // "GCRS" read as little-endian u32
+constexpr uint32_t kStateVersion = 1;
+
+template <typename T>
+void put(std::vector<std::byte>& out, T value) {
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &value, sizeof(T));
+}
+
+// Reads fixed-size fields and byte runs, throwing Error when the state is too short.
+class Reader {
+ public:
+  Reader(std::string_view route, std::span<const std::byte> in) : route_(route), in_(in) {}
+  template <typename T>
+  T get(const char* what) {
+    T value;
+    std::memcpy(&value, take(sizeof(T), what).data(), sizeof(T));
+    return value;
+  }
+  std::span<const std::byte> take(uint64_t bytes, const char* what) {
+    if (bytes > in_.size() - at_) {
+      throw Error(fmt::format("route '{}' state: {} needs {} bytes, only {} are left of {}",
+                              route_, what, bytes, in_.size() - at_, in_.size()));
+    }
+    const auto out = in_.subspan(at_, bytes);
+    at_ += bytes;
+    return out;
+  }
+  size_t left() const { return in_.size() - at_; }
+
+ private:
+  std::string_view route_;
+  std::span<const std::byte> in_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+size_t checked_size(uint64_t size, size_t max_bytes, int peer, const char* what) {
+  if (size > max_bytes) {
+    throw FrameError(fmt::format("{} from rank {} is {} bytes, more than the {} bytes the codec "
+                                 "can write: the ranks disagree on the bucket or the codec",
+                                 what, peer, size, max_bytes));
+  }
+  return static_cast<size_t>(size);
+}
+
+void check_length(const char* route, size_t bucket, const char* what, size_t size, size_t n) {
+  if (size != n) {
+    throw Error(fmt::format("route '{}', bucket {}: {} of {} elements; the bucket has {}", route,
+                            bucket, what, size, n));
+  }
+}
+
+std::vector<std::byte> save_parts(std::string_view route, const StateShape& shape,
+                                  const std::vector<std::vector<std::byte>>& parts) {
+  std::vector<std::byte> out;
+  put(out, kStateMagic);
+  put(out, kStateVersion);
+  put(out, fnv1a32(route));
+  put(out, static_cast<uint64_t>(shape.elements));
+  put(out, shape.world);
+  put(out, static_cast<uint32_t>(parts.size()));
+  for (const auto& part : parts) {
+    put(out, static_cast<uint64_t>(part.size()));
+    const size_t at = out.size();
+    out.resize(at + part.size());
+    if (!part.empty()) std::memcpy(out.data() + at, part.data(), part.size());
+  }
+  return out;
+}
+
+std::vector<std::span<const std::byte>> load_parts(std::string_view route,
+                                                   std::span<const std::byte> state,
+                                                   const StateShape& shape,
+                                                   size_t expected_parts) {
+  Reader in(route, state);
+  if (in.get<uint32_t>("the magic") != kStateMagic) {
+    throw Error(fmt::format("route '{}' state: not a route state (bad magic)", route));
+  }
+  const auto version = in.get<uint32_t>("the version");
+  if (version != kStateVersion) {
+    throw Error(fmt::format("route '{}' state: version {} is not supported; allowed: {}", route,
+                            version, kStateVersion));
+  }
+  if (in.get<uint32_t>("the route") != fnv1a32(route)) {
+    throw Error(fmt::format("route '{}' state: saved by a different route", route));
+  }
+  const auto elements = in.get<uint64_t>("the element count");
+  const auto world = in.get<uint32_t>("the world size");
+  if (elements != shape.elements || world != shape.world) {
+    throw Error(fmt::format("route '{}' state: saved for a bucket of {} elements over {} ranks; "
+                            "this bucket has {} elements over {} ranks",
+                            route, elements, world, shape.elements, shape.world));
+  }
+  const auto count = in.get<uint32_t>("the part count");
+  if (count != expected_parts) {
+    throw Error(fmt::format("route '{}' state: {} parts, this route keeps {} (codec and feedback "
+                            "states): saved with a different option or world size",
+                            route, count, expected_parts));
+  }
+  std::vector<std::span<const std::byte>> parts;
+  for (uint32_t i = 0; i < count; ++i) {
+    const auto bytes = in.get<uint64_t>("a part length");
+    parts.push_back(in.take(bytes, "a part"));
+  }
+  if (in.left() != 0) {
+    throw Error(fmt::format("route '{}' state: {} bytes after the last part", route, in.left()));
+  }
+  return parts;
+}
+
+}  // namespace gradcomp::route

@@ -1,0 +1,115 @@
+// What the routes share: codec contexts and randomness keys, the feedback step, the header fix
+// after a transport summed payloads, u64 size arrays, and the versioned route state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "gradcomp/codec.h"
+#include "gradcomp/feedback.h"
+#include "gradcomp/frame.h"
+#include "gradcomp/random.h"
+#include "route/route.h"
+
+namespace gradcomp::route {
+
+// The Context of a codec call on this rank. `key` goes into Context::bucket: the bucket id, or
+// a key derived from it (shard_key) when one bucket encodes several independent streams.
+inline Context codec_context(const RouteEnv& env, uint64_t key, const StepState& step,
+                             uint32_t rank, uint32_t world) {
+  return {.seed = env.seed, .bucket = key, .step = step.step, .rank = rank,
+          .world_size = world, .threads = env.threads};
+}
+
+inline StepInfo step_info(const StepState& step, uint32_t world) {
+  return {.step = step.step, .lr = step.lr, .prev_lr = step.prev_lr, .world_size = world};
+}
+
+// The randomness key of shard `shard` of bucket `bucket`, worker or server side (two-way route):
+// every stream gets its own key, so the W worker encodes and the server encode of one bucket
+// never draw correlated numbers, and shared randomness (random-k's indices) still agrees on
+// every rank that encodes or decodes the same shard.
+inline uint64_t shard_key(uint64_t bucket, uint32_t shard, bool server) {
+  return mix64(mix64(bucket) ^ ((uint64_t{shard} << 1) | (server ? 1u : 0u)));
+}
+
+// Element range [begin, end) of shard s of n elements in W shards: contiguous, deterministic,
+// sizes differ by at most one.
+struct Range {
+  size_t begin = 0;
+  size_t end = 0;
+  size_t size() const { return end - begin; }
+};
+inline Range shard_range(size_t n, uint32_t shard, uint32_t world) {
+  // floor(n * s / W) without overflow: n = q W + r, so n s / W = q s + r s / W, r s < W^2.
+  const size_t q = n / world, r = n % world;
+  const auto at = [&](uint32_t s) { return q * s + r * s / world; };
+  return {at(shard), at(shard + 1)};
+}
+
+// Runs compensate and returns the vector to encode, owned by the route: when the feedback
+// hands back `grad` itself (feedback none) it is copied into `copy` (sized by the caller), since
+// the engine reuses grad's buffer for the output before the last encoding of a multi-round or
+// server-side stage has run.
+inline std::span<const float> compensate_owned(Feedback& feedback, std::span<const float> grad,
+                                               const StepInfo& info, std::vector<float>& copy) {
+  const std::span<const float> p = feedback.compensate(grad, info);
+  if (p.data() != grad.data() || p.empty()) return p;
+  std::memcpy(copy.data(), p.data(), p.size_bytes());
+  return {copy.data(), p.size()};
+}
+
+// After a transport summed the payloads of W frames, the header is still this rank's own: it
+// becomes the header of the sum (W summands, the non-finite flag of any rank), checksum fixed.
+inline void finish_summed_header(std::span<std::byte> frame, uint32_t summands, bool non_finite) {
+  FrameHeader h = read_frame_header(frame);
+  h.summands = summands;
+  h.flags = static_cast<uint8_t>((h.flags & ~kFlagNonFinite) | (non_finite ? kFlagNonFinite : 0));
+  write_frame_header(h, frame);
+}
+
+inline bool frame_non_finite(std::span<const std::byte> frame) {
+  return (read_frame_header(frame).flags & kFlagNonFinite) != 0;
+}
+
+// u64 size arrays as bytes (the size exchanges are 8 bytes per rank).
+inline std::span<const std::byte> bytes_of(const std::vector<uint64_t>& v) {
+  return std::as_bytes(std::span(v));
+}
+inline std::span<std::byte> bytes_of(std::vector<uint64_t>& v) {
+  return std::as_writable_bytes(std::span(v));
+}
+
+// A frame size received from a peer, checked against the largest frame the codec can write:
+// a corrupted or foreign size must not make us read past our buffers.
+size_t checked_size(uint64_t size, size_t max_bytes, int peer, const char* what);
+
+// The versioned state of a route: "GCRS", u32 version, u32 FNV-1a of the route name, u64
+// elements, u32 world size (the ranks the route's own codec sees), u32 part count, then per part
+// a u64 length and its bytes. Parts are the codec and feedback states, in an order each route
+// fixes. The shape is checked on load, so a state cannot land in a bucket of another size.
+struct StateShape {
+  size_t elements = 0;
+  uint32_t world = 1;
+};
+std::vector<std::byte> save_parts(std::string_view route, const StateShape& shape,
+                                  const std::vector<std::vector<std::byte>>& parts);
+// Checks magic, version, route, shape and part count; throws Error saying what does not match.
+std::vector<std::span<const std::byte>> load_parts(std::string_view route,
+                                                   std::span<const std::byte> state,
+                                                   const StateShape& shape,
+                                                   size_t expected_parts);
+
+// Throws Error unless a gradient or output span has the bucket's length.
+void check_length(const char* route, size_t bucket, const char* what, size_t size, size_t n);
+
+// Sets every element of `out` to +0 (decode accumulates into it).
+inline void zero(std::span<float> out) {
+  if (!out.empty()) std::memset(out.data(), 0, out.size_bytes());
+}
+
+}  // namespace gradcomp::route

@@ -1,0 +1,146 @@
+// make_route, check_route and route_names: parsing and checking Option::route; Phases.
+#include "route/route.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "gradcomp/error.h"
+#include "gradcomp/spec.h"
+#include "route/routes.h"
+
+namespace gradcomp {
+
+const std::vector<std::string>& route_names() {
+  static const std::vector<std::string> names = {"allreduce", "allgather", "twoway",
+                                                 "hierarchical"};
+  return names;
+}
+
+void Phases::wait(const WorkPtr& work, const char* phase, Clock::time_point issued) const {
+  // The transport's message says what failed; the prefix says which bucket and phase, the
+  // question a user of a many-bucket job asks first. The error type is kept.
+  try {
+    work->wait(timeout_);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("bucket {}, phase {}: {}", bucket_, phase, e.what()));
+  } catch (const CommError& e) {
+    throw CommError(fmt::format("bucket {}, phase {}: {}", bucket_, phase, e.what()));
+  }
+  record(phase, issued, Clock::now());
+}
+
+void Phases::record(const char* phase, Clock::time_point start, Clock::time_point end) const {
+  if (timeline_ != nullptr) timeline_->span(static_cast<int>(bucket_), phase, start, end);
+}
+
+namespace route {
+namespace {
+
+const std::vector<std::string> kInnerRoutes = {"allreduce", "allgather", "twoway"};
+
+// Why `codec` cannot travel over `route`, or empty when it can.
+std::string misfit(const std::string& route, const CodecTraits& t) {
+  if (route == "allreduce" && !t.summable) return "is not summable";
+  if (route == "allgather" && t.rounds > 1) {
+    return fmt::format("has {} rounds (communication between phases needs route 'allreduce')",
+                       t.rounds);
+  }
+  if (route == "twoway" && (!t.shardable || t.rounds > 1)) {
+    return !t.shardable ? "is not shardable" : fmt::format("has {} rounds", t.rounds);
+  }
+  return {};
+}
+
+// The codecs (at their default parameters) that fit `route`, for error messages.
+std::vector<std::string> codecs_fitting(const std::string& route) {
+  std::vector<std::string> names;
+  for (const auto& name : codec_names()) {
+    try {
+      if (misfit(route, make_codec(name)->traits()).empty()) names.push_back(name);
+    } catch (const SpecError&) {  // a codec with a required parameter (threshold's tau)
+    }
+  }
+  return names;
+}
+
+bool is_one_of(const std::string& name, const std::vector<std::string>& names) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// Fails unless `text` is a feedback spec make_feedback accepts.
+void check_feedback(const std::string& text) { make_feedback(text); }
+
+}  // namespace
+
+RouteSpec parse_route_spec(const Option& option) {
+  Spec spec = Spec::parse(option.route, "route");
+  RouteSpec out;
+  out.name = spec.name();
+  if (!is_one_of(out.name, route_names())) {
+    throw SpecError(fmt::format("unknown route '{}'; available routes: {}", out.name,
+                                fmt::join(route_names(), ", ")));
+  }
+  if (out.name == "hierarchical") {
+    out.inner = spec.get_choice("inner", "allreduce", kInnerRoutes);
+    out.intra_fp16 = spec.get_choice("intra", "none", {"none", "fp16"}) == "fp16";
+  }
+  const bool has_server = out.name == "twoway" || out.inner == "twoway";
+  if (has_server || spec.has("server_feedback")) {
+    if (!has_server) {
+      spec.fail("parameter 'server_feedback' needs a two-way route (route 'twoway', or "
+                "'hierarchical' with inner=twoway)");
+    }
+    // Feedback names only: a spec's values cannot hold commas, so parameters of the server
+    // feedback would be cut; the default is the worker's whole feedback spec.
+    out.server_feedback = spec.get_choice("server_feedback", option.feedback, feedback_names());
+  }
+  spec.finish();
+  return out;
+}
+
+void check_codec_fits(const std::string& route, const Codec& codec) {
+  const std::string why = misfit(route, codec.traits());
+  if (why.empty()) return;
+  throw Error(fmt::format("route '{}' cannot carry codec '{}': it {}; codecs route '{}' can "
+                          "carry: {}",
+                          route, codec.spec(), why, route, fmt::join(codecs_fitting(route), ", ")));
+}
+
+std::unique_ptr<Route> make_flat_route(const RouteConfig& config) {
+  const std::string& name = config.spec.name;
+  if (config.env.world == nullptr) {
+    throw Error(fmt::format("route '{}' needs a transport (RouteEnv::world is null)", name));
+  }
+  if (name == "allreduce") return make_allreduce_route(config);
+  if (name == "allgather") return make_allgather_route(config);
+  if (name == "twoway") return make_twoway_route(config);
+  throw Error(fmt::format("route '{}' is not a flat route; allowed: {}", name,
+                          fmt::join(kInnerRoutes, ", ")));
+}
+
+}  // namespace route
+
+void check_route(const Option& option) {
+  const route::RouteSpec spec = route::parse_route_spec(option);
+  const auto codec = make_codec(option.codec);
+  route::check_feedback(option.feedback);
+  if (!spec.server_feedback.empty()) route::check_feedback(spec.server_feedback);
+  route::check_codec_fits(spec.name == "hierarchical" ? spec.inner : spec.name, *codec);
+}
+
+std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
+                                  const RouteEnv& env) {
+  check_route(option);
+  route::RouteConfig config{.codec = option.codec,
+                            .feedback = option.feedback,
+                            .spec = route::parse_route_spec(option),
+                            .bucket = bucket,
+                            .elements = elements,
+                            .env = env};
+  if (config.spec.name == "hierarchical") return route::make_hierarchical_route(config);
+  return route::make_flat_route(config);
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,47 @@
+// The parsed route spec and the factories of the route classes (one per file in src/route/).
+// make_route (route.cpp) parses and checks; the factories assume a checked configuration.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "gradcomp/codec.h"
+#include "route/route.h"
+
+namespace gradcomp::route {
+
+// Option::route after parsing: "allreduce", "allgather", "twoway:server_feedback=<name>",
+// "hierarchical:inner=allreduce|allgather|twoway,intra=none|fp16[,server_feedback=<name>]".
+struct RouteSpec {
+  std::string name;
+  std::string server_feedback;    // twoway: the server-side feedback spec
+  std::string inner = "allreduce";  // hierarchical: the route among node leaders
+  bool intra_fp16 = false;          // hierarchical: reduce inside the node as float16
+};
+
+// Everything a route class needs to build itself.
+struct RouteConfig {
+  std::string codec;     // codec spec
+  std::string feedback;  // worker-side feedback spec
+  RouteSpec spec;
+  size_t bucket = 0;
+  size_t elements = 0;
+  RouteEnv env;
+};
+
+// Parses the spec (SpecError on unknown names or keys) and fills in defaults that depend on
+// the option (the server feedback defaults to the worker's).
+RouteSpec parse_route_spec(const Option& option);
+// Throws Error when `codec` cannot travel over route `name` (not for hierarchical: pass its
+// inner route).
+void check_codec_fits(const std::string& name, const Codec& codec);
+
+std::unique_ptr<Route> make_allreduce_route(const RouteConfig& config);
+std::unique_ptr<Route> make_allgather_route(const RouteConfig& config);
+std::unique_ptr<Route> make_twoway_route(const RouteConfig& config);
+std::unique_ptr<Route> make_hierarchical_route(const RouteConfig& config);
+// The route among leaders (or the whole route when not hierarchical) by name.
+std::unique_ptr<Route> make_flat_route(const RouteConfig& config);
+
+}  // namespace gradcomp::route

@@ -1,0 +1,226 @@
+// twoway: BytePS-Compress's two-way compression, with the servers co-located on the workers.
+// The bucket is cut into W contiguous shards; rank s is the server of shard s.
+//   worker:  compensate the whole bucket (worker feedback), encode each shard (its residual goes
+//            into the matching slice of the feedback's residual)
+//   alltoallv: shard s of every rank goes to rank s (sizes first, 8 bytes per pair)
+//   server:  decode the W frames of its shard in rank order, finalize (mean or majority vote),
+//            compensate with the server feedback, re-encode with residual
+//   allgatherv: every server's frame goes to every rank (sizes first)
+//   decode:  frame s into out[shard s]; no finalize, the server already aggregated.
+// Each rank sends about 2 compressed copies of the bucket whatever W, as the paper's servers do.
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "gradcomp/error.h"
+#include "route/frames.h"
+#include "route/routes.h"
+
+namespace gradcomp::route {
+namespace {
+
+constexpr const char* kName = "twoway";
+
+class TwowayRoute final : public Route {
+ public:
+  explicit TwowayRoute(const RouteConfig& config);
+
+  void encode(std::span<const float> grad, const StepState& step, const Phases& p) override;
+  void exchange(const StepState& step, const Phases& p) override;
+  void decode(std::span<float> out, const StepState& step, const Phases& p) override;
+
+  size_t bytes_sent() const override { return sent_; }
+  size_t memory_bytes() const override;
+  std::vector<std::byte> save_state() const override;
+  void load_state(std::span<const std::byte> state) override;
+
+ private:
+  // Worker frames of shard s are keyed by (bucket, s, worker), the server's by (bucket, s,
+  // server); `rank` is the encoding rank, used again to decode.
+  Context context(const StepState& step, uint32_t shard, bool server, uint32_t rank) const {
+    return codec_context(env_, shard_key(bucket_, shard, server), step, rank, world_size_);
+  }
+  void send_shards(const Phases& p);
+  void serve(const StepState& step, const Phases& p);
+  void gather_results(const Phases& p);
+
+  Transport& world_;
+  RouteEnv env_;
+  size_t bucket_;
+  size_t n_;
+  uint32_t rank_;
+  uint32_t world_size_;
+  std::unique_ptr<Codec> codec_;         // worker side
+  std::unique_ptr<Codec> server_codec_;  // server side (its own object: codecs may keep state)
+  std::unique_ptr<Feedback> feedback_;
+  std::unique_ptr<Feedback> server_feedback_;
+  std::vector<Range> shards_;
+  std::vector<size_t> max_frames_;  // the largest frame of each shard
+  size_t my_max_frame_;             // ... of this rank's shard
+
+  std::vector<std::byte> sent_frames_;    // this rank's W shard frames, consecutive
+  std::vector<uint64_t> send_sizes_;      // their sizes (block j to rank j)
+  std::vector<uint64_t> recv_sizes_;      // the sizes of this shard's frames from every rank
+  std::vector<size_t> send_counts_;
+  std::vector<size_t> recv_counts_;
+  std::vector<std::byte> shard_frames_;   // this shard's frames from every rank, rank order
+  std::vector<float> shard_sum_;          // their aggregate
+  std::vector<std::byte> server_frame_;   // this server's re-encoded shard
+  std::vector<uint64_t> server_size_;     // one element: what the size allgather sends
+  std::vector<uint64_t> result_sizes_;    // every server's frame size
+  std::vector<size_t> result_counts_;
+  std::vector<std::byte> results_;        // every server's frame, shard order
+  size_t sent_ = 0;
+};
+
+TwowayRoute::TwowayRoute(const RouteConfig& c)
+    : world_(*c.env.world),
+      env_(c.env),
+      bucket_(c.bucket),
+      n_(c.elements),
+      rank_(static_cast<uint32_t>(world_.rank())),
+      world_size_(static_cast<uint32_t>(world_.size())),
+      codec_(make_codec(c.codec)),
+      server_codec_(make_codec(c.codec)),
+      feedback_(make_feedback(c.feedback)),
+      server_feedback_(make_feedback(c.spec.server_feedback.empty() ? c.feedback
+                                                                    : c.spec.server_feedback)) {
+  check_codec_fits(kName, *codec_);
+  for (uint32_t s = 0; s < world_size_; ++s) {
+    shards_.push_back(shard_range(n_, s, world_size_));
+    max_frames_.push_back(codec_->max_frame_bytes(shards_.back().size()));
+  }
+  my_max_frame_ = max_frames_[rank_];
+  const size_t all_frames = std::accumulate(max_frames_.begin(), max_frames_.end(), size_t{0});
+  sent_frames_.resize(all_frames);
+  send_sizes_.resize(world_size_);
+  recv_sizes_.resize(world_size_);
+  send_counts_.resize(world_size_);
+  recv_counts_.resize(world_size_);
+  shard_frames_.resize(my_max_frame_ * world_size_);
+  shard_sum_.resize(shards_[rank_].size());
+  server_frame_.resize(my_max_frame_);
+  server_size_.resize(1);
+  result_sizes_.resize(world_size_);
+  result_counts_.resize(world_size_);
+  results_.resize(all_frames);
+}
+
+void TwowayRoute::encode(std::span<const float> grad, const StepState& step, const Phases& p) {
+  check_length(kName, bucket_, "gradient", grad.size(), n_);
+  sent_ = 0;
+  p.run("encode", [&] {
+    const auto x = feedback_->compensate(grad, step_info(step, world_size_));
+    const auto residual = feedback_->residual();
+    size_t at = 0;
+    for (uint32_t s = 0; s < world_size_; ++s) {
+      const Range r = shards_[s];
+      const auto shard_residual = residual.empty() ? residual : residual.subspan(r.begin, r.size());
+      const size_t bytes =
+          codec_->encode(x.subspan(r.begin, r.size()), std::span(sent_frames_).subspan(at),
+                         context(step, s, false, rank_), shard_residual);
+      send_counts_[s] = bytes;
+      send_sizes_[s] = bytes;
+      at += bytes;
+    }
+    feedback_->commit();
+  });
+}
+
+void TwowayRoute::send_shards(const Phases& p) {
+  auto issued = Clock::now();
+  p.wait(world_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "shard sizes", issued);
+  for (uint32_t r = 0; r < world_size_; ++r) {
+    recv_counts_[r] = checked_size(recv_sizes_[r], my_max_frame_, static_cast<int>(r),
+                                   "shard frame size");
+  }
+  const size_t out = std::accumulate(send_counts_.begin(), send_counts_.end(), size_t{0});
+  const size_t in = std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t{0});
+  issued = Clock::now();
+  p.wait(world_.alltoallv(std::span(sent_frames_).first(out), send_counts_,
+                          std::span(shard_frames_).first(in), recv_counts_),
+         "shards", issued);
+  sent_ += world_size_ * sizeof(uint64_t) + out;
+}
+
+void TwowayRoute::serve(const StepState& step, const Phases& p) {
+  p.run("server", [&] {
+    zero(shard_sum_);
+    size_t at = 0;
+    for (uint32_t r = 0; r < world_size_; ++r) {
+      codec_->decode_accumulate(std::span(shard_frames_).subspan(at, recv_counts_[r]), shard_sum_,
+                                context(step, rank_, false, r));
+      at += recv_counts_[r];
+    }
+    codec_->finalize(shard_sum_, world_size_);
+    const auto x = server_feedback_->compensate(shard_sum_, step_info(step, world_size_));
+    server_size_[0] = server_codec_->encode(x, server_frame_, context(step, rank_, true, rank_),
+                                            server_feedback_->residual());
+    server_feedback_->commit();
+  });
+}
+
+void TwowayRoute::gather_results(const Phases& p) {
+  auto issued = Clock::now();
+  p.wait(world_.allgather(bytes_of(server_size_), bytes_of(result_sizes_)), "result sizes",
+         issued);
+  for (uint32_t s = 0; s < world_size_; ++s) {
+    result_counts_[s] = checked_size(result_sizes_[s], max_frames_[s], static_cast<int>(s),
+                                     "server frame size");
+  }
+  const size_t total = std::accumulate(result_counts_.begin(), result_counts_.end(), size_t{0});
+  const size_t mine = static_cast<size_t>(server_size_[0]);
+  issued = Clock::now();
+  p.wait(world_.allgatherv(std::span(server_frame_).first(mine),
+                           std::span(results_).first(total), result_counts_),
+         "results", issued);
+  sent_ += sizeof(uint64_t) + mine;
+}
+
+void TwowayRoute::exchange(const StepState& step, const Phases& p) {
+  send_shards(p);
+  serve(step, p);
+  gather_results(p);
+}
+
+void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
+  check_length(kName, bucket_, "output", out.size(), n_);
+  p.run("decode", [&] {
+    zero(out);
+    size_t at = 0;
+    for (uint32_t s = 0; s < world_size_; ++s) {
+      const Range r = shards_[s];
+      server_codec_->decode_accumulate(std::span(results_).subspan(at, result_counts_[s]),
+                                       out.subspan(r.begin, r.size()), context(step, s, true, s));
+      at += result_counts_[s];
+    }
+  });
+}
+
+size_t TwowayRoute::memory_bytes() const {
+  return sent_frames_.size() + shard_frames_.size() + shard_sum_.size() * sizeof(float) +
+         server_frame_.size() + results_.size() + feedback_->save_state().size() +
+         server_feedback_->save_state().size();
+}
+
+std::vector<std::byte> TwowayRoute::save_state() const {
+  return save_parts(kName, {n_, world_size_},
+                    {codec_->save_state(), server_codec_->save_state(), feedback_->save_state(),
+                     server_feedback_->save_state()});
+}
+
+void TwowayRoute::load_state(std::span<const std::byte> state) {
+  const auto parts = load_parts(kName, state, {n_, world_size_}, 4);
+  codec_->load_state(parts[0]);
+  server_codec_->load_state(parts[1]);
+  feedback_->load_state(parts[2]);
+  server_feedback_->load_state(parts[3]);
+}
+
+}  // namespace
+
+std::unique_ptr<Route> make_twoway_route(const RouteConfig& config) {
+  return std::make_unique<TwowayRoute>(config);
+}
+
+}  // namespace gradcomp::route

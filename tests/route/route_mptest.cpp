@@ -1,0 +1,363 @@
+// The routes between real processes (mpirun and `gradcomp launch`, W = 2 and 4). Every rank
+// generates the inputs of ALL ranks (seeded by rank, step and case), computes the expected
+// aggregate in-process with its own codec objects (route_reference.h), runs its route, and
+// checks that the result equals the reference and is bit-identical on every rank.
+//
+// Exactness: allgather, twoway and hierarchical (nodes of 2 ranks, so the transport adds at
+// most 2 values at a time) do the reference's arithmetic in the reference's order, and must
+// match bit for bit. So must allreduce with W = 2 (a + b is commutative) and with integer
+// payloads (intq). A float allreduce over W > 2 ranks associates the sum as the transport's
+// algorithm chooses ((a + b) + (c + d) for recursive doubling; ring segments in rotated
+// order), not as the reference's left fold, so there the result is compared within a few
+// roundings of the sum's magnitude: 1e-5 of the largest output for float32 payloads, 2e-3
+// for float16 ones (each float16 addition rounds to 11 bits). It must still be bit-identical
+// across ranks.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "gradcomp/error.h"
+#include "gradcomp/spec.h"
+#include "route/route_reference.h"
+#include "support/codec_testing.h"
+#include "support/mp_test.h"
+
+namespace gradcomp::testing {
+namespace {
+
+constexpr uint64_t kSeed = 1234;
+constexpr size_t kBucket = 3;
+constexpr int kSteps = 3;
+const std::vector<size_t> kSizes = {0, 1, 7, 1001, 100003};
+
+uint32_t world_size() { return static_cast<uint32_t>(world()->size()); }
+uint32_t my_rank() { return static_cast<uint32_t>(world()->rank()); }
+
+// Rank r's gradient at `step` of case `salt`: different for every rank, step and case, and
+// of a different scale per rank, so a route that mixes up ranks shows.
+std::vector<std::vector<float>> all_inputs(size_t n, uint64_t step, uint64_t salt) {
+  std::vector<std::vector<float>> inputs;
+  for (uint32_t r = 0; r < world_size(); ++r) {
+    inputs.push_back(gradient(n, 1 + r + 100 * step + 10000 * salt, 1.0f + 0.5f * static_cast<float>(r)));
+  }
+  return inputs;
+}
+
+StepState step_state(uint64_t s) {
+  return {.step = s, .lr = 0.1 / static_cast<double>(s + 1),
+          .prev_lr = s == 0 ? 0.0 : 0.1 / static_cast<double>(s)};
+}
+
+RouteEnv flat_env() { return {.world = world().get(), .seed = kSeed, .threads = 1}; }
+
+// Nodes of 2 consecutive ranks; built once (split is a collective every rank calls in order).
+struct Nodes {
+  std::unique_ptr<Transport> intra, leaders;
+};
+const Nodes& nodes() {
+  static const Nodes n = [] {
+    Nodes out;
+    const int rank = world()->rank();
+    out.intra = world()->split(rank / 2, rank);
+    out.leaders = world()->split(rank % 2 == 0 ? 0 : -1, rank);
+    return out;
+  }();
+  return n;
+}
+RouteEnv node_env() {
+  RouteEnv env = flat_env();
+  env.intra = nodes().intra.get();
+  env.leaders = nodes().leaders.get();
+  return env;
+}
+
+// One step as the engine runs it: the gradient's buffer is reused for the output, so it is
+// overwritten right after encode (a route that reads it later sees garbage).
+std::vector<float> run_step(Route& route, const std::vector<float>& grad, const StepState& s) {
+  const Phases p(kBucket, world()->timeout(), nullptr);
+  std::vector<float> buffer = grad;
+  route.encode(buffer, s, p);
+  std::fill(buffer.begin(), buffer.end(), 12345.0f);
+  route.exchange(s, p);
+  route.decode(buffer, s, p);
+  return buffer;
+}
+
+// How closely a route must match its reference (see the file comment).
+double tolerance(const std::string& route, const std::string& codec) {
+  if (route != "allreduce" || world_size() <= 2) return 0;
+  const DType type = make_codec(codec)->traits().payload_type;
+  if (type == DType::kF32) return 1e-5;
+  if (type == DType::kF16 || type == DType::kBF16) return 2e-3;
+  return 0;  // integer payloads add exactly in any order
+}
+
+void expect_matches(const std::vector<float>& got, const std::vector<float>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  if (tol == 0) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      const bool same = std::memcmp(&got[i], &want[i], sizeof(float)) == 0 ||
+                        (std::isnan(got[i]) && std::isnan(want[i]));
+      ASSERT_TRUE(same) << "element " << i << " of " << got.size() << ": got " << got[i]
+                        << ", the reference " << want[i];
+    }
+    return;
+  }
+  float scale = 0;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) {
+      ASSERT_TRUE(std::isnan(got[i])) << "element " << i;
+      continue;
+    }
+    ASSERT_LE(std::fabs(got[i] - want[i]), tol * scale)
+        << "element " << i << ": got " << got[i] << ", the reference " << want[i];
+  }
+}
+
+void expect_same_on_all_ranks(const std::vector<float>& out) {
+  const auto mine = std::as_bytes(std::span(out));
+  const auto all = gather_bytes(mine);
+  for (uint32_t r = 0; r < world_size(); ++r) {
+    EXPECT_EQ(0, std::memcmp(all.data() + r * mine.size(), mine.data(), mine.size()))
+        << "rank " << r << " ended with different bits than rank " << my_rank();
+  }
+}
+
+struct Case {
+  std::string route;  // the route spec
+  std::string codec;
+  std::string feedback;
+};
+
+std::string describe(const Case& c, size_t n) {
+  return fmt::format("route '{}', codec '{}', feedback '{}', n = {}, W = {}", c.route, c.codec,
+                     c.feedback, n, world_size());
+}
+
+// The reference of a case: a flat route, or the hierarchical one over nodes of 2.
+class Reference {
+ public:
+  Reference(const Case& c, size_t n) {
+    Spec spec = Spec::parse(c.route, "route");
+    const Option option{.codec = c.codec, .feedback = c.feedback, .route = c.route};
+    const std::string server = spec.has("server_feedback")
+                                   ? spec.get_choice("server_feedback", "", feedback_names())
+                                   : "";
+    if (spec.name() == "hierarchical") {
+      const std::string inner = spec.get_choice("inner", "allreduce", {"allreduce", "allgather", "twoway"});
+      const bool fp16 = spec.get_choice("intra", "none", {"none", "fp16"}) == "fp16";
+      hier_ = std::make_unique<HierarchicalReference>(inner, fp16, option, server, kBucket, n,
+                                                      world_size(), 2, kSeed);
+    } else {
+      flat_ = std::make_unique<FlatReference>(spec.name(), option, server, kBucket, n,
+                                              world_size(), kSeed);
+    }
+  }
+  std::vector<float> step(const std::vector<std::vector<float>>& in, const StepState& s) {
+    return flat_ ? flat_->step(in, s) : hier_->step(in, s);
+  }
+  FlatReference& flat() { return *flat_; }
+
+ private:
+  std::unique_ptr<FlatReference> flat_;
+  std::unique_ptr<HierarchicalReference> hier_;
+};
+
+bool is_hierarchical(const Case& c) { return c.route.rfind("hierarchical", 0) == 0; }
+
+RouteEnv env_for(const Case& c) { return is_hierarchical(c) ? node_env() : flat_env(); }
+
+// Twoway: the residuals of both feedbacks of this rank must equal the reference's, bit for bit
+// (they are saved in the route state: codec, server codec, feedback, server feedback).
+void expect_twoway_residuals(const Route& route, FlatReference& ref, size_t n, const Case& c) {
+  const auto state = route.save_state();
+  const auto parts = route::load_parts("twoway", state, {n, world_size()}, 4);
+  SimRank& sim = ref.rank(my_rank());
+  const auto worker = sim.feedback->save_state();
+  const auto server = sim.server_feedback->save_state();
+  ASSERT_EQ(parts[2].size(), worker.size());
+  ASSERT_EQ(parts[3].size(), server.size());
+  EXPECT_EQ(0, std::memcmp(parts[2].data(), worker.data(), worker.size())) << "worker residual";
+  EXPECT_EQ(0, std::memcmp(parts[3].data(), server.data(), server.size())) << "server residual";
+  // A lossy codec under error feedback must leave something behind (else the check is empty).
+  const bool lossy = c.codec != "none" && c.feedback == "ef" && n >= 7;
+  if (lossy) {
+    const auto body = std::span(worker).subspan(22);  // after the feedback state header
+    EXPECT_TRUE(std::any_of(body.begin(), body.end(), [](std::byte b) { return b != std::byte{0}; }))
+        << "the worker residual stayed zero";
+  }
+}
+
+void run_case(const Case& c, uint64_t salt) {
+  const std::string route_name = Spec::parse(c.route, "route").name();
+  for (size_t n : kSizes) {
+    SCOPED_TRACE(describe(c, n));
+    Reference ref(c, n);
+    const auto route = make_route({.codec = c.codec, .feedback = c.feedback, .route = c.route},
+                                  kBucket, n, env_for(c));
+    for (uint64_t s = 0; s < kSteps; ++s) {
+      SCOPED_TRACE(fmt::format("step {}", s));
+      const auto inputs = all_inputs(n, s, salt);
+      const auto want = ref.step(inputs, step_state(s));
+      const auto got = run_step(*route, inputs[my_rank()], step_state(s));
+      expect_matches(got, want, tolerance(route_name, c.codec));
+      expect_same_on_all_ranks(got);
+      if (route_name == "twoway") expect_twoway_residuals(*route, ref.flat(), n, c);
+    }
+  }
+}
+
+void run_cases(const std::vector<Case>& cases) {
+  uint64_t salt = 0;
+  for (const auto& c : cases) run_case(c, ++salt);
+}
+
+std::vector<Case> crossed(const std::string& route, const std::vector<std::string>& codecs,
+                          const std::vector<std::string>& feedbacks) {
+  std::vector<Case> cases;
+  for (const auto& codec : codecs) {
+    for (const auto& fb : feedbacks) cases.push_back({route, codec, fb});
+  }
+  return cases;
+}
+
+TEST(RouteMp, AllreduceMatchesTheReference) {
+  run_cases(crossed("allreduce",
+                    {"none", "fp16", "randomk:ratio=0.1", "powersgd", "intq", "intq:bits=4"},
+                    {"none", "ef"}));
+}
+
+TEST(RouteMp, AllreduceOfFloat32SumsExactlyTheSupportReference) {
+  // The fast path (none / none) and the framed path against aggregate_allreduce itself.
+  if (world_size() > 2) GTEST_SKIP() << "float sums over W > 2 associate as the transport does";
+  for (const std::string codec : {"none", "fp16", "randomk:ratio=0.1", "intq"}) {
+    SCOPED_TRACE(codec);
+    const auto inputs = all_inputs(1001, 0, 99);
+    const auto route = make_route({.codec = codec}, kBucket, 1001, flat_env());
+    const auto got = run_step(*route, inputs[my_rank()], step_state(0));
+    const auto want = aggregate_allreduce(
+        codec, inputs, {.seed = kSeed, .bucket = kBucket, .step = 0});
+    expect_matches(got, want, 0);
+  }
+}
+
+TEST(RouteMp, AllgatherMatchesTheReference) {
+  run_cases(crossed("allgather",
+                    {"none", "fp16", "randomk:ratio=0.1", "topk:ratio=0.1", "efsignsgd", "qsgd",
+                     "signsgd"},
+                    {"none", "ef"}));
+}
+
+TEST(RouteMp, TwowayMatchesTheReferenceWithFeedbackOnBothSides) {
+  auto cases = crossed("twoway",
+                       {"none", "fp16", "randomk:ratio=0.1", "topk:ratio=0.1", "efsignsgd", "qsgd"},
+                       {"none", "ef"});
+  cases.push_back({"twoway:server_feedback=none", "topk:ratio=0.1", "ef"});
+  cases.push_back({"twoway:server_feedback=ef", "qsgd", "none"});
+  run_cases(cases);
+}
+
+TEST(RouteMp, HierarchicalMatchesTheReference) {
+  std::vector<Case> cases;
+  for (const std::string intra : {"none", "fp16"}) {
+    const std::string r = "hierarchical:inner=allreduce,intra=" + intra;
+    cases.push_back({r, "none", "none"});
+    cases.push_back({r, "fp16", "none"});
+    cases.push_back({r, "randomk:ratio=0.1", "ef"});
+    cases.push_back({r, "powersgd", "ef"});
+    cases.push_back({r, "intq", "none"});
+  }
+  cases.push_back({"hierarchical:inner=allgather", "topk:ratio=0.1", "ef"});
+  cases.push_back({"hierarchical:inner=allgather", "qsgd", "none"});
+  cases.push_back({"hierarchical:inner=twoway", "topk:ratio=0.1", "ef"});
+  cases.push_back({"hierarchical:inner=twoway,intra=fp16", "efsignsgd", "ef"});
+  cases.push_back({"hierarchical:inner=twoway,server_feedback=none", "randomk:ratio=0.1", "ef"});
+  run_cases(cases);
+}
+
+TEST(RouteMp, NonFiniteInputReachesEveryRank) {
+  // Rank 0's gradient holds a NaN and an Inf. randomk and intq carry them only in the frame's
+  // flag, which the allreduce route must OR across ranks; the others carry them in the payload.
+  const size_t n = 1001;
+  for (const std::string codec : {"none", "fp16", "randomk:ratio=0.1", "intq", "powersgd"}) {
+    for (const std::string route : {"allreduce", "hierarchical"}) {
+      const Case c{route, codec, "none"};
+      SCOPED_TRACE(describe(c, n));
+      auto inputs = all_inputs(n, 0, 77);
+      inputs[0][3] = std::numeric_limits<float>::quiet_NaN();
+      inputs[0][500] = std::numeric_limits<float>::infinity();
+      Reference ref(c, n);
+      const auto want = ref.step(inputs, step_state(0));
+      const auto r = make_route({.codec = codec, .route = route}, kBucket, n, env_for(c));
+      const auto got = run_step(*r, inputs[my_rank()], step_state(0));
+      // EXPECT, not ASSERT: every rank must reach the collective below.
+      size_t differ = n;
+      for (size_t i = 0; i < n && differ == n; ++i) {
+        if (std::isfinite(got[i]) != std::isfinite(want[i])) differ = i;
+      }
+      EXPECT_EQ(differ, n) << "finiteness differs from the reference first at this element";
+      EXPECT_FALSE(std::isfinite(got[3]));
+      expect_same_on_all_ranks(got);
+    }
+  }
+}
+
+TEST(RouteMp, SaveAndLoadMidRunContinueIdentically) {
+  const std::vector<Case> cases = {
+      {"allreduce", "powersgd", "ef"},
+      {"allreduce", "randomk:ratio=0.1", "ef"},
+      {"allgather", "topk:ratio=0.1", "ef"},
+      {"twoway", "topk:ratio=0.1", "ef"},
+      {"hierarchical:inner=twoway", "topk:ratio=0.1", "ef"},
+      {"hierarchical:inner=allreduce", "powersgd", "ef"},
+  };
+  const size_t n = 1001;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(describe(c, n));
+    const Option option{.codec = c.codec, .feedback = c.feedback, .route = c.route};
+    const auto first = make_route(option, kBucket, n, env_for(c));
+    for (uint64_t s = 0; s < 2; ++s) run_step(*first, all_inputs(n, s, 5)[my_rank()], step_state(s));
+    const auto state = first->save_state();
+    const auto second = make_route(option, kBucket, n, env_for(c));
+    second->load_state(state);
+    for (uint64_t s = 2; s < 4; ++s) {
+      const auto grad = all_inputs(n, s, 5)[my_rank()];
+      const auto a = run_step(*first, grad, step_state(s));
+      const auto b = run_step(*second, grad, step_state(s));
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * sizeof(float))) << "step " << s;
+    }
+    // A state cannot land in a bucket of another size.
+    const auto other = make_route(option, kBucket, n + 1, env_for(c));
+    EXPECT_THROW(other->load_state(state), Error);
+  }
+}
+
+TEST(RouteMp, BytesSentCountWhatThisRankHandsOver) {
+  const size_t n = 1001;
+  const uint32_t w = world_size();
+  const auto grad = all_inputs(n, 0, 3)[my_rank()];
+  const auto raw = make_route({}, kBucket, n, flat_env());
+  run_step(*raw, grad, step_state(0));
+  EXPECT_EQ(raw->bytes_sent(), n * sizeof(float));  // the fast path: the bucket itself
+  const auto fp16 = make_route({.codec = "fp16"}, kBucket, n, flat_env());
+  run_step(*fp16, grad, step_state(0));
+  EXPECT_EQ(fp16->bytes_sent(), 2 * n);  // the payload; the header is not sent
+  const auto gather = make_route({.codec = "fp16", .route = "allgather"}, kBucket, n, flat_env());
+  run_step(*gather, grad, step_state(0));
+  EXPECT_EQ(gather->bytes_sent(), 8 + kFrameHeaderBytes + 2 * n);
+  const auto twoway = make_route({.codec = "fp16", .route = "twoway"}, kBucket, n, flat_env());
+  run_step(*twoway, grad, step_state(0));
+  // W size words and W shard frames, then one size word and this rank's server frame.
+  const auto shard = [&](uint32_t s) { return n * (s + 1) / w - n * s / w; };
+  size_t expected = 8 * w + w * kFrameHeaderBytes + 2 * n + 8 + kFrameHeaderBytes + 2 * shard(my_rank());
+  EXPECT_EQ(twoway->bytes_sent(), expected);
+}
+
+}  // namespace
+}  // namespace gradcomp::testing

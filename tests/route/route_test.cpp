@@ -1,0 +1,252 @@
+// Routes in one process: spec parsing and checking (check_route / make_route errors), Phases'
+// error wrapping, and the routes over a one-rank loopback transport (state checks, lengths).
+#include "route/route.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "gradcomp/error.h"
+#include "support/codec_testing.h"
+
+namespace gradcomp::testing {
+namespace {
+
+// A Work that is already finished, or fails with a given error.
+class DoneWork final : public Work {
+ public:
+  explicit DoneWork(std::exception_ptr error = nullptr) : error_(std::move(error)) {}
+  void wait(Milliseconds) override {
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool done() const override { return true; }
+
+ private:
+  std::exception_ptr error_;
+};
+
+// A transport of one rank: every collective is a copy (or nothing) and finishes at once.
+class LoopbackTransport final : public Transport {
+ public:
+  std::string name() const override { return "loopback"; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::unique_ptr<Transport> split(int color, int) override {
+    return color < 0 ? nullptr : std::make_unique<LoopbackTransport>();
+  }
+  Milliseconds timeout() const override { return Milliseconds(1000); }
+
+ protected:
+  WorkPtr start_allreduce(std::span<std::byte>, DType, ReduceOp) override { return done(); }
+  WorkPtr start_allgather(std::span<const std::byte> in, std::span<std::byte> out) override {
+    return copy(in, out);
+  }
+  WorkPtr start_allgatherv(std::span<const std::byte> in, std::span<std::byte> out,
+                           std::span<const size_t>) override {
+    return copy(in, out);
+  }
+  WorkPtr start_alltoall(std::span<const std::byte> in, std::span<std::byte> out) override {
+    return copy(in, out);
+  }
+  WorkPtr start_alltoallv(std::span<const std::byte> in, std::span<const size_t>,
+                          std::span<std::byte> out, std::span<const size_t>) override {
+    return copy(in, out);
+  }
+  WorkPtr start_broadcast(std::span<std::byte>, int) override { return done(); }
+  WorkPtr start_barrier() override { return done(); }
+
+ private:
+  static WorkPtr done() { return std::make_shared<DoneWork>(); }
+  static WorkPtr copy(std::span<const std::byte> in, std::span<std::byte> out) {
+    if (!in.empty()) std::memcpy(out.data(), in.data(), in.size());
+    return done();
+  }
+};
+
+// The message of the error check_route throws, with its type checked.
+template <typename E>
+std::string check_error(const Option& option) {
+  try {
+    check_route(option);
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong error type: ") + e.what();
+  }
+  return "no error";
+}
+
+void expect_contains(const std::string& text, const std::vector<std::string>& needles) {
+  for (const auto& needle : needles) {
+    EXPECT_NE(text.find(needle), std::string::npos) << "'" << needle << "' not in: " << text;
+  }
+}
+
+TEST(Route, NamesInDocumentationOrder) {
+  EXPECT_EQ(route_names(),
+            (std::vector<std::string>{"allreduce", "allgather", "twoway", "hierarchical"}));
+}
+
+TEST(Route, ValidOptionsPass) {
+  for (const std::string route :
+       {"allreduce", "allgather", "twoway", "twoway:server_feedback=ef",
+        "hierarchical", "hierarchical:inner=allgather,intra=fp16",
+        "hierarchical:inner=twoway,server_feedback=none"}) {
+    EXPECT_NO_THROW(check_route({.codec = "randomk", .feedback = "ef", .route = route})) << route;
+  }
+}
+
+TEST(Route, UnknownRouteListsTheAvailableOnes) {
+  expect_contains(check_error<SpecError>({.route = "ring"}),
+                  {"unknown route 'ring'", "allreduce, allgather, twoway, hierarchical"});
+}
+
+TEST(Route, BadParametersSayWhatIsAllowed) {
+  expect_contains(check_error<SpecError>({.route = "allreduce:chunks=2"}),
+                  {"route 'allreduce'", "unknown parameter 'chunks'"});
+  expect_contains(check_error<SpecError>({.route = "hierarchical:inner=ring"}),
+                  {"inner", "allreduce, allgather, twoway"});
+  expect_contains(check_error<SpecError>({.route = "hierarchical:intra=int8"}),
+                  {"intra", "none, fp16"});
+  expect_contains(check_error<SpecError>({.route = "twoway:server_feedback=adam"}),
+                  {"server_feedback", "none, ef, dgc, nesterov"});
+  expect_contains(check_error<SpecError>({.route = "allreduce:server_feedback=ef"}),
+                  {"server_feedback", "two-way route"});
+  expect_contains(check_error<SpecError>({.route = "hierarchical:server_feedback=ef"}),
+                  {"server_feedback", "inner=twoway"});
+}
+
+TEST(Route, BadCodecOrFeedbackIsASpecError) {
+  expect_contains(check_error<SpecError>({.codec = "zip"}), {"unknown codec 'zip'"});
+  expect_contains(check_error<SpecError>({.feedback = "memory"}), {"memory"});
+}
+
+TEST(Route, AllreduceNeedsASummableCodec) {
+  expect_contains(check_error<Error>({.codec = "topk:ratio=0.1", .route = "allreduce"}),
+                  {"route 'allreduce' cannot carry codec 'topk", "not summable",
+                   "none, fp16, bf16, randomk, powersgd, intq"});
+  // The same check through the inner route of a hierarchical one.
+  expect_contains(check_error<Error>({.codec = "qsgd", .route = "hierarchical"}),
+                  {"route 'allreduce'", "qsgd", "not summable"});
+}
+
+TEST(Route, TwowayNeedsAShardableSingleRoundCodec) {
+  expect_contains(check_error<Error>({.codec = "powersgd", .route = "twoway"}),
+                  {"route 'twoway' cannot carry codec 'powersgd", "not shardable", "topk"});
+  expect_contains(check_error<Error>({.codec = "signum", .route = "twoway"}),
+                  {"signum", "not shardable"});
+  expect_contains(check_error<Error>({.codec = "intq", .route = "hierarchical:inner=twoway"}),
+                  {"route 'twoway'", "intq"});
+}
+
+TEST(Route, AllgatherNeedsASingleRoundCodec) {
+  expect_contains(check_error<Error>({.codec = "powersgd", .route = "allgather"}),
+                  {"route 'allgather' cannot carry codec 'powersgd", "2 rounds", "'allreduce'"});
+}
+
+TEST(Route, MissingTransportsAreErrors) {
+  EXPECT_NE(error_text([] { make_route({}, 0, 10, {}); }).find("RouteEnv::world is null"),
+            std::string::npos);
+  LoopbackTransport world;
+  const std::string text = error_text(
+      [&] { make_route({.route = "hierarchical"}, 0, 10, {.world = &world}); });
+  expect_contains(text, {"route 'hierarchical' needs the node transports", "RouteEnv::intra"});
+  LoopbackTransport intra;  // rank 0: a leader, but no leaders transport
+  expect_contains(error_text([&] {
+                    make_route({.route = "hierarchical"}, 0, 10, {.world = &world, .intra = &intra});
+                  }),
+                  {"leads its node", "RouteEnv::leaders is null"});
+}
+
+TEST(Route, PhasesNameTheBucketAndPhaseAndKeepTheErrorType) {
+  const Phases p(7, Milliseconds(10), nullptr);
+  auto failing = [](auto error) {
+    return std::make_shared<DoneWork>(std::make_exception_ptr(error));
+  };
+  try {
+    p.wait(failing(TimeoutError("peer 2 did not answer")), "shards", Clock::now());
+    ADD_FAILURE() << "no error";
+  } catch (const TimeoutError& e) {
+    EXPECT_STREQ(e.what(), "bucket 7, phase shards: peer 2 did not answer");
+  }
+  try {
+    p.wait(failing(CommError("connection reset")), "allreduce", Clock::now());
+    ADD_FAILURE() << "no error";
+  } catch (const TimeoutError&) {
+    ADD_FAILURE() << "a CommError became a TimeoutError";
+  } catch (const CommError& e) {
+    EXPECT_STREQ(e.what(), "bucket 7, phase allreduce: connection reset");
+  }
+  EXPECT_NO_THROW(p.wait(std::make_shared<DoneWork>(), "sizes", Clock::now()));
+}
+
+// One step over the loopback transport (W = 1).
+std::vector<float> one_step(Route& route, const std::vector<float>& grad, uint64_t step = 0) {
+  const Phases p(0, Milliseconds(1000), nullptr);
+  std::vector<float> buffer = grad;
+  const StepState s{.step = step};
+  route.encode(buffer, s, p);
+  route.exchange(s, p);
+  route.decode(buffer, s, p);
+  return buffer;
+}
+
+TEST(Route, EveryRouteAveragesOneRankToItsLosslessInput) {
+  LoopbackTransport world, intra, leaders;
+  const RouteEnv env{.world = &world, .intra = &intra, .leaders = &leaders};
+  const auto grad = gradient(1001, 5);
+  for (const std::string route : {"allreduce", "allgather", "twoway", "hierarchical",
+                                  "hierarchical:inner=twoway"}) {
+    for (const std::string feedback : {"none", "ef"}) {
+      SCOPED_TRACE(route + " / " + feedback);
+      const auto r = make_route({.codec = "none", .feedback = feedback, .route = route}, 0,
+                                grad.size(), env);
+      EXPECT_EQ(one_step(*r, grad), grad);
+    }
+  }
+}
+
+TEST(Route, LengthsAreChecked) {
+  LoopbackTransport world;
+  const auto r = make_route({.codec = "fp16"}, 4, 10, {.world = &world});
+  const Phases p(4, Milliseconds(1000), nullptr);
+  std::vector<float> wrong(11);
+  expect_contains(error_text([&] { r->encode(wrong, {}, p); }),
+                  {"route 'allreduce', bucket 4", "gradient of 11 elements", "the bucket has 10"});
+}
+
+TEST(Route, StateIsCheckedOnLoad) {
+  LoopbackTransport world;
+  const Option option{.codec = "topk:ratio=0.1", .feedback = "ef", .route = "allgather"};
+  const auto a = make_route(option, 0, 100, {.world = &world});
+  one_step(*a, gradient(100, 1));
+  const auto state = a->save_state();
+  EXPECT_NO_THROW(make_route(option, 0, 100, {.world = &world})->load_state(state));
+  expect_contains(error_text([&] { make_route(option, 0, 99, {.world = &world})->load_state(state); }),
+                  {"saved for a bucket of 100 elements", "99 elements"});
+  expect_contains(error_text([&] {
+                    make_route({.codec = "fp16", .feedback = "ef"}, 0, 100, {.world = &world})
+                        ->load_state(state);
+                  }),
+                  {"route 'allreduce' state", "different route"});
+  auto truncated = state;
+  truncated.resize(state.size() - 1);
+  expect_contains(error_text([&] { make_route(option, 0, 100, {.world = &world})->load_state(truncated); }),
+                  {"route 'allgather' state"});
+  expect_contains(error_text([&] { make_route(option, 0, 100, {.world = &world})->load_state({}); }),
+                  {"the magic needs 4 bytes, only 0 are left"});
+}
+
+TEST(Route, MemoryDoesNotGrowAcrossSteps) {
+  LoopbackTransport world;
+  const auto r = make_route({.codec = "topk:ratio=0.1", .feedback = "ef", .route = "twoway"}, 0,
+                            1000, {.world = &world});
+  one_step(*r, gradient(1000, 1), 0);
+  const size_t after_first = r->memory_bytes();
+  for (uint64_t s = 1; s < 5; ++s) one_step(*r, gradient(1000, s + 1), s);
+  EXPECT_EQ(r->memory_bytes(), after_first);
+}
+
+}  // namespace
+}  // namespace gradcomp::testing
