@@ -20,7 +20,11 @@ std::atomic<bool> g_abandoned{false};  // a request was left pending (timeout)
 
 constexpr int kTypes = 7;  // DType values, kNone included
 constexpr int kOps = 2;    // ReduceOp values
-std::array<MPI_Op, kTypes * kOps> g_ops;
+std::array<MPI_Op, kTypes * kOps> g_ops = [] {
+  std::array<MPI_Op, kTypes * kOps> ops;
+  ops.fill(MPI_OP_NULL);
+  return ops;
+}();
 
 template <DType Type, ReduceOp Op>
 void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -50,6 +54,9 @@ void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || g_abandoned.load()) return;
+  for (MPI_Op& op : g_ops) {
+    if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  }
   MPI_Finalize();
 }
 
