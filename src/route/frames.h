@@ -9,7 +9,10 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "gradcomp/codec.h"
+#include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
 #include "gradcomp/frame.h"
 #include "gradcomp/random.h"
@@ -59,6 +62,11 @@ inline std::span<const float> compensate_owned(Feedback& feedback, std::span<con
                                                const StepInfo& info, std::vector<float>& copy) {
   const std::span<const float> p = feedback.compensate(grad, info);
   if (p.data() != grad.data() || p.empty()) return p;
+  if (copy.size() < p.size()) {
+    throw Error(fmt::format("feedback '{}' returned the gradient itself, but the route kept no "
+                            "buffer to copy it into ({} < {} elements)",
+                            feedback.spec(), copy.size(), p.size()));
+  }
   std::memcpy(copy.data(), p.data(), p.size_bytes());
   return {copy.data(), p.size()};
 }
