@@ -1,12 +1,14 @@
 // The gradcomp command line tool.
 //   gradcomp codecs                       list the codecs with their traits
 //   gradcomp bench codecs [--json FILE]   codec throughput next to memcpy, on one core
+//   gradcomp launch -n N -- cmd args...   start N local ranks as torchrun would (launch.h)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "bench_codecs.h"
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
+#include "launch.h"
 
 namespace {
 
@@ -50,6 +52,8 @@ int run(int argc, char** argv) {
   codecs->add_option("--json", options.json_path, "Also write the results as JSON to this file");
   int exit_code = 0;
   codecs->callback([&] { exit_code = gradcomp::tools::bench_codecs(options); });
+
+  gradcomp::tools::add_launch_command(app, exit_code);
 
   try {
     app.parse(argc, argv);

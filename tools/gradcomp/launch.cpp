@@ -1,0 +1,256 @@
+#include "launch.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "gradcomp/error.h"
+
+extern char** environ;
+
+namespace gradcomp::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Child {
+  int rank;
+  pid_t pid;  // also its process group: a rank's own children go down with it
+  bool running = true;
+};
+
+// The variables torchrun sets (one node, so GROUP_RANK is 0 and local equals global).
+std::vector<std::pair<std::string, std::string>> rank_variables(const LaunchOptions& o, int rank) {
+  std::vector<std::pair<std::string, std::string>> vars{
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(o.ranks)},
+      {"LOCAL_RANK", std::to_string(rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.ranks)},
+      {"GROUP_RANK", "0"},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(o.master_port)},
+  };
+  if (o.timeout_seconds > 0)
+    vars.emplace_back("GRADCOMP_TIMEOUT", fmt::format("{}", o.timeout_seconds));
+  return vars;
+}
+
+// The launcher's environment with the rank's variables in place of any inherited ones.
+std::vector<std::string> environment_for(const LaunchOptions& o, int rank) {
+  const auto vars = rank_variables(o, rank);
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const auto name = entry.substr(0, entry.find('='));
+    const bool replaced =
+        std::any_of(vars.begin(), vars.end(), [&](const auto& v) { return v.first == name; });
+    if (!replaced) env.emplace_back(entry);
+  }
+  for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
+  return env;
+}
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Forks one rank. Everything the child needs is built before fork(), so the child only makes
+// async-signal-safe calls before exec.
+pid_t spawn(const LaunchOptions& o, int rank, const sigset_t& child_mask) {
+  auto args = o.command;
+  auto env = environment_for(o, rank);
+  auto argv = pointers(args);
+  auto envp = pointers(env);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0)
+    throw Error(fmt::format("launch: cannot start rank {}: {}", rank, std::strerror(errno)));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    // If the launcher itself is killed (SIGKILL cannot be forwarded), the ranks go too.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    ::sigprocmask(SIG_SETMASK, &child_mask, nullptr);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const std::string message = fmt::format("gradcomp launch: rank {}: cannot run '{}': {}\n", rank,
+                                            argv[0], std::strerror(errno));
+    (void)!::write(2, message.data(), message.size());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
+  return pid;
+}
+
+void signal_all(const std::vector<Child>& children, int sig) {
+  for (const auto& c : children) {
+    if (c.running) ::kill(-c.pid, sig);
+  }
+}
+
+// "exited with code 3" / "was killed by signal 9 (Killed)"; the exit code the launcher returns.
+std::pair<std::string, int> describe(int status) {
+  if (WIFEXITED(status)) {
+    return {fmt::format("exited with code {}", WEXITSTATUS(status)), WEXITSTATUS(status)};
+  }
+  const int sig = WTERMSIG(status);
+  return {fmt::format("was killed by signal {} ({})", sig, ::strsignal(sig)), 128 + sig};
+}
+
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& o, std::vector<Child> children, sigset_t signals)
+      : options_(o), children_(std::move(children)), signals_(signals) {}
+
+  int run() {
+    while (running() > 0) {
+      const int sig = next_signal();
+      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) interrupt(sig);
+      reap();
+    }
+    if (stopping_) signal_all_groups(SIGKILL);  // whatever the ranks left behind
+    if (interrupted_ != 0) return 128 + interrupted_;
+    return exit_code_;
+  }
+
+ private:
+  int running() const {
+    return static_cast<int>(std::count_if(children_.begin(), children_.end(),
+                                          [](const Child& c) { return c.running; }));
+  }
+
+  // Waits for a signal (SIGCHLD or one to forward); past the grace period, kills what is left.
+  int next_signal() {
+    if (!kill_at_) return ::sigwaitinfo(&signals_, nullptr);
+    const auto left = std::max(Clock::duration::zero(), *kill_at_ - Clock::now());
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    const timespec ts{static_cast<time_t>(ns / 1'000'000'000),
+                      static_cast<long>(ns % 1'000'000'000)};
+    const int sig = ::sigtimedwait(&signals_, nullptr, &ts);
+    if (sig < 0 && errno == EAGAIN) {
+      fmt::print(stderr, "gradcomp launch: {} rank(s) still running after {} s; killing them\n",
+                 running(), options_.grace_seconds);
+      signal_all(children_, SIGKILL);
+      kill_at_.reset();
+    }
+    return sig;
+  }
+
+  // From now on a failing rank is a consequence, not news; SIGKILL after the grace period.
+  void start_grace() {
+    stopping_ = true;
+    kill_at_ =
+        Clock::now() + std::chrono::milliseconds(static_cast<long>(options_.grace_seconds * 1000));
+  }
+
+  void stop_others() {
+    if (stopping_) return;
+    start_grace();
+    signal_all(children_, SIGTERM);
+    signal_all(children_, SIGCONT);  // a stopped rank must run to see SIGTERM
+  }
+
+  // Forwards SIGINT / SIGTERM / SIGHUP to every rank, which gets the grace period to exit.
+  void interrupt(int sig) {
+    if (interrupted_ == 0) interrupted_ = sig;
+    signal_all(children_, sig);
+    if (!stopping_) start_grace();
+  }
+
+  void reap() {
+    for (auto& c : children_) {
+      int status = 0;
+      if (!c.running || ::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.running = false;
+      const auto [how, code] = describe(status);
+      if (code == 0 || stopping_) continue;
+      exit_code_ = code;
+      fmt::print(stderr, "gradcomp launch: rank {} (pid {}) {}; stopping the other ranks\n", c.rank,
+                 c.pid, how);
+      stop_others();
+    }
+  }
+
+  void signal_all_groups(int sig) {
+    for (const auto& c : children_) ::kill(-c.pid, sig);
+  }
+
+  const LaunchOptions& options_;
+  std::vector<Child> children_;
+  sigset_t signals_;
+  bool stopping_ = false;
+  int interrupted_ = 0;
+  int exit_code_ = 0;
+  std::optional<Clock::time_point> kill_at_;
+};
+
+}  // namespace
+
+int launch(const LaunchOptions& options) {
+  if (options.command.empty())
+    throw Error("launch: no command given (gradcomp launch -n N -- command args...)");
+  if (options.ranks < 1)
+    throw Error(fmt::format("launch: -n {} must be at least 1", options.ranks));
+  // The signals we wait for are blocked and taken with sigwaitinfo: no handler, no race
+  // between a child's exit and going to sleep.
+  sigset_t signals, original;
+  sigemptyset(&signals);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&signals, sig);
+  ::sigprocmask(SIG_BLOCK, &signals, &original);
+  std::vector<Child> children;
+  try {
+    for (int rank = 0; rank < options.ranks; ++rank) {
+      children.push_back({rank, spawn(options, rank, original)});
+    }
+  } catch (const Error&) {
+    for (const auto& c : children) ::kill(-c.pid, SIGKILL);
+    for (const auto& c : children) ::waitpid(c.pid, nullptr, 0);
+    ::sigprocmask(SIG_SETMASK, &original, nullptr);
+    throw;
+  }
+  const int code = Supervisor(options, std::move(children), signals).run();
+  ::sigprocmask(SIG_SETMASK, &original, nullptr);
+  return code;
+}
+
+void add_launch_command(CLI::App& app, int& exit_code) {
+  auto options = std::make_shared<LaunchOptions>();
+  auto* cmd = app.add_subcommand(
+      "launch",
+      "Start N local ranks of a command with torchrun's environment (RANK, WORLD_SIZE, "
+      "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT); if one fails, stop "
+      "the others. Usage: gradcomp launch -n N [options] -- command args...");
+  cmd->add_option("-n,--nproc", options->ranks, "Number of ranks")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--master-addr", options->master_addr, "Address of rank 0's rendezvous store")
+      ->capture_default_str();
+  cmd->add_option("--master-port", options->master_port, "Port of rank 0's rendezvous store")
+      ->check(CLI::Range(1, 65535))
+      ->capture_default_str();
+  cmd->add_option("--timeout", options->timeout_seconds,
+                  "Collective timeout in seconds for the ranks (sets GRADCOMP_TIMEOUT)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--grace", options->grace_seconds,
+                  "Seconds between SIGTERM and SIGKILL when stopping the ranks")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("command", options->command, "The command every rank runs (after --)")
+      ->required();
+  cmd->callback([options, &exit_code] { exit_code = launch(*options); });
+}
+
+}  // namespace gradcomp::tools

@@ -1,0 +1,31 @@
+// `gradcomp launch`: starts N local ranks of a command with the environment torchrun gives
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), and
+// supervises them: a rank that fails stops the others, and signals reach every rank.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace gradcomp::tools {
+
+struct LaunchOptions {
+  int ranks = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  double timeout_seconds = 0;  // > 0: GRADCOMP_TIMEOUT for the ranks
+  double grace_seconds = 5;    // SIGTERM to SIGKILL
+  std::vector<std::string> command;
+};
+
+// Runs the ranks to the end. Returns 0 when every rank exited 0; else the failing rank's exit
+// code (128 + signal when it was killed by one, or when the launcher was interrupted).
+int launch(const LaunchOptions& options);
+
+// Registers `launch` on `app`; its exit code goes to `exit_code`.
+void add_launch_command(CLI::App& app, int& exit_code);
+
+}  // namespace gradcomp::tools
