@@ -1,5 +1,7 @@
 #include "transport/op_queue.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "gradcomp/error.h"
@@ -7,6 +9,9 @@
 namespace gradcomp {
 
 void QueuedWork::wait(Milliseconds timeout) {
+  // A deadline far in the future (Milliseconds::max()) would overflow the clock: cap it at a
+  // year, which is "forever" for a collective.
+  timeout = std::min(timeout, Milliseconds(365LL * 24 * 3600 * 1000));
   std::unique_lock lock(mutex_);
   if (!finished_.wait_for(lock, timeout, [&] { return done_; })) {
     throw TimeoutError(fmt::format("collective did not finish within {:.3g} s (GRADCOMP_TIMEOUT)",

@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   const int rank = g_world->rank();
   if (rank != 0) {  // rank 0 prints the run; the others print only their failures
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    listeners.Release(listeners.default_result_printer());
+    delete listeners.Release(listeners.default_result_printer());
   }
   const int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int verdict = failed;
