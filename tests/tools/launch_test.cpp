@@ -1,14 +1,21 @@
 // `gradcomp launch`, run as a user would: the environment it gives the ranks, and what happens
 // when a rank fails.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace {
 
@@ -72,9 +79,51 @@ TEST(Launch, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   const auto start = Clock::now();
   const Result r =
       run("launch -n 2 --grace 1 -- sh -c "
-          "'if [ $RANK = 0 ]; then exit 4; fi; trap \"\" TERM; sleep 60 & wait; sleep 60'");
+          "'if [ $RANK = 0 ]; then sleep 0.5; exit 4; fi; trap \"\" TERM; sleep 60 & wait; sleep 60'");
   EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(1400));  // waited out the grace
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+}
+
+// Waits (bounded) until `path` holds `lines` lines; returns them.
+std::vector<std::string> wait_for_lines(const std::string& path, size_t lines) {
+  std::vector<std::string> got;
+  for (int i = 0; i < 500 && got.size() < lines; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    got.clear();
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) got.push_back(line);
+  }
+  return got;
+}
+
+TEST(Launch, SigtermIsForwardedAndNothingIsLeftBehind) {
+  const auto pids = std::filesystem::temp_directory_path() / "gradcomp_launch_test_pids";
+  std::filesystem::remove(pids);
+  // Each rank records its shell and a child of it (the sleep), then waits.
+  const std::string script = "sleep 60 & echo $$ $! >> " + pids.string() + "; wait";
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::execl(GRADCOMP_CLI, GRADCOMP_CLI, "launch", "-n", "2", "--", "sh", "-c", script.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto lines = wait_for_lines(pids.string(), 2);
+  ASSERT_EQ(lines.size(), 2u);
+  const auto start = Clock::now();
+  ::kill(launcher, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(8));
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  for (const auto& line : lines) {
+    std::istringstream in(line);
+    for (pid_t pid; in >> pid;) {
+      EXPECT_TRUE(::kill(pid, 0) != 0 && errno == ESRCH) << "process " << pid << " survived";
+    }
+  }
+  std::filesystem::remove(pids);
 }
 
 TEST(Launch, MissingCommandIsAClearError) {

@@ -121,7 +121,7 @@ class Supervisor {
       if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) interrupt(sig);
       reap();
     }
-    if (stopping_) signal_all_groups(SIGKILL);  // whatever the ranks left behind
+    clean_up(stopping_ ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0));
     if (interrupted_ != 0) return 128 + interrupted_;
     return exit_code_;
   }
@@ -170,17 +170,39 @@ class Supervisor {
     if (!stopping_) start_grace();
   }
 
+  // Reaps every exited child: ranks, and orphans of theirs that came to us (subreaper).
   void reap() {
-    for (auto& c : children_) {
-      int status = 0;
-      if (!c.running || ::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
-      c.running = false;
-      const auto [how, code] = describe(status);
-      if (code == 0 || stopping_) continue;
-      exit_code_ = code;
-      fmt::print(stderr, "gradcomp launch: rank {} (pid {}) {}; stopping the other ranks\n", c.rank,
-                 c.pid, how);
-      stop_others();
+    int status = 0;
+    for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+      const auto c = std::find_if(children_.begin(), children_.end(),
+                                  [&](const Child& child) { return child.pid == pid; });
+      if (c != children_.end()) finished(*c, status);
+    }
+  }
+
+  // The first rank to fail decides the exit code; the others are stopped.
+  void finished(Child& c, int status) {
+    c.running = false;
+    const auto [how, code] = describe(status);
+    if (code == 0 || stopping_) return;
+    exit_code_ = code;
+    fmt::print(stderr, "gradcomp launch: rank {} (pid {}) {}; stopping the other ranks\n", c.rank,
+               c.pid, how);
+    stop_others();
+  }
+
+  // What the ranks left behind: after a failure it is killed; either way the orphans that
+  // already exited are reaped, waiting at most `limit` for the killed ones.
+  void clean_up(std::chrono::milliseconds limit) {
+    if (stopping_) signal_all_groups(SIGKILL);
+    const auto deadline = Clock::now() + limit;
+    for (;;) {
+      reap();
+      if (::waitpid(-1, nullptr, WNOHANG) < 0 || Clock::now() >= deadline) return;  // ECHILD
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now());
+      const timespec ts{static_cast<time_t>(ns.count() / 1'000'000'000),
+                        static_cast<long>(ns.count() % 1'000'000'000)};
+      ::sigtimedwait(&signals_, nullptr, &ts);
     }
   }
 
@@ -210,6 +232,9 @@ int launch(const LaunchOptions& options) {
   sigemptyset(&signals);
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&signals, sig);
   ::sigprocmask(SIG_BLOCK, &signals, &original);
+  // Orphans of the ranks (a shell's background job) become our children, so we can reap
+  // them instead of leaving zombies to an init that may not.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::vector<Child> children;
   try {
     for (int rank = 0; rank < options.ranks; ++rank) {
