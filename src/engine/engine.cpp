@@ -223,7 +223,7 @@ std::vector<size_t> Engine::Impl::launch_complete_buckets() {
 void Engine::Impl::encode_bucket(size_t b) {
   LiveBucket& bucket = buckets[b];
   try {
-    bucket.route->encode(bucket.input(), step_state, bucket.phases);
+    bucket.route->encode(bucket.buffer(), step_state, bucket.phases);
   } catch (...) {
     fail(std::current_exception());
     return;
@@ -290,7 +290,7 @@ void Engine::Impl::decoder_loop() {
       lock.unlock();
       try {
         LiveBucket& bucket = buckets[b];
-        bucket.route->decode(bucket.output(), step_state, bucket.phases);
+        bucket.route->decode(bucket.buffer(), step_state, bucket.phases);
         bucket.phases.run("write back", [&] { bucket.give_back(); });
       } catch (...) {
         lock.lock();

@@ -31,12 +31,7 @@ void LiveBucket::take(const TensorSlot& slot, std::span<float> grad) {
   --pending;
 }
 
-std::span<const float> LiveBucket::input() const {
-  if (tensor_count_ == 1) return targets_[0];
-  return fused_;
-}
-
-std::span<float> LiveBucket::output() {
+std::span<float> LiveBucket::buffer() {
   if (tensor_count_ == 1) return targets_[0];
   return fused_;
 }

@@ -35,9 +35,8 @@ class LiveBucket {
   // Takes a tensor's gradient: copies it into the fused buffer (a bucket of one tensor uses the
   // caller's memory directly and copies nothing) and remembers where the result goes.
   void take(const TensorSlot& slot, std::span<float> grad);
-  // The fused gradient (stage 1 input) and where the mean goes (stage 3 output).
-  std::span<const float> input() const;
-  std::span<float> output();
+  // The fused gradient (stage 1 input), which is also where the mean goes (stage 3 output).
+  std::span<float> buffer();
   // Copies the mean from the fused buffer back into the callers' tensors.
   void give_back();
   // Prepares the next step.

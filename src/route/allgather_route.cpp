@@ -18,7 +18,7 @@ class AllgatherRoute final : public Route {
  public:
   explicit AllgatherRoute(const RouteConfig& config);
 
-  void encode(std::span<const float> grad, const StepState& step, const Phases& p) override;
+  void encode(std::span<float> grad, const StepState& step, const Phases& p) override;
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
 
@@ -71,7 +71,7 @@ AllgatherRoute::AllgatherRoute(const RouteConfig& c)
   check_codec_fits(kName, *codec_);
 }
 
-void AllgatherRoute::encode(std::span<const float> grad, const StepState& step, const Phases& p) {
+void AllgatherRoute::encode(std::span<float> grad, const StepState& step, const Phases& p) {
   check_length(kName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   p.run("encode", [&] {

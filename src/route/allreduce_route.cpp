@@ -1,8 +1,8 @@
 // allreduce: summable codecs. The transport adds the payloads of every rank's frame, so each
 // rank sends and receives one frame's payload per round, whatever W. Multi-round codecs run
 // their earlier rounds here too (codec.h). The codec "none" without feedback skips framing:
-// the float32 bucket is allreduced in place, so the engine costs (almost) nothing over a raw
-// allreduce.
+// the float32 bucket is allreduced in place in the engine's own buffer (route.h lets a route
+// work there until decode), so the engine adds one scaling pass to a raw allreduce.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,7 +21,7 @@ class AllreduceRoute final : public Route {
  public:
   explicit AllreduceRoute(const RouteConfig& config);
 
-  void encode(std::span<const float> grad, const StepState& step, const Phases& p) override;
+  void encode(std::span<float> grad, const StepState& step, const Phases& p) override;
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
 
@@ -50,11 +50,11 @@ class AllreduceRoute final : public Route {
   std::unique_ptr<Feedback> feedback_;
   CodecTraits traits_;
   bool direct_;  // codec none, feedback none: the bucket itself is allreduced
+  std::span<float> bucket_data_;  // the direct path: the engine's bucket buffer of this step
 
-  // The direct path's bucket; for multi-round codecs without feedback, the copy of the input
-  // the later rounds encode (the engine reuses grad's buffer once encode returns).
-  std::vector<float> input_;
-  std::span<const float> x_;  // the compensated input of this step (multi-round codecs)
+  // The compensated input of this step (multi-round codecs encode it once per round): the
+  // feedback's buffer, or the engine's bucket buffer, which stays untouched until decode.
+  std::span<const float> x_;
   std::vector<std::byte> round_frame_;  // frames of the rounds before the last
   std::vector<std::byte> frame_;        // the last round's frame, summed in place
   size_t round_bytes_ = 0;
@@ -75,8 +75,6 @@ AllreduceRoute::AllreduceRoute(const RouteConfig& c)
       traits_(codec_->traits()),
       direct_(codec_->id() == CodecId::kNone && feedback_->spec() == "none") {
   check_codec_fits(kName, *codec_);
-  const bool copy_input = direct_ || (traits_.rounds > 1 && feedback_->spec() == "none");
-  if (copy_input) input_.resize(n_);
   if (direct_) return;
   frame_.resize(codec_->max_frame_bytes(n_));
   size_t round_max = 0;
@@ -86,12 +84,12 @@ AllreduceRoute::AllreduceRoute(const RouteConfig& c)
   round_frame_.resize(round_max);
 }
 
-void AllreduceRoute::encode(std::span<const float> grad, const StepState& step, const Phases& p) {
+void AllreduceRoute::encode(std::span<float> grad, const StepState& step, const Phases& p) {
   check_length(kName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   p.run("encode", [&] {
     if (direct_) {
-      if (n_ > 0) std::memcpy(input_.data(), grad.data(), n_ * sizeof(float));
+      bucket_data_ = grad;
       return;
     }
     const StepInfo info = step_info(step, world_size_);
@@ -101,7 +99,7 @@ void AllreduceRoute::encode(std::span<const float> grad, const StepState& step, 
       feedback_->commit();
       return;
     }
-    x_ = compensate_owned(*feedback_, grad, info, input_);
+    x_ = feedback_->compensate(grad, info);
     round_bytes_ = codec_->encode_round(0, x_, round_frame_, context(step));
   });
 }
@@ -154,7 +152,7 @@ void AllreduceRoute::reduce_last_round(const Phases& p) {
 void AllreduceRoute::exchange(const StepState& step, const Phases& p) {
   if (direct_) {
     const auto issued = Clock::now();
-    p.wait(world_.allreduce(std::span(input_)), "allreduce", issued);
+    p.wait(world_.allreduce(bucket_data_), "allreduce", issued);
     sent_ += n_ * sizeof(float);
     return;
   }
@@ -173,7 +171,7 @@ void AllreduceRoute::decode(std::span<float> out, const StepState& step, const P
       // Exactly what decode_accumulate into zeros and finalize give (0 + x turns -0 into +0),
       // so both paths produce the same bits.
       const float inv = world_size_ > 1 ? 1.0f / static_cast<float>(world_size_) : 1.0f;
-      const float* s = input_.data();
+      const float* s = bucket_data_.data();  // normally out itself (route.h)
       for (size_t i = 0; i < n_; ++i) out[i] = (0.0f + s[i]) * inv;
       return;
     }
@@ -185,7 +183,7 @@ void AllreduceRoute::decode(std::span<float> out, const StepState& step, const P
 
 size_t AllreduceRoute::memory_bytes() const {
   // The feedback's own buffers are measured by their checkpoint (the interface has no size).
-  return input_.size() * sizeof(float) + round_frame_.size() + frame_.size() +
+  return round_frame_.size() + frame_.size() +
          feedback_->save_state().size();
 }
 

@@ -54,23 +54,6 @@ inline Range shard_range(size_t n, uint32_t shard, uint32_t world) {
   return {at(shard), at(shard + 1)};
 }
 
-// Runs compensate and returns the vector to encode, owned by the route: when the feedback
-// hands back `grad` itself (feedback none) it is copied into `copy` (sized by the caller), since
-// the engine reuses grad's buffer for the output before the last encoding of a multi-round or
-// server-side stage has run.
-inline std::span<const float> compensate_owned(Feedback& feedback, std::span<const float> grad,
-                                               const StepInfo& info, std::vector<float>& copy) {
-  const std::span<const float> p = feedback.compensate(grad, info);
-  if (p.data() != grad.data() || p.empty()) return p;
-  if (copy.size() < p.size()) {
-    throw Error(fmt::format("feedback '{}' returned the gradient itself, but the route kept no "
-                            "buffer to copy it into ({} < {} elements)",
-                            feedback.spec(), copy.size(), p.size()));
-  }
-  std::memcpy(copy.data(), p.data(), p.size_bytes());
-  return {copy.data(), p.size()};
-}
-
 // After a transport summed the payloads of W frames, the header is still this rank's own: it
 // becomes the header of the sum (W summands, the non-finite flag of any rank), checksum fixed.
 inline void finish_summed_header(std::span<std::byte> frame, uint32_t summands, bool non_finite) {

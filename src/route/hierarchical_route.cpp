@@ -23,7 +23,7 @@ class HierarchicalRoute final : public Route {
  public:
   explicit HierarchicalRoute(const RouteConfig& config);
 
-  void encode(std::span<const float> grad, const StepState& step, const Phases& p) override;
+  void encode(std::span<float> grad, const StepState& step, const Phases& p) override;
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
 
@@ -43,7 +43,7 @@ class HierarchicalRoute final : public Route {
   bool leader_;
   bool fp16_;
   std::unique_ptr<Route> inner_;  // leaders only
-  std::vector<float> sum_;        // the node's sum, then the result
+  std::span<float> sum_;          // the engine's bucket buffer: the node's sum, then the result
   std::vector<uint16_t> half_;    // intra=fp16: the float16 sum
   size_t sent_ = 0;
 };
@@ -74,8 +74,7 @@ HierarchicalRoute::HierarchicalRoute(const RouteConfig& c)
       n_(c.elements),
       local_size_(static_cast<uint32_t>(intra_.size())),
       leader_(intra_.rank() == 0),
-      fp16_(c.spec.intra_fp16),
-      sum_(n_) {
+      fp16_(c.spec.intra_fp16) {
   if (fp16_) half_.resize(n_);
   if (!leader_) return;
   RouteConfig inner = c;
@@ -86,16 +85,15 @@ HierarchicalRoute::HierarchicalRoute(const RouteConfig& c)
   inner_ = make_flat_route(inner);
 }
 
-void HierarchicalRoute::encode(std::span<const float> grad, const StepState&, const Phases& p) {
+void HierarchicalRoute::encode(std::span<float> grad, const StepState&, const Phases& p) {
   check_length(kName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
-  p.run("encode", [&] {
-    if (fp16_) {
+  sum_ = grad;  // the engine leaves the bucket to the route until decode (route.h)
+  if (fp16_) {
+    p.run("encode", [&] {
       for (size_t i = 0; i < n_; ++i) half_[i] = float_to_half(grad[i]);
-    } else if (n_ > 0) {
-      std::memcpy(sum_.data(), grad.data(), n_ * sizeof(float));
-    }
-  });
+    });
+  }
 }
 
 void HierarchicalRoute::reduce_in_node(const Phases& p) {
@@ -106,7 +104,7 @@ void HierarchicalRoute::reduce_in_node(const Phases& p) {
     p.wait(intra_.allreduce(bytes, DType::kF16, ReduceOp::kSum), "intra allreduce", issued);
     sent_ += bytes.size();
   } else {
-    p.wait(intra_.allreduce(std::span(sum_)), "intra allreduce", issued);
+    p.wait(intra_.allreduce(sum_), "intra allreduce", issued);
     sent_ += n_ * sizeof(float);
   }
 }
@@ -121,7 +119,6 @@ void HierarchicalRoute::run_inner(const StepState& step, const Phases& p) {
       for (float& x : sum_) x /= local;
     }
   });
-  // The inner route copies what it needs in encode, so its output may overwrite its input.
   inner_->encode(sum_, step, p);
   inner_->exchange(step, p);
   inner_->decode(sum_, step, p);
@@ -133,20 +130,20 @@ void HierarchicalRoute::exchange(const StepState& step, const Phases& p) {
   if (leader_) run_inner(step, p);
   if (local_size_ == 1) return;
   const auto issued = Clock::now();
-  p.wait(intra_.broadcast(std::as_writable_bytes(std::span(sum_)), 0), "intra broadcast",
+  p.wait(intra_.broadcast(std::as_writable_bytes(sum_), 0), "intra broadcast",
          issued);
   if (leader_) sent_ += n_ * sizeof(float);
 }
 
 void HierarchicalRoute::decode(std::span<float> out, const StepState&, const Phases& p) {
   check_length(kName, bucket_, "output", out.size(), n_);
-  p.run("decode", [&] {
-    if (n_ > 0) std::memcpy(out.data(), sum_.data(), n_ * sizeof(float));
-  });
+  if (out.data() != sum_.data() && n_ > 0) {  // normally the same memory (route.h)
+    p.run("decode", [&] { std::memcpy(out.data(), sum_.data(), n_ * sizeof(float)); });
+  }
 }
 
 size_t HierarchicalRoute::memory_bytes() const {
-  return sum_.size() * sizeof(float) + half_.size() * sizeof(uint16_t) +
+  return half_.size() * sizeof(uint16_t) +
          (inner_ ? inner_->memory_bytes() : 0);
 }
 

@@ -8,7 +8,7 @@
 // A route object belongs to one bucket and keeps its codec, feedback and buffers across steps
 // (buffers are sized once, so memory does not grow). The engine drives it in three stages,
 // each on its own thread, so buckets pipeline:
-//   encode(grad)   compensate + first encoding (the caller's thread or the encoder thread)
+//   encode(bucket) compensate + first encoding (the caller's thread or the encoder thread)
 //   exchange()     every collective and the computation between them (the exchange thread)
 //   decode(out)    the aggregate, the mean over ranks, into `out` (the decoder thread)
 // Every rank ends with bit-identical output: all ranks decode the same bytes in the same order.
@@ -77,9 +77,10 @@ class Route {
  public:
   virtual ~Route() = default;
 
-  // Stage 1. `grad` is this rank's fused gradient of the bucket; it is not modified and may be
-  // reused once encode returns.
-  virtual void encode(std::span<const float> grad, const StepState& step, const Phases& p) = 0;
+  // Stage 1. `bucket` holds this rank's fused gradient of the bucket. The engine leaves that
+  // memory alone until decode(out) of the same step, and `out` is the same memory: a route
+  // may work in it in between (the uncompressed allreduce sums into it in place).
+  virtual void encode(std::span<float> bucket, const StepState& step, const Phases& p) = 0;
   // Stage 2. Blocks until every collective of this bucket finished.
   virtual void exchange(const StepState& step, const Phases& p) = 0;
   // Stage 3. Writes the mean over ranks into `out` (the bucket's element count).

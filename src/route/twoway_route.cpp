@@ -25,7 +25,7 @@ class TwowayRoute final : public Route {
  public:
   explicit TwowayRoute(const RouteConfig& config);
 
-  void encode(std::span<const float> grad, const StepState& step, const Phases& p) override;
+  void encode(std::span<float> grad, const StepState& step, const Phases& p) override;
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
 
@@ -106,7 +106,7 @@ TwowayRoute::TwowayRoute(const RouteConfig& c)
   results_.resize(all_frames);
 }
 
-void TwowayRoute::encode(std::span<const float> grad, const StepState& step, const Phases& p) {
+void TwowayRoute::encode(std::span<float> grad, const StepState& step, const Phases& p) {
   check_length(kName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   p.run("encode", [&] {

@@ -2,30 +2,17 @@
 // gradient itself, bad input is a clear Error, and a broken engine stays broken.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
 #include "support/codec_testing.h"
+#include "support/single_rank.h"
 
 namespace gradcomp {
 namespace {
 
 using testing::error_text;
 
-std::shared_ptr<Transport> single_rank() {
-  static const auto dir = [] {
-    auto d = std::filesystem::temp_directory_path() /
-             ("gradcomp_engine_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  static int instance = 0;
-  const auto store = dir / std::to_string(instance++);
-  std::filesystem::create_directories(store);
-  return make_transport({.backend = "gloo", .rank = 0, .world_size = 1,
-                         .store = "file:" + store.string(), .timeout = Milliseconds(10'000)});
-}
+std::shared_ptr<Transport> single_rank() { return testing::single_rank_transport(); }
 
 Plan small_plan(const Option& option = {}) {
   DefaultPlanSettings settings;
@@ -87,9 +74,9 @@ TEST(EngineSingleRank, RejectsBadPlansAndOptions) {
   EXPECT_NE(error_text([&] { Engine e(single_rank(), plan); }), "no error");
   EXPECT_NE(error_text([&] { Engine e(nullptr, small_plan()); }).find("transport is null"),
             std::string::npos);
-  EXPECT_NE(error_text([&] {
-              Engine e(single_rank(), small_plan(), EngineOptions{.codec_threads = 0});
-            }).find("codec_threads"),
+  EngineOptions no_threads;
+  no_threads.codec_threads = 0;
+  EXPECT_NE(error_text([&] { Engine e(single_rank(), small_plan(), no_threads); }).find("codec_threads"),
             std::string::npos);
   EXPECT_NE(error_text([&] {
               Engine e(single_rank(), small_plan(), EngineOptions{.timeline = "/nonexistent/x.json"});

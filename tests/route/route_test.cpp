@@ -1,5 +1,5 @@
 // Routes in one process: spec parsing and checking (check_route / make_route errors), Phases'
-// error wrapping, and the routes over a one-rank loopback transport (state checks, lengths).
+// error wrapping, and the routes over a real transport of one rank (state checks, lengths).
 #include "route/route.h"
 
 #include <gtest/gtest.h>
@@ -9,60 +9,28 @@
 
 #include "gradcomp/error.h"
 #include "support/codec_testing.h"
+#include "support/single_rank.h"
+#include "transport/op_queue.h"
 
 namespace gradcomp::testing {
 namespace {
 
-// A Work that is already finished, or fails with a given error.
-class DoneWork final : public Work {
- public:
-  explicit DoneWork(std::exception_ptr error = nullptr) : error_(std::move(error)) {}
-  void wait(Milliseconds) override {
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool done() const override { return true; }
-
- private:
-  std::exception_ptr error_;
+// A real transport of one rank (Gloo, file store): the W = 1 paths of every route.
+struct OneRank {
+  std::shared_ptr<Transport> world = single_rank_transport();
+  std::unique_ptr<Transport> intra = world->split(0, 0);
+  std::unique_ptr<Transport> leaders = world->split(0, 0);
+  RouteEnv env() const { return {.world = world.get()}; }
+  RouteEnv nodes() const { return {.world = world.get(), .intra = intra.get(),
+                                   .leaders = leaders.get()}; }
 };
 
-// A transport of one rank: every collective is a copy (or nothing) and finishes at once.
-class LoopbackTransport final : public Transport {
- public:
-  std::string name() const override { return "loopback"; }
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::unique_ptr<Transport> split(int color, int) override {
-    return color < 0 ? nullptr : std::make_unique<LoopbackTransport>();
-  }
-  Milliseconds timeout() const override { return Milliseconds(1000); }
-
- protected:
-  WorkPtr start_allreduce(std::span<std::byte>, DType, ReduceOp) override { return done(); }
-  WorkPtr start_allgather(std::span<const std::byte> in, std::span<std::byte> out) override {
-    return copy(in, out);
-  }
-  WorkPtr start_allgatherv(std::span<const std::byte> in, std::span<std::byte> out,
-                           std::span<const size_t>) override {
-    return copy(in, out);
-  }
-  WorkPtr start_alltoall(std::span<const std::byte> in, std::span<std::byte> out) override {
-    return copy(in, out);
-  }
-  WorkPtr start_alltoallv(std::span<const std::byte> in, std::span<const size_t>,
-                          std::span<std::byte> out, std::span<const size_t>) override {
-    return copy(in, out);
-  }
-  WorkPtr start_broadcast(std::span<std::byte>, int) override { return done(); }
-  WorkPtr start_barrier() override { return done(); }
-
- private:
-  static WorkPtr done() { return std::make_shared<DoneWork>(); }
-  static WorkPtr copy(std::span<const std::byte> in, std::span<std::byte> out) {
-    if (!in.empty()) std::memcpy(out.data(), in.data(), in.size());
-    return done();
-  }
-};
+// A finished Work of the transports' own kind, successful or failed with `error`.
+WorkPtr finished(std::exception_ptr error = nullptr) {
+  auto work = std::make_shared<QueuedWork>();
+  work->finish(std::move(error));
+  return work;
+}
 
 // The message of the error check_route throws, with its type checked.
 template <typename E>
@@ -148,22 +116,20 @@ TEST(Route, AllgatherNeedsASingleRoundCodec) {
 TEST(Route, MissingTransportsAreErrors) {
   EXPECT_NE(error_text([] { make_route({}, 0, 10, {}); }).find("RouteEnv::world is null"),
             std::string::npos);
-  LoopbackTransport world;
-  const std::string text = error_text(
-      [&] { make_route({.route = "hierarchical"}, 0, 10, {.world = &world}); });
+  const OneRank one;
+  const std::string text = error_text([&] { make_route({.route = "hierarchical"}, 0, 10, one.env()); });
   expect_contains(text, {"route 'hierarchical' needs the node transports", "RouteEnv::intra"});
-  LoopbackTransport intra;  // rank 0: a leader, but no leaders transport
+  // rank 0: a leader, but no leaders transport
   expect_contains(error_text([&] {
-                    make_route({.route = "hierarchical"}, 0, 10, {.world = &world, .intra = &intra});
+                    make_route({.route = "hierarchical"}, 0, 10,
+                               {.world = one.world.get(), .intra = one.intra.get()});
                   }),
                   {"leads its node", "RouteEnv::leaders is null"});
 }
 
 TEST(Route, PhasesNameTheBucketAndPhaseAndKeepTheErrorType) {
   const Phases p(7, Milliseconds(10), nullptr);
-  auto failing = [](auto error) {
-    return std::make_shared<DoneWork>(std::make_exception_ptr(error));
-  };
+  auto failing = [](auto error) { return finished(std::make_exception_ptr(error)); };
   try {
     p.wait(failing(TimeoutError("peer 2 did not answer")), "shards", Clock::now());
     ADD_FAILURE() << "no error";
@@ -178,10 +144,11 @@ TEST(Route, PhasesNameTheBucketAndPhaseAndKeepTheErrorType) {
   } catch (const CommError& e) {
     EXPECT_STREQ(e.what(), "bucket 7, phase allreduce: connection reset");
   }
-  EXPECT_NO_THROW(p.wait(std::make_shared<DoneWork>(), "sizes", Clock::now()));
+  EXPECT_NO_THROW(p.wait(finished(), "sizes", Clock::now()));
 }
 
-// One step over the loopback transport (W = 1).
+// One step with one rank (W = 1), as the engine runs it: the bucket's buffer goes to encode and
+// comes back to decode.
 std::vector<float> one_step(Route& route, const std::vector<float>& grad, uint64_t step = 0) {
   const Phases p(0, Milliseconds(1000), nullptr);
   std::vector<float> buffer = grad;
@@ -193,8 +160,8 @@ std::vector<float> one_step(Route& route, const std::vector<float>& grad, uint64
 }
 
 TEST(Route, EveryRouteAveragesOneRankToItsLosslessInput) {
-  LoopbackTransport world, intra, leaders;
-  const RouteEnv env{.world = &world, .intra = &intra, .leaders = &leaders};
+  const OneRank one;
+  const RouteEnv env = one.nodes();
   const auto grad = gradient(1001, 5);
   for (const std::string route : {"allreduce", "allgather", "twoway", "hierarchical",
                                   "hierarchical:inner=twoway"}) {
@@ -208,8 +175,8 @@ TEST(Route, EveryRouteAveragesOneRankToItsLosslessInput) {
 }
 
 TEST(Route, LengthsAreChecked) {
-  LoopbackTransport world;
-  const auto r = make_route({.codec = "fp16"}, 4, 10, {.world = &world});
+  const OneRank one;
+  const auto r = make_route({.codec = "fp16"}, 4, 10, one.env());
   const Phases p(4, Milliseconds(1000), nullptr);
   std::vector<float> wrong(11);
   expect_contains(error_text([&] { r->encode(wrong, {}, p); }),
@@ -217,31 +184,31 @@ TEST(Route, LengthsAreChecked) {
 }
 
 TEST(Route, StateIsCheckedOnLoad) {
-  LoopbackTransport world;
+  const OneRank one;
   const Option option{.codec = "topk:ratio=0.1", .feedback = "ef", .route = "allgather"};
-  const auto a = make_route(option, 0, 100, {.world = &world});
+  const auto a = make_route(option, 0, 100, one.env());
   one_step(*a, gradient(100, 1));
   const auto state = a->save_state();
-  EXPECT_NO_THROW(make_route(option, 0, 100, {.world = &world})->load_state(state));
-  expect_contains(error_text([&] { make_route(option, 0, 99, {.world = &world})->load_state(state); }),
+  EXPECT_NO_THROW(make_route(option, 0, 100, one.env())->load_state(state));
+  expect_contains(error_text([&] { make_route(option, 0, 99, one.env())->load_state(state); }),
                   {"saved for a bucket of 100 elements", "99 elements"});
   expect_contains(error_text([&] {
-                    make_route({.codec = "fp16", .feedback = "ef"}, 0, 100, {.world = &world})
+                    make_route({.codec = "fp16", .feedback = "ef"}, 0, 100, one.env())
                         ->load_state(state);
                   }),
                   {"route 'allreduce' state", "different route"});
   auto truncated = state;
   truncated.resize(state.size() - 1);
-  expect_contains(error_text([&] { make_route(option, 0, 100, {.world = &world})->load_state(truncated); }),
+  expect_contains(error_text([&] { make_route(option, 0, 100, one.env())->load_state(truncated); }),
                   {"route 'allgather' state"});
-  expect_contains(error_text([&] { make_route(option, 0, 100, {.world = &world})->load_state({}); }),
+  expect_contains(error_text([&] { make_route(option, 0, 100, one.env())->load_state({}); }),
                   {"the magic needs 4 bytes, only 0 are left"});
 }
 
 TEST(Route, MemoryDoesNotGrowAcrossSteps) {
-  LoopbackTransport world;
+  const OneRank one;
   const auto r = make_route({.codec = "topk:ratio=0.1", .feedback = "ef", .route = "twoway"}, 0,
-                            1000, {.world = &world});
+                            1000, one.env());
   one_step(*r, gradient(1000, 1), 0);
   const size_t after_first = r->memory_bytes();
   for (uint64_t s = 1; s < 5; ++s) one_step(*r, gradient(1000, s + 1), s);

@@ -80,12 +80,15 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Times `once` `repeats` times after a warm-up, each started together after a barrier.
-template <class F>
-std::vector<double> time_repeats(Transport& world, int repeats, F&& once) {
+// Times `once` `repeats` times after a warm-up, each started together after a barrier;
+// `prepare` runs before each, untimed (it stands for the backward pass writing gradients).
+template <class P, class F>
+std::vector<double> time_repeats(Transport& world, int repeats, P&& prepare, F&& once) {
+  prepare();
   once();
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
+    prepare();
     world.barrier()->wait(world.timeout());
     const auto start = Clock::now();
     once();
@@ -112,12 +115,19 @@ Row measure(const std::shared_ptr<Transport>& world, const Case& c, size_t n,
             const BenchRoutesOptions& options, double allreduce_seconds) {
   Plan plan;
   plan.tensors = {{"bucket", n}};
-  plan.buckets = {Bucket{{0}, Option{.codec = c.codec, .feedback = c.feedback, .route = c.route}}};
-  Engine engine(world, plan, EngineOptions{.seed = 1, .local_size = options.local_size});
+  Option option;
+  option.codec = c.codec;
+  option.feedback = c.feedback;
+  option.route = c.route;
+  plan.buckets = {Bucket{{0}, option}};
+  EngineOptions engine_options;
+  engine_options.seed = 1;
+  engine_options.local_size = options.local_size;
+  Engine engine(world, plan, engine_options);
   const auto g = gradient(n, world->rank());
   std::vector<float> work(n);
-  const auto times = time_repeats(*world, options.repeats, [&] {
-    std::copy(g.begin(), g.end(), work.begin());
+  const auto times = time_repeats(
+      *world, options.repeats, [&] { std::copy(g.begin(), g.end(), work.begin()); }, [&] {
     engine.ready(0, work);
     engine.synchronize();
   });
@@ -125,8 +135,10 @@ Row measure(const std::shared_ptr<Transport>& world, const Case& c, size_t n,
 }
 
 double measure_allreduce(Transport& world, size_t n, int repeats) {
-  std::vector<float> buffer = gradient(n, world.rank());
-  return median(time_repeats(world, repeats, [&] {
+  const std::vector<float> g = gradient(n, world.rank());
+  std::vector<float> buffer(n);
+  return median(time_repeats(
+      world, repeats, [&] { std::copy(g.begin(), g.end(), buffer.begin()); }, [&] {
     world.allreduce(std::span<float>(buffer))->wait(world.timeout());
   }));
 }
@@ -169,7 +181,9 @@ int bench_routes(const BenchRoutesOptions& options, const std::string& self_exe)
   for (const auto& text : options.cases.empty() ? default_route_cases() : options.cases) {
     cases.push_back(parse_case(text));
   }
-  std::shared_ptr<Transport> world = make_transport({.backend = options.transport});
+  TransportOptions transport_options;
+  transport_options.backend = options.transport;
+  std::shared_ptr<Transport> world = make_transport(transport_options);
   const bool leader = world->rank() == 0;
   if (leader) print_header(*world);
   std::vector<Row> rows;

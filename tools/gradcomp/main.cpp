@@ -1,7 +1,10 @@
 // The gradcomp command line tool.
 //   gradcomp codecs                       list the codecs with their traits
 //   gradcomp bench codecs [--json FILE]   codec throughput next to memcpy, on one core
+//   gradcomp bench routes [--json FILE]   exchange time per route and codec on W processes
 //   gradcomp launch -n N -- cmd args...   start N local ranks as torchrun would (launch.h)
+#include <filesystem>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -9,8 +12,16 @@
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "launch.h"
+#include "bench_routes.h"
 
 namespace {
+
+// This program's path, to start copies of itself (/proc/self/exe survives a relative argv[0]).
+std::string self_executable(const char* argv0) {
+  std::error_code error;
+  auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string(argv0) : path.string();
+}
 
 void list_codecs() {
   fmt::print("{:<10} {:>8} {:>6} {:>8} {:>8} {:<14} {}\n", "codec", "bits/el", "rounds",
@@ -25,6 +36,35 @@ void list_codecs() {
                t.aggregation == gradcomp::Aggregation::kMajorityVote ? "majority vote" : "mean",
                needs_tau ? "threshold:tau=<required>" : codec->spec());
   }
+}
+
+void add_bench_routes(CLI::App& bench, int& exit_code, const char* argv0) {
+  static gradcomp::tools::BenchRoutesOptions options;
+  auto* routes = bench.add_subcommand(
+      "routes", "Time to exchange one bucket through each route and codec on W processes, next "
+                "to the transport's own allreduce of the same bytes (mpirun, gradcomp launch, "
+                "or alone: it launches W processes itself)");
+  routes->add_option("-n,--processes", options.processes,
+                     "Processes to launch when not started by a launcher")
+      ->check(CLI::Range(1, 256));
+  routes->add_option("--transport", options.transport, "mpi or gloo (default: from the launcher)")
+      ->check(CLI::IsMember({"mpi", "gloo"}));
+  routes->add_option("--cases", options.cases,
+                     "Cases 'codec|feedback|route' separated by ';' (default: every route with "
+                     "representative codecs)")
+      ->delimiter(';');
+  routes->add_option("--sizes", options.log2_sizes, "log2 of the bucket sizes in elements")
+      ->check(CLI::Range(0, 27))
+      ->delimiter(',');
+  routes->add_option("--repeats", options.repeats, "Measured exchanges per case (median)")
+      ->check(CLI::Range(1, 1000));
+  routes->add_option("--local-size", options.local_size,
+                     "Ranks per node for the hierarchical route")
+      ->check(CLI::Range(1, 256));
+  routes->add_option("--json", options.json_path, "Also write the results as JSON to this file");
+  routes->callback([&exit_code, argv0] {
+    exit_code = gradcomp::tools::bench_routes(options, self_executable(argv0));
+  });
 }
 
 int run(int argc, char** argv) {
@@ -52,6 +92,7 @@ int run(int argc, char** argv) {
   codecs->add_option("--json", options.json_path, "Also write the results as JSON to this file");
   int exit_code = 0;
   codecs->callback([&] { exit_code = gradcomp::tools::bench_codecs(options); });
+  add_bench_routes(*bench, exit_code, argv[0]);
 
   gradcomp::tools::add_launch_command(app, exit_code);
 
