@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every test: set up, then
-#   1. the unit tests (ctest) on the Release build;
+#   1. the unit tests and the multi-process tests (ctest) on the Release build; multi-process
+#      tests run as 2 and 4 ranks under mpirun (Open MPI) and under `gradcomp launch` (Gloo);
 #   2. the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer;
-#   3. the frame-decoder fuzzer (libFuzzer, clang) for a bounded time (GRADCOMP_FUZZ_SECONDS,
+#   3. the engine's tests built with ThreadSanitizer (its stage threads and the transports');
+#   4. the frame-decoder fuzzer (libFuzzer, clang) for a bounded time (GRADCOMP_FUZZ_SECONDS,
 #      default 60).
 # Stops at the first failure and exits non-zero.
 set -euo pipefail
@@ -19,6 +21,12 @@ cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
+echo "== engine tests under ThreadSanitizer"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_TSAN=ON >/dev/null
+cmake --build build-tsan --target engine_test engine_fault_test engine_mptest gradcomp_cli
+TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
+  -R '^(Engine|engine_mptest[.]gloo)'
+
 echo "== frame fuzzer (libFuzzer, ${GRADCOMP_FUZZ_SECONDS:-60} s)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADCOMP_FUZZ=ON -DGRADCOMP_TESTS=OFF >/dev/null
@@ -32,7 +40,7 @@ if ! build-fuzz/fuzz/frame_fuzz -max_total_time="${GRADCOMP_FUZZ_SECONDS:-60}" -
 fi
 grep -E "^Done|^stat::(number_of_executed_units|new_units_added)" build-fuzz/fuzz.log
 
-# One closing line: the unit tests, which also passed under ASan + UBSan above.
+# One closing line: the Release tests, which also passed under ASan + UBSan above.
 total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' build/ctest.log | tail -n 1)
 echo "== all tests passed"
 echo "gradcomp: ${total} passed, 0 failed"

@@ -26,7 +26,7 @@ namespace gradcomp {
 struct EngineOptions {
   uint64_t seed = 0;           // keys every codec's randomness; the same on all ranks
   Milliseconds timeout{0};     // per collective; 0: GRADCOMP_TIMEOUT or 300 s
-  std::string timeline;        // Chrome-trace path; empty: GRADCOMP_TIMELINE (may be empty)
+  std::string timeline{};      // Chrome-trace path; empty: GRADCOMP_TIMELINE (may be empty)
   int local_size = 0;          // ranks per node for the hierarchical route; 0: from launcher
   int codec_threads = 1;       // threads one codec call may use
 };

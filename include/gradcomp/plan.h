@@ -52,7 +52,7 @@ struct Bucket {
 struct DefaultPlanSettings {
   size_t bucket_bytes = 25u << 20;     // fusion buffer size, as DDP's 25 MB buckets
   size_t min_compress_elements = 16384;  // smaller tensors (biases, norms) stay uncompressed
-  Option compressed;                    // the option of buckets of large tensors
+  Option compressed{};                  // the option of buckets of large tensors
 };
 
 struct Plan {

@@ -108,11 +108,11 @@ class Transport {
 //   timeout:            GRADCOMP_TIMEOUT in seconds (default 300)
 //   backend:            GRADCOMP_TRANSPORT ("mpi" or "gloo"); default: mpi under mpirun, else gloo
 struct TransportOptions {
-  std::string backend;     // "mpi", "gloo", or empty
+  std::string backend{};   // "mpi", "gloo", or empty
   int rank = -1;           // -1: from the environment
   int world_size = -1;     // -1: from the environment
-  std::string store;       // gloo rendezvous; empty: from the environment
-  std::string hostname;    // gloo: the address to listen on; empty: the one that reaches the store
+  std::string store{};     // gloo rendezvous; empty: from the environment
+  std::string hostname{};  // gloo: the address to listen on; empty: the one that reaches the store
   Milliseconds timeout{0};  // 0: from the environment
 };
 

@@ -11,6 +11,7 @@
 
 #include "codec/factories.h"
 #include "common/half.h"
+#include "common/reduce.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp {
@@ -42,35 +43,6 @@ constexpr Entry kCodecs[] = {
     {"powersgd", CodecId::kPowerSgd, make_powersgd},
     {"intq", CodecId::kIntQ, make_intq},
 };
-
-template <typename T, typename Op>
-void reduce_as(std::byte* dst, const std::byte* src, size_t count, Op op) {
-  for (size_t i = 0; i < count; ++i) {
-    T a, b;
-    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
-    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
-    const T r = op(a, b);
-    std::memcpy(dst + i * sizeof(T), &r, sizeof(T));
-  }
-}
-
-template <typename T>
-void reduce_typed(std::byte* dst, const std::byte* src, size_t count, ReduceOp op) {
-  if (op == ReduceOp::kSum) {
-    reduce_as<T>(dst, src, count, [](T a, T b) { return static_cast<T>(a + b); });
-  } else {
-    reduce_as<T>(dst, src, count, [](T a, T b) { return std::max(a, b); });
-  }
-}
-
-// Half-precision payloads are added in float32 and rounded back, as transports do.
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void reduce_half(std::byte* dst, const std::byte* src, size_t count, ReduceOp op) {
-  reduce_as<uint16_t>(dst, src, count, [op](uint16_t a, uint16_t b) {
-    const float x = ToFloat(a), y = ToFloat(b);
-    return FromFloat(op == ReduceOp::kSum ? x + y : std::max(x, y));
-  });
-}
 
 }  // namespace
 
@@ -173,18 +145,9 @@ void reduce_frame_into(std::span<std::byte> dst, std::span<const std::byte> src,
     throw FrameError(fmt::format("payload of {} bytes is not an array of {}-byte elements",
                                  a.payload_bytes, width));
   }
-  std::byte* d = dst.data() + kFrameHeaderBytes;
-  const std::byte* s = src.data() + kFrameHeaderBytes;
-  const size_t count = a.payload_bytes / width;
-  switch (type) {
-    case DType::kF32: reduce_typed<float>(d, s, count, op); break;
-    case DType::kI32: reduce_typed<int32_t>(d, s, count, op); break;
-    case DType::kI8: reduce_typed<int8_t>(d, s, count, op); break;
-    case DType::kU8: reduce_typed<uint8_t>(d, s, count, op); break;
-    case DType::kF16: reduce_half<half_to_float, float_to_half>(d, s, count, op); break;
-    case DType::kBF16: reduce_half<bf16_to_float, float_to_bf16>(d, s, count, op); break;
-    case DType::kNone: break;
-  }
+  // The kernels every transport uses, so this reference adds exactly as an allreduce would.
+  reduce_into(dst.data() + kFrameHeaderBytes, src.data() + kFrameHeaderBytes,
+              a.payload_bytes / width, type, op);
   a.summands += b.summands;
   a.flags |= b.flags;
   write_frame_header(a, dst);

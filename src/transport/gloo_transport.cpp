@@ -37,7 +37,7 @@
 
 #include "gradcomp/error.h"
 #include "transport/backends.h"
-#include "transport/half_reduce.h"
+#include "common/reduce.h"
 #include "transport/local_address.h"
 #include "transport/op_queue.h"
 #include "transport/tcp_store.h"

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "gradcomp/error.h"
-#include "transport/half_reduce.h"
+#include "common/reduce.h"
 
 namespace gradcomp::mpi {
 namespace {

@@ -2,6 +2,10 @@
 // gradient itself, bad input is a clear Error, and a broken engine stays broken.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <ctime>
+#include <thread>
+
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
 #include "support/codec_testing.h"
@@ -99,6 +103,26 @@ TEST(EngineSingleRank, StateOfAStepInFlightIsRefused) {
             std::string::npos);
   engine.load_state(state);
   EXPECT_EQ(engine.step(), 1u);
+}
+
+// An idle engine sleeps on condition variables: between steps its threads (and the
+// transport's) use no CPU. Measured as process CPU time, not wall time, over half a second.
+TEST(EngineSingleRank, AnIdleEngineUsesNoCpu) {
+  Engine engine(single_rank(), small_plan({.codec = "topk:ratio=0.1", .feedback = "ef",
+                                           .route = "allgather"}));
+  std::vector<float> w(1000, 1.0f), b(10, 1.0f);
+  engine.ready("w", w);
+  engine.ready("b", b);
+  engine.synchronize();
+  auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+  };
+  const double before = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const double used = cpu_seconds() - before;
+  EXPECT_LT(used, 0.02) << "an idle engine used " << used << " s of CPU in 0.5 s";
 }
 
 }  // namespace

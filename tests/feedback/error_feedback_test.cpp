@@ -16,6 +16,7 @@ using testing::gradient;
 struct InvariantCase {
   std::string feedback, codec;
 };
+void PrintTo(const InvariantCase& c, std::ostream* os) { *os << c.feedback << " / " << c.codec; }
 
 class ErrorFeedbackInvariant : public ::testing::TestWithParam<InvariantCase> {};
 
