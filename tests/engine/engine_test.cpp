@@ -1,9 +1,11 @@
 // The engine in one process (a real Gloo transport of one rank): W = 1 gives back the
 // gradient itself, bad input is a clear Error, and a broken engine stays broken.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <ctime>
+#include <fstream>
 #include <thread>
 
 #include "gradcomp/engine.h"
@@ -123,6 +125,30 @@ TEST(EngineSingleRank, AnIdleEngineUsesNoCpu) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const double used = cpu_seconds() - before;
   EXPECT_LT(used, 0.02) << "an idle engine used " << used << " s of CPU in 0.5 s";
+}
+
+// Resident memory after 10,000 steps equals that after the first hundred: the engine's buffers
+// are sized once (and memory_bytes(), feedback state included, stays within 3x the gradients).
+TEST(EngineSingleRank, MemoryDoesNotGrowOver10000Steps) {
+  Engine engine(single_rank(), small_plan({.codec = "topk:ratio=0.1", .feedback = "ef",
+                                           .route = "allgather"}));
+  std::vector<float> w = testing::gradient(1000, 1), b = testing::gradient(10, 2);
+  auto resident_kb = [] {
+    std::ifstream statm("/proc/self/statm");
+    long pages = 0, resident = 0;
+    statm >> pages >> resident;
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+  };
+  long after_warmup = 0;
+  for (int step = 0; step < 10'000; ++step) {
+    engine.ready("w", w);
+    engine.ready("b", b);
+    engine.synchronize();
+    if (step == 100) after_warmup = resident_kb();
+  }
+  EXPECT_LE(resident_kb() - after_warmup, 256) << "resident memory grew (kB)";
+  EXPECT_LE(engine.memory_bytes(), 3 * 4 * (1000 + 10));
+  EXPECT_EQ(engine.step(), 10'000u);
 }
 
 }  // namespace
