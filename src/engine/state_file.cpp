@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_io.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp {
@@ -13,44 +14,6 @@ namespace {
 
 constexpr char kMagic[4] = {'G', 'C', 'E', 'N'};
 constexpr uint32_t kVersion = 1;
-
-// Appends raw bytes (resize + memcpy: GCC 12 warns falsely on vector::insert of bytes).
-void put_bytes(std::vector<std::byte>& out, const void* data, size_t n) {
-  const size_t at = out.size();
-  out.resize(at + n);
-  if (n > 0) std::memcpy(out.data() + at, data, n);
-}
-
-template <class T>
-void put(std::vector<std::byte>& out, T value) {
-  put_bytes(out, &value, sizeof(T));
-}
-
-class Reader {
- public:
-  explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
-  template <class T>
-  T get(const char* what) {
-    T value;
-    std::memcpy(&value, take(sizeof(T), what).data(), sizeof(T));
-    return value;
-  }
-  std::span<const std::byte> take(size_t n, const char* what) {
-    if (n > bytes_.size() - at_) {
-      throw Error(fmt::format("engine state is truncated: {} needs {} bytes at offset {}, only "
-                              "{} are left",
-                              what, n, at_, bytes_.size() - at_));
-    }
-    auto s = bytes_.subspan(at_, n);
-    at_ += n;
-    return s;
-  }
-  bool at_end() const { return at_ == bytes_.size(); }
-
- private:
-  std::span<const std::byte> bytes_;
-  size_t at_ = 0;
-};
 
 }  // namespace
 
@@ -73,7 +36,7 @@ std::vector<std::byte> write_engine_state(uint64_t plan_hash, const StepState& s
 
 EngineState read_engine_state(std::span<const std::byte> bytes, uint64_t plan_hash,
                               size_t buckets) {
-  Reader in(bytes);
+  ByteReader in("engine state", bytes);
   if (bytes.size() < 4 || std::memcmp(in.take(4, "magic").data(), kMagic, 4) != 0) {
     throw Error("engine state: not a gradcomp engine state (no GCEN magic)");
   }
@@ -99,7 +62,7 @@ EngineState read_engine_state(std::span<const std::byte> bytes, uint64_t plan_ha
     auto s = in.take(n, "route state");
     state.routes.emplace_back(s.begin(), s.end());
   }
-  if (!in.at_end()) throw Error("engine state has trailing bytes after the last bucket");
+  if (in.left() != 0) throw Error("engine state has trailing bytes after the last bucket");
   return state;
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_io.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp::route {
@@ -9,40 +10,6 @@ namespace {
 
 constexpr uint32_t kStateMagic = 0x53524347;  // "GCRS" read as little-endian u32
 constexpr uint32_t kStateVersion = 1;
-
-template <typename T>
-void put(std::vector<std::byte>& out, T value) {
-  const size_t at = out.size();
-  out.resize(at + sizeof(T));
-  std::memcpy(out.data() + at, &value, sizeof(T));
-}
-
-// Reads fixed-size fields and byte runs, throwing Error when the state is too short.
-class Reader {
- public:
-  Reader(std::string_view route, std::span<const std::byte> in) : route_(route), in_(in) {}
-  template <typename T>
-  T get(const char* what) {
-    T value;
-    std::memcpy(&value, take(sizeof(T), what).data(), sizeof(T));
-    return value;
-  }
-  std::span<const std::byte> take(uint64_t bytes, const char* what) {
-    if (bytes > in_.size() - at_) {
-      throw Error(fmt::format("route '{}' state: {} needs {} bytes, only {} are left of {}",
-                              route_, what, bytes, in_.size() - at_, in_.size()));
-    }
-    const auto out = in_.subspan(at_, bytes);
-    at_ += bytes;
-    return out;
-  }
-  size_t left() const { return in_.size() - at_; }
-
- private:
-  std::string_view route_;
-  std::span<const std::byte> in_;
-  size_t at_ = 0;
-};
 
 }  // namespace
 
@@ -73,9 +40,7 @@ std::vector<std::byte> save_parts(std::string_view route, const StateShape& shap
   put(out, static_cast<uint32_t>(parts.size()));
   for (const auto& part : parts) {
     put(out, static_cast<uint64_t>(part.size()));
-    const size_t at = out.size();
-    out.resize(at + part.size());
-    if (!part.empty()) std::memcpy(out.data() + at, part.data(), part.size());
+    put_bytes(out, part.data(), part.size());
   }
   return out;
 }
@@ -84,7 +49,7 @@ std::vector<std::span<const std::byte>> load_parts(std::string_view route,
                                                    std::span<const std::byte> state,
                                                    const StateShape& shape,
                                                    size_t expected_parts) {
-  Reader in(route, state);
+  ByteReader in(fmt::format("route '{}' state", route), state);
   if (in.get<uint32_t>("the magic") != kStateMagic) {
     throw Error(fmt::format("route '{}' state: not a route state (bad magic)", route));
   }

@@ -16,25 +16,14 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include "support/run_cli.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
-
-Result run(const std::string& args) {
-  const std::string command = std::string(GRADCOMP_CLI) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t got = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), got);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using Result = gradcomp::testing::CliResult;
+Result run(const std::string& args) { return gradcomp::testing::run_cli(args); }
 
 TEST(Launch, GivesEveryRankTorchrunsEnvironment) {
   const Result r =
