@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "common/half.h"
+#include "common/reduce_simd.h"
 #include "gradcomp/codec.h"
 
 namespace gradcomp::reduce {
@@ -78,6 +79,13 @@ void apply(void* dst, const void* src, size_t count, F f) {
   }
 }
 
+// The scalar kernel over elements [done, count): the tail a vector kernel left.
+template <typename T, typename F>
+void apply_tail(void* dst, const void* src, size_t done, size_t count, F f) {
+  apply<T>(static_cast<std::byte*>(dst) + done * sizeof(T),
+           static_cast<const std::byte*>(src) + done * sizeof(T), count - done, f);
+}
+
 template <typename T>
 void apply_int(void* dst, const void* src, size_t count, ReduceOp op) {
   if (op == ReduceOp::kSum) {
@@ -93,28 +101,35 @@ namespace gradcomp {
 
 // dst[i] = dst[i] (op) src[i] for `count` elements of `type`. Returns false (and leaves dst
 // alone) for a type it does not know (DType::kNone); callers check types before reducing.
-// Each branch passes a lambda, not a function pointer, so the kernel inlines and vectorises.
+// The float kernels run a vector body (common/reduce_simd.h) that gives the scalar kernels' bits
+// and leave the scalar kernels the tail; the integer kernels are plain loops that vectorise.
 inline bool reduce_into(void* dst, const void* src, size_t count, DType type, ReduceOp op) {
   using namespace reduce;
   const bool sum = op == ReduceOp::kSum;
   switch (type) {
     case DType::kF32:
       if (sum)
-        apply<float>(dst, src, count, [](float a, float b) { return sum_f32(a, b); });
+        apply_tail<float>(dst, src, simd::sum_f32(dst, src, count), count,
+                             [](float a, float b) { return sum_f32(a, b); });
       else
-        apply<float>(dst, src, count, [](float a, float b) { return max_f32(a, b); });
+        apply_tail<float>(dst, src, simd::max_f32(dst, src, count), count,
+                             [](float a, float b) { return max_f32(a, b); });
       return true;
     case DType::kF16:
       if (sum)
-        apply<uint16_t>(dst, src, count, [](uint16_t a, uint16_t b) { return sum_f16(a, b); });
+        apply_tail<uint16_t>(dst, src, simd::sum_f16(dst, src, count), count,
+                             [](uint16_t a, uint16_t b) { return sum_f16(a, b); });
       else
-        apply<uint16_t>(dst, src, count, [](uint16_t a, uint16_t b) { return max_f16(a, b); });
+        apply_tail<uint16_t>(dst, src, simd::max_f16(dst, src, count), count,
+                             [](uint16_t a, uint16_t b) { return max_f16(a, b); });
       return true;
     case DType::kBF16:
       if (sum)
-        apply<uint16_t>(dst, src, count, [](uint16_t a, uint16_t b) { return sum_bf16(a, b); });
+        apply_tail<uint16_t>(dst, src, simd::sum_bf16(dst, src, count), count,
+                             [](uint16_t a, uint16_t b) { return sum_bf16(a, b); });
       else
-        apply<uint16_t>(dst, src, count, [](uint16_t a, uint16_t b) { return max_bf16(a, b); });
+        apply_tail<uint16_t>(dst, src, simd::max_bf16(dst, src, count), count,
+                             [](uint16_t a, uint16_t b) { return max_bf16(a, b); });
       return true;
     case DType::kI8:
       apply_int<int8_t>(dst, src, count, op);
