@@ -57,6 +57,16 @@ TEST(Launch, FailingRankStopsTheOthersAndItsCodeIsReturned) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
 }
 
+TEST(Launch, SurvivorsGetTimeToReportTheirOwnError) {
+  const auto start = Clock::now();
+  const Result r = run(
+      "launch -n 2 --notice 20 -- sh -c "
+      "'if [ $RANK = 0 ]; then exit 3; fi; sleep 0.5; echo rank 1 saw the failure; exit 1'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;  // the first failure decides
+  EXPECT_NE(r.output.find("rank 1 saw the failure"), std::string::npos) << r.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));  // not the whole notice period
+}
+
 TEST(Launch, RankKilledBySignalIsReported) {
   const Result r = run("launch -n 2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
   EXPECT_EQ(r.exit_code, 128 + 9) << r.output;

@@ -132,15 +132,20 @@ class Supervisor {
                                           [](const Child& c) { return c.running; }));
   }
 
-  // Waits for a signal (SIGCHLD or one to forward); past the grace period, kills what is left.
+  // Waits for a signal (SIGCHLD or one to forward). Past the notice period after a failure, it
+  // stops the other ranks; past the grace period, it kills what is left.
   int next_signal() {
-    if (!kill_at_) return ::sigwaitinfo(&signals_, nullptr);
-    const auto left = std::max(Clock::duration::zero(), *kill_at_ - Clock::now());
+    if (!kill_at_ && !term_at_) return ::sigwaitinfo(&signals_, nullptr);
+    const auto at = kill_at_ ? *kill_at_ : *term_at_;
+    const auto left = std::max(Clock::duration::zero(), at - Clock::now());
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
     const timespec ts{static_cast<time_t>(ns / 1'000'000'000),
                       static_cast<long>(ns % 1'000'000'000)};
     const int sig = ::sigtimedwait(&signals_, nullptr, &ts);
-    if (sig < 0 && errno == EAGAIN) {
+    if (sig < 0 && errno == EAGAIN && !kill_at_) {
+      term_at_.reset();
+      stop_others();
+    } else if (sig < 0 && errno == EAGAIN) {
       fmt::print(stderr, "gradcomp launch: {} rank(s) still running after {} s; killing them\n",
                  running(), options_.grace_seconds);
       signal_all(children_, SIGKILL);
@@ -180,15 +185,20 @@ class Supervisor {
     }
   }
 
-  // The first rank to fail decides the exit code; the others are stopped.
+  // The first rank to fail decides the exit code. The others get the notice period to see the
+  // failure as an error of their own and exit with it (their message is the useful one: which
+  // bucket and phase failed); then they are stopped.
   void finished(Child& c, int status) {
     c.running = false;
     const auto [how, code] = describe(status);
-    if (code == 0 || stopping_) return;
+    if (code == 0 || stopping_ || exit_code_ != 0) return;
     exit_code_ = code;
-    fmt::print(stderr, "gradcomp launch: rank {} (pid {}) {}; stopping the other ranks\n", c.rank,
-               c.pid, how);
-    stop_others();
+    fmt::print(stderr,
+               "gradcomp launch: rank {} (pid {}) {}; the other ranks get {} s to end, then are "
+               "stopped\n",
+               c.rank, c.pid, how, options_.notice_seconds);
+    term_at_ = Clock::now() +
+               std::chrono::milliseconds(static_cast<long>(options_.notice_seconds * 1000));
   }
 
   // What the ranks left behind: after a failure it is killed; either way the orphans that
@@ -216,7 +226,8 @@ class Supervisor {
   bool stopping_ = false;
   int interrupted_ = 0;
   int exit_code_ = 0;
-  std::optional<Clock::time_point> kill_at_;
+  std::optional<Clock::time_point> term_at_;  // end of the notice period after a failure
+  std::optional<Clock::time_point> kill_at_;  // end of the grace period after SIGTERM
 };
 
 }  // namespace
@@ -269,6 +280,10 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--timeout", options->timeout_seconds,
                   "Collective timeout in seconds for the ranks (sets GRADCOMP_TIMEOUT)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--notice", options->notice_seconds,
+                  "Seconds the other ranks get to end on their own after one fails")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
   cmd->add_option("--grace", options->grace_seconds,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks")
       ->check(CLI::Range(0.0, 3600.0))

@@ -18,6 +18,9 @@ struct LaunchOptions {
   int master_port = 29500;
   double timeout_seconds = 0;  // > 0: GRADCOMP_TIMEOUT for the ranks
   double grace_seconds = 5;    // SIGTERM to SIGKILL
+  // After a rank fails, how long the others get to notice (a dead peer is an error for them)
+  // and exit on their own, printing their error, before they are sent SIGTERM.
+  double notice_seconds = 3;
   std::vector<std::string> command;
 };
 
