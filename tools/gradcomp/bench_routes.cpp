@@ -13,9 +13,11 @@
 
 #include "gradcomp/codec.h"
 #include "gradcomp/engine.h"
+#include "gradcomp/feedback.h"
 #include "gradcomp/error.h"
 #include "gradcomp/random.h"
 #include "gradcomp/timeline.h"
+#include "route/route.h"
 
 namespace gradcomp::tools {
 namespace {
@@ -184,12 +186,30 @@ std::vector<std::string> default_route_cases() {
           "topk:ratio=0.01|ef|hierarchical:inner=allgather,intra=fp16"};
 }
 
-int bench_routes(const BenchRoutesOptions& options, const std::string& self_exe) {
-  if (!launched()) return relaunch(options, self_exe);
+namespace {
+
+// Every case, checked before any process starts: a typo is one clear message, not one per rank.
+std::vector<Case> checked_cases(const BenchRoutesOptions& options) {
   std::vector<Case> cases;
   for (const auto& text : options.cases.empty() ? default_route_cases() : options.cases) {
-    cases.push_back(parse_case(text));
+    Case c = parse_case(text);
+    Option option;
+    option.codec = c.codec;
+    option.feedback = c.feedback;
+    option.route = c.route;
+    make_codec(c.codec);
+    make_feedback(c.feedback);
+    check_route(option);
+    cases.push_back(std::move(c));
   }
+  return cases;
+}
+
+}  // namespace
+
+int bench_routes(const BenchRoutesOptions& options, const std::string& self_exe) {
+  const std::vector<Case> cases = checked_cases(options);
+  if (!launched()) return relaunch(options, self_exe);
   TransportOptions transport_options;
   transport_options.backend = options.transport;
   std::shared_ptr<Transport> world = make_transport(transport_options);
