@@ -25,7 +25,9 @@ namespace gradcomp {
 
 struct EngineOptions {
   uint64_t seed = 0;           // keys every codec's randomness; the same on all ranks
-  Milliseconds timeout{0};     // per collective; 0: GRADCOMP_TIMEOUT or 300 s
+  // How long the engine waits for one collective. The transport itself fails a stuck collective
+  // at its own timeout (GRADCOMP_TIMEOUT); this is the backstop. 0: twice that, plus 10 s.
+  Milliseconds timeout{0};
   std::string timeline{};      // Chrome-trace path; empty: GRADCOMP_TIMELINE (may be empty)
   int local_size = 0;          // ranks per node for the hierarchical route; 0: from launcher
   int codec_threads = 1;       // threads one codec call may use
@@ -37,13 +39,16 @@ struct StepStats {
   size_t bytes_sent = 0;         // handed to the transport, all buckets and phases
   size_t uncompressed_bytes = 0;  // 4 bytes per element of every bucket
   double step_seconds = 0;       // first ready() to the end of synchronize()
-  double exchange_seconds = 0;   // time the exchange thread spent in collectives
+  double exchange_seconds = 0;   // time in the exchange stage: collectives and the work between
+                                 // them (the two-way server step, PowerSGD's rounds)
 };
 
 class Engine {
  public:
-  // Validates the plan, builds a route per bucket and starts the threads. A collective over the
-  // transport's ranks happens at the first step (the plan hash check), not here.
+  // A collective: every rank constructs its engine together. Validates the plan, compares the
+  // ranks' registered tensors, plans, seeds (and node sizes) and throws CommError naming the
+  // first difference, splits the ranks into nodes for hierarchical plans, builds a route per
+  // bucket and starts the threads.
   Engine(std::shared_ptr<Transport> transport, Plan plan, EngineOptions options = {});
   ~Engine();  // stops the threads; a step in flight is abandoned
   Engine(const Engine&) = delete;
@@ -67,11 +72,13 @@ class Engine {
   const Plan& plan() const;
   const StepStats& last_step() const;
   uint64_t step() const;  // steps completed
-  // Bytes held by the engine: fused buffers, frames, feedback and codec state.
+  // Bytes held by the engine: fused buffers, frames, feedback and codec state. Between steps
+  // only (Error while a step is in flight).
   size_t memory_bytes() const;
 
   // Every codec and feedback state and the step counter, for checkpoints; loading it into an
-  // engine with the same plan resumes bit-exactly. Throws Error on state of another plan.
+  // engine with the same plan and seed, on the same rank of the same world size, resumes
+  // bit-exactly. load_state throws Error (and changes nothing) on a state saved elsewhere.
   std::vector<std::byte> save_state() const;
   void load_state(std::span<const std::byte> state);
 

@@ -80,6 +80,11 @@ class Transport {
   // The timeout of one collective.
   virtual Milliseconds timeout() const = 0;
 
+  // Waits until every collective issued so far has finished, successfully or not, without
+  // starting one: buffers handed to collectives whose Work was abandoned may be freed after it.
+  // Returns false when that did not happen within `timeout`.
+  virtual bool drain(Milliseconds timeout) = 0;
+
   // Convenience for float32 buffers.
   WorkPtr allreduce(std::span<float> buffer, ReduceOp op = ReduceOp::kSum);
 

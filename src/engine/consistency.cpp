@@ -12,6 +12,8 @@
 namespace gradcomp {
 namespace {
 
+constexpr size_t kSummaryWords = 5;  // plan hash, tensors, buckets, seed, local size
+
 uint64_t fnv1a64(std::string_view text, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
   return h;
@@ -105,29 +107,57 @@ int other_rank(const std::vector<std::vector<uint64_t>>& lists, int rank) {
 
 }  // namespace
 
-void check_consistency(Transport& world, const Plan& plan, Milliseconds timeout) {
+namespace {
+
+[[noreturn]] void settings_differ(const char* what, uint64_t mine, int rank,
+                                  const std::vector<uint64_t>& all, size_t word) {
+  const size_t words = kSummaryWords;
+  for (size_t r = 0; r < all.size() / words; ++r) {
+    if (all[r * words + word] != mine) {
+      throw CommError(fmt::format("the ranks use different {}: {} on rank {}, {} on rank {}; "
+                                  "every rank must use the same",
+                                  what, mine, rank, all[r * words + word], r));
+    }
+  }
+  throw CommError("the ranks disagree");  // not reached: a difference was seen
+}
+
+}  // namespace
+
+void check_consistency(Transport& world, const Plan& plan, const SharedSettings& settings,
+                       Milliseconds timeout) {
   std::vector<uint64_t> tensors, buckets;
   for (const TensorInfo& t : plan.tensors) tensors.push_back(tensor_hash(t));
   const nlohmann::json json = plan.to_json();
   for (const auto& b : json["buckets"]) buckets.push_back(fnv1a64(b.dump()));
 
-  const std::array<uint64_t, 3> summary = {plan.hash(), tensors.size(), buckets.size()};
+  const std::array<uint64_t, kSummaryWords> summary = {
+      plan.hash(), tensors.size(), buckets.size(), settings.seed, settings.local_size};
   const auto all = gather_words(world, summary, timeout);
-  bool same = true;
-  bool same_tensors = true;
+  const auto ranks = static_cast<size_t>(world.size());
+  bool same_plan = true, same_seed = true, same_local = true;
   std::vector<uint64_t> tensor_counts, bucket_counts;
-  for (size_t r = 0; r < static_cast<size_t>(world.size()); ++r) {
-    same = same && all[3 * r] == summary[0];
-    tensor_counts.push_back(all[3 * r + 1]);
-    bucket_counts.push_back(all[3 * r + 2]);
+  for (size_t r = 0; r < ranks; ++r) {
+    const uint64_t* theirs = &all[r * kSummaryWords];
+    same_plan = same_plan && theirs[0] == summary[0];
+    same_seed = same_seed && theirs[3] == summary[3];
+    same_local = same_local && theirs[4] == summary[4];
+    tensor_counts.push_back(theirs[1]);
+    bucket_counts.push_back(theirs[2]);
   }
-  if (same) return;  // every rank learns the same, so all return or all go on together
-
-  const auto tensor_lists = gather_lists(world, tensors, tensor_counts, timeout);
-  for (const auto& list : tensor_lists) same_tensors = same_tensors && list == tensor_lists[0];
-  if (!same_tensors) tensors_differ(world, plan, tensors, tensor_lists);
-  const auto bucket_lists = gather_lists(world, buckets, bucket_counts, timeout);
-  plans_differ(world, plan, buckets, bucket_lists);
+  // Every rank sees the same gathered words, so all take the same branch below.
+  if (!same_plan) {
+    const auto tensor_lists = gather_lists(world, tensors, tensor_counts, timeout);
+    bool same_tensors = true;
+    for (const auto& list : tensor_lists) same_tensors = same_tensors && list == tensor_lists[0];
+    if (!same_tensors) tensors_differ(world, plan, tensors, tensor_lists);
+    const auto bucket_lists = gather_lists(world, buckets, bucket_counts, timeout);
+    plans_differ(world, plan, buckets, bucket_lists);
+  }
+  if (!same_seed) settings_differ("seeds", settings.seed, world.rank(), all, 3);
+  if (!same_local) {
+    settings_differ("local sizes (ranks per node)", settings.local_size, world.rank(), all, 4);
+  }
 }
 
 }  // namespace gradcomp

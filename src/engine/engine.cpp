@@ -55,7 +55,9 @@ struct Engine::Impl {
   bool wait_for(std::unique_lock<std::mutex>& lock, Pred done);
   void open_timeline(const std::string& path);
   void attach_timeline();  // points every bucket's Phases at the current timeline
-  void make_routes();
+  void make_routes(bool hierarchical);
+  void release_after_failure();
+  StateOwner owner() const;
 
   std::shared_ptr<Transport> transport;
   Plan plan;
@@ -73,8 +75,6 @@ struct Engine::Impl {
   // Steps completed by this engine object: the stage threads count cycles with it. The step
   // number codecs see (step_state.step) continues from a loaded checkpoint instead.
   uint64_t cycle = 0;
-  bool consistency_checked = false;
-  bool step_wanted = false;  // a gradient arrived or synchronize() was called: the step is on
   bool stopping = false;
   std::exception_ptr error;
   StepState step_state;
@@ -92,13 +92,25 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
     : transport(std::move(transport_in)), plan(std::move(plan_in)), options(options_in) {
   if (!transport) throw Error("Engine: the transport is null");
   plan.validate();
-  if (options.timeout.count() <= 0) options.timeout = timeout_from_environment();
+  // The transport fails a stuck collective at its own timeout; the engine's wait is a backstop.
+  if (options.timeout.count() <= 0) options.timeout = 2 * transport->timeout() + Milliseconds(10'000);
   if (options.codec_threads < 1) {
     throw Error(fmt::format("Engine: codec_threads is {}; it must be at least 1",
                             options.codec_threads));
   }
+  const bool hierarchical = std::any_of(plan.buckets.begin(), plan.buckets.end(), [](auto& b) {
+    return b.option.route.rfind("hierarchical", 0) == 0;
+  });
+  if (hierarchical && options.local_size <= 0) {
+    options.local_size = launch_info_from_environment().local_size;
+  }
   for (size_t t = 0; t < plan.tensors.size(); ++t) index_of.emplace(plan.tensors[t].name, t);
-  make_routes();
+  // First of all collectives, so that ranks with different plans fail here with a message
+  // naming the difference, before they could issue different collectives (the node split).
+  check_consistency(*transport, plan,
+                    {options.seed, static_cast<uint64_t>(hierarchical ? options.local_size : 0)},
+                    transport->timeout());
+  make_routes(hierarchical);
   const std::string path = options.timeline.empty() ? timeline_from_environment()
                                                     : options.timeline;
   if (!path.empty()) open_timeline(path);
@@ -117,12 +129,27 @@ Engine::Impl::~Impl() {
   encoder.join();
   exchanger.join();
   decoder.join();
+  if (error) release_after_failure();
 }
 
-void Engine::Impl::make_routes() {
-  const bool hierarchical = std::any_of(plan.buckets.begin(), plan.buckets.end(), [](auto& b) {
-    return b.option.route.rfind("hierarchical", 0) == 0;
-  });
+// After a failure, collectives the engine stopped waiting for may still be queued or running,
+// and write into the routes' buffers: wait for the transport to finish them first. A timed-out
+// MPI request cannot be cancelled at all, so after a timeout (or a drain that does not end) the
+// buffers are left allocated for the rest of the process rather than freed under a collective.
+void Engine::Impl::release_after_failure() {
+  bool timed_out = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError&) {
+    timed_out = true;
+  } catch (...) {
+  }
+  if (!transport->drain(options.timeout) || timed_out) {
+    static_cast<void>(new std::vector<LiveBucket>(std::move(buckets)));  // deliberately kept
+  }
+}
+
+void Engine::Impl::make_routes(bool hierarchical) {
   RouteEnv env{.world = transport.get(), .seed = options.seed, .threads = options.codec_threads};
   if (hierarchical) {
     auto nodes = split_nodes(*transport, options.local_size);
@@ -187,7 +214,6 @@ void Engine::Impl::ready(size_t tensor, std::span<float> grad) {
     }
     if (!step_started) {
       step_started = true;
-      step_wanted = true;
       step_start = Clock::now();
     }
     slot.ready = true;
@@ -251,15 +277,8 @@ void Engine::Impl::exchanger_loop() {
   uint64_t current = 0;  // the step this thread works on
   std::unique_lock lock(mutex);
   for (;;) {
-    if (!wait_for(lock, [&] { return cycle == current && step_wanted; })) return;
+    if (!wait_for(lock, [&] { return cycle == current; })) return;
     try {
-      if (!consistency_checked) {
-        lock.unlock();
-        check_consistency(*transport, plan, options.timeout);
-        lock.lock();
-        consistency_checked = true;
-        changed.notify_all();
-      }
       for (size_t b = 0; b < buckets.size(); ++b) {
         if (!wait_for(lock, [&] { return buckets[b].encoded_step == current; })) return;
         lock.unlock();
@@ -327,10 +346,7 @@ void Engine::Impl::synchronize() {
     changed.notify_all();
     std::rethrow_exception(e);
   }
-  step_wanted = true;
-  changed.notify_all();
   const bool finished = wait_for(lock, [&] {
-    if (!consistency_checked) return false;
     return std::all_of(buckets.begin(), buckets.end(),
                        [&](const LiveBucket& b) { return b.decoded_step == cycle; });
   });
@@ -353,7 +369,6 @@ void Engine::Impl::synchronize() {
   for (LiveBucket& b : buckets) b.reset();
   next_launch = 0;
   step_started = false;
-  step_wanted = false;
   ++cycle;
   ++step_state.step;
   step_state.prev_lr = step_state.lr;
@@ -396,25 +411,44 @@ uint64_t Engine::step() const {
 }
 
 size_t Engine::memory_bytes() const {
+  std::lock_guard lock(impl_->mutex);  // the stage threads are idle between steps
+  if (impl_->step_started) {
+    throw Error("memory_bytes: a step is in flight; call synchronize() first");
+  }
   size_t total = 0;
   for (const LiveBucket& b : impl_->buckets) total += b.memory_bytes();
   return total;
 }
 
+StateOwner Engine::Impl::owner() const {
+  return {.plan_hash = plan.hash(), .seed = options.seed,
+          .rank = static_cast<uint32_t>(transport->rank()),
+          .world_size = static_cast<uint32_t>(transport->size())};
+}
+
 std::vector<std::byte> Engine::save_state() const {
   std::lock_guard lock(impl_->mutex);
   if (impl_->step_started) throw Error("save_state: a step is in flight; call synchronize() first");
+  impl_->throw_if_failed();
   std::vector<std::vector<std::byte>> routes;
   for (const LiveBucket& b : impl_->buckets) routes.push_back(b.route->save_state());
-  return write_engine_state(impl_->plan.hash(), impl_->step_state, routes);
+  return write_engine_state(impl_->owner(), impl_->step_state, routes);
 }
 
 void Engine::load_state(std::span<const std::byte> state) {
   std::lock_guard lock(impl_->mutex);
   if (impl_->step_started) throw Error("load_state: a step is in flight; call synchronize() first");
-  EngineState loaded = read_engine_state(state, impl_->plan.hash(), impl_->buckets.size());
-  for (size_t b = 0; b < impl_->buckets.size(); ++b) {
-    impl_->buckets[b].route->load_state(loaded.routes[b]);
+  impl_->throw_if_failed();
+  const EngineState loaded = read_engine_state(state, impl_->owner(), impl_->buckets.size());
+  // All or nothing: if any bucket refuses its state, the ones loaded before it go back.
+  std::vector<std::vector<std::byte>> before;
+  for (const LiveBucket& b : impl_->buckets) before.push_back(b.route->save_state());
+  size_t b = 0;
+  try {
+    for (; b < impl_->buckets.size(); ++b) impl_->buckets[b].route->load_state(loaded.routes[b]);
+  } catch (...) {
+    for (size_t i = 0; i < b; ++i) impl_->buckets[i].route->load_state(before[i]);
+    throw;
   }
   impl_->step_state = loaded.step_state;  // the stage threads keep counting cycles
   impl_->next_lr = loaded.step_state.lr;

@@ -1,5 +1,6 @@
-// Layout (little-endian): "GCEN", u32 version, u64 plan hash, u64 step, f64 lr, f64 prev_lr,
-// u64 bucket count, then per bucket u64 length and that many bytes of route state.
+// Layout (little-endian): "GCEN", u32 version, u64 plan hash, u64 seed, u32 rank, u32 world
+// size, u64 step, f64 lr, f64 prev_lr, u64 bucket count, then per bucket u64 length and that
+// many bytes of route state.
 #include "engine/state_file.h"
 
 #include <cstring>
@@ -13,16 +14,19 @@ namespace gradcomp {
 namespace {
 
 constexpr char kMagic[4] = {'G', 'C', 'E', 'N'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 }  // namespace
 
-std::vector<std::byte> write_engine_state(uint64_t plan_hash, const StepState& step,
+std::vector<std::byte> write_engine_state(const StateOwner& owner, const StepState& step,
                                           const std::vector<std::vector<std::byte>>& routes) {
   std::vector<std::byte> out;
   put_bytes(out, kMagic, sizeof(kMagic));
   put(out, kVersion);
-  put(out, plan_hash);
+  put(out, owner.plan_hash);
+  put(out, owner.seed);
+  put(out, owner.rank);
+  put(out, owner.world_size);
   put(out, step.step);
   put(out, step.lr);
   put(out, step.prev_lr);
@@ -34,7 +38,7 @@ std::vector<std::byte> write_engine_state(uint64_t plan_hash, const StepState& s
   return out;
 }
 
-EngineState read_engine_state(std::span<const std::byte> bytes, uint64_t plan_hash,
+EngineState read_engine_state(std::span<const std::byte> bytes, const StateOwner& owner,
                               size_t buckets) {
   ByteReader in("engine state", bytes);
   if (bytes.size() < 4 || std::memcmp(in.take(4, "magic").data(), kMagic, 4) != 0) {
@@ -44,10 +48,22 @@ EngineState read_engine_state(std::span<const std::byte> bytes, uint64_t plan_ha
     throw Error(fmt::format("engine state version {} is not supported; this gradcomp reads {}",
                             version, kVersion));
   }
-  if (const auto hash = in.get<uint64_t>("plan hash"); hash != plan_hash) {
+  if (const auto hash = in.get<uint64_t>("plan hash"); hash != owner.plan_hash) {
     throw Error(fmt::format("engine state belongs to another plan (hash {:016x}, this engine's "
                             "plan is {:016x}); load it into an engine with the same plan",
-                            hash, plan_hash));
+                            hash, owner.plan_hash));
+  }
+  if (const auto seed = in.get<uint64_t>("seed"); seed != owner.seed) {
+    throw Error(fmt::format("engine state was saved with seed {}; this engine's seed is {} (the "
+                            "codecs' randomness would not continue exactly)",
+                            seed, owner.seed));
+  }
+  const auto rank = in.get<uint32_t>("rank");
+  const auto world = in.get<uint32_t>("world size");
+  if (rank != owner.rank || world != owner.world_size) {
+    throw Error(fmt::format("engine state was saved by rank {} of {}; this is rank {} of {}: "
+                            "every rank loads the state it saved itself",
+                            rank, world, owner.rank, owner.world_size));
   }
   EngineState state;
   state.step_state.step = in.get<uint64_t>("step");

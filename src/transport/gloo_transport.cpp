@@ -279,6 +279,7 @@ class GlooTransport final : public Transport {
   Milliseconds timeout() const override { return timeout_; }
 
   std::unique_ptr<Transport> split(int color, int key) override;
+  bool drain(Milliseconds timeout) override { return queue_->drain(timeout); }
 
  protected:
   WorkPtr start_allreduce(std::span<std::byte> buffer, DType type, ReduceOp op) override;

@@ -63,6 +63,16 @@ void OpQueue::call(std::function<void()> op, Milliseconds timeout) {
   submit(std::move(op))->wait(timeout);
 }
 
+bool OpQueue::drain(Milliseconds timeout) {
+  try {
+    submit([] {})->wait(timeout);  // runs (or fails, when broken) after all queued before it
+  } catch (const TimeoutError&) {
+    return false;
+  } catch (const Error&) {  // the transport is broken: still, everything before has finished
+  }
+  return true;
+}
+
 void OpQueue::loop() {
   for (;;) {
     std::function<void()> op;

@@ -47,6 +47,8 @@ class OpQueue {
   // Runs `op` on the communication thread and waits for it (set-up steps such as split, which
   // must stay in order with the collectives).
   void call(std::function<void()> op, Milliseconds timeout);
+  // Waits until everything queued so far has run or failed (Transport::drain).
+  bool drain(Milliseconds timeout);
 
  private:
   void loop();

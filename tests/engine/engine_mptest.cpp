@@ -148,8 +148,13 @@ INSTANTIATE_TEST_SUITE_P(
                    .route = "hierarchical:inner=twoway,intra=fp16"}}),
     [](const auto& info) { return info.param.name; });
 
-TEST(Engine, CheckpointResumesBitExactly) {
-  const Plan plan = plan_with({.codec = "topk:ratio=0.05", .feedback = "ef", .route = "allgather"});
+class EngineCheckpoint : public ::testing::TestWithParam<RouteCase> {};
+
+// A checkpoint taken after 3 steps, loaded into a new engine, gives the same next steps as the
+// engine that went on: feedback residuals, codec state (PowerSGD's warm start), step-keyed
+// randomness (randomk) and the step counter all resume.
+TEST_P(EngineCheckpoint, ResumesBitExactly) {
+  const Plan plan = plan_with(GetParam().option);
   const auto order = backward_order(model_tensors().size());
   Engine first(world(), plan, EngineOptions{.seed = 3});
   for (uint64_t s = 0; s < 3; ++s) run_step(first, s, order);
@@ -163,10 +168,39 @@ TEST(Engine, CheckpointResumesBitExactly) {
   for (uint64_t s = 3; s < 5; ++s) {
     EXPECT_EQ(run_step(resumed, s, order), uninterrupted[s - 3]) << "step " << s;
   }
-  // A checkpoint of another plan is refused.
-  Engine other(world(), plan_with({}), EngineOptions{});
-  EXPECT_NE(testing::error_text([&] { other.load_state(state); }).find("another plan"),
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, EngineCheckpoint,
+    ::testing::Values(
+        RouteCase{"topk_ef_allgather", {.codec = "topk:ratio=0.05", .feedback = "ef",
+                                        .route = "allgather"}},
+        RouteCase{"powersgd_ef_allreduce", {.codec = "powersgd", .feedback = "ef"}},
+        RouteCase{"randomk_allreduce", {.codec = "randomk:ratio=0.1"}},
+        RouteCase{"efsignsgd_twoway", {.codec = "efsignsgd", .feedback = "ef",
+                                       .route = "twoway"}}),
+    [](const auto& info) { return info.param.name; });
+
+// A checkpoint belongs to its plan, seed and rank.
+TEST(Engine, CheckpointsAreRefusedElsewhere) {
+  const Plan plan = plan_with({.codec = "topk:ratio=0.05", .feedback = "ef", .route = "allgather"});
+  Engine engine(world(), plan, EngineOptions{.seed = 3});
+  run_step(engine, 0, backward_order(model_tensors().size()));
+  const auto state = engine.save_state();
+
+  Engine other_plan(world(), plan_with({}), EngineOptions{.seed = 3});
+  EXPECT_NE(testing::error_text([&] { other_plan.load_state(state); }).find("another plan"),
             std::string::npos);
+  Engine other_seed(world(), plan, EngineOptions{.seed = 4});
+  EXPECT_NE(testing::error_text([&] { other_seed.load_state(state); }).find("seed 3"),
+            std::string::npos);
+  // Every rank's state has the same size here; rank r tries rank r+1's.
+  const auto all = gather_bytes(state);
+  const int W = world()->size();
+  const size_t next = static_cast<size_t>((world()->rank() + 1) % W);
+  const std::span<const std::byte> theirs(all.data() + next * state.size(), state.size());
+  const std::string text = testing::error_text([&] { engine.load_state(theirs); });
+  EXPECT_NE(text.find("saved by rank " + std::to_string(next)), std::string::npos) << text;
 }
 
 TEST(Engine, WritesATimelinePerRank) {
@@ -199,25 +233,40 @@ TEST(Engine, WritesATimelinePerRank) {
   std::remove(mine.c_str());
 }
 
+// The engine's constructor compares the ranks' tensors, plans and settings.
+std::string construction_error(const Plan& plan, const EngineOptions& options) {
+  try {
+    Engine engine(world(), plan, options);
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 TEST(Engine, MismatchedRegistrationNamesTheFirstDifference) {
   auto tensors = model_tensors();
   if (world()->rank() == 1) tensors[3].elements += 1;  // conv3.weight differs on rank 1
-  Engine engine(world(), make_default_plan(tensors));
-  std::vector<std::vector<float>> g;
-  for (const auto& t : tensors) g.emplace_back(t.elements, 1.0f);
-  std::string message;
-  try {
-    for (size_t t = 0; t < tensors.size(); ++t) engine.ready(t, g[t]);
-    engine.synchronize();
-  } catch (const CommError& e) {
-    message = e.what();
-  }
+  const std::string message = construction_error(make_default_plan(tensors), {});
   EXPECT_NE(message.find("tensor 3"), std::string::npos) << message;
   EXPECT_NE(message.find("different tensors"), std::string::npos) << message;
   if (world()->rank() == 1) {
     EXPECT_NE(message.find("conv3.weight"), std::string::npos) << message;
   }
   world()->barrier()->wait(world()->timeout());  // the transport itself still works
+}
+
+TEST(Engine, DifferentPlansSeedsAndNodesAreErrors) {
+  const bool odd = world()->rank() % 2 == 1;
+  // Same tensors, another codec on odd ranks (one of them hierarchical: no split may start).
+  const Option mine = odd ? Option{.codec = "fp16", .route = "hierarchical"} : Option{};
+  std::string text = construction_error(plan_with(mine), {.local_size = 2});
+  EXPECT_NE(text.find("different plans"), std::string::npos) << text;
+  EXPECT_NE(text.find("bucket"), std::string::npos) << text;
+  text = construction_error(plan_with({}), {.seed = odd ? 2u : 1u});
+  EXPECT_NE(text.find("different seeds"), std::string::npos) << text;
+  text = construction_error(plan_with({.route = "hierarchical"}), {.local_size = odd ? 1 : 2});
+  EXPECT_NE(text.find("different local sizes"), std::string::npos) << text;
+  world()->barrier()->wait(world()->timeout());
 }
 
 // The engine's buffers (fused buffers, frames, worker and server feedback state) stay within
