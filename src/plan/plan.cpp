@@ -75,9 +75,16 @@ std::string optional_string(const json& object, const std::string& path, std::st
 
 // Element counts and indices: JSON numbers that are integers >= 0. A float such as 3.0 is
 // rejected too, because a plan is written by programs and a float there is a bug upstream.
+constexpr size_t kMaxCount = size_t{1} << 40;
+
 size_t read_count(const json& value, const std::string& path) {
-  if (value.is_number_unsigned()) return value.get<size_t>();
-  if (value.is_number_integer() && value.get<int64_t>() >= 0) return value.get<size_t>();
+  if (value.is_number_unsigned() ||
+      (value.is_number_integer() && value.get<int64_t>() >= 0)) {
+    const auto count = value.get<size_t>();
+    // Far beyond any model, and small enough that sums and frame sizes cannot overflow.
+    if (count > kMaxCount) field_error(path, fmt::format("must be at most 2^40, not {}", count));
+    return count;
+  }
   field_error(path, "must be a non-negative integer");
 }
 
@@ -154,6 +161,10 @@ void validate_tensors(const Plan& plan) {
     if (name.empty()) {
       throw Error(fmt::format("tensors[{}]: the name is empty; every tensor needs a unique, "
                               "non-empty name", t));
+    }
+    if (plan.tensors[t].elements > kMaxCount) {
+      throw Error(fmt::format("tensors[{}].elements: must be at most 2^40, not {}", t,
+                              plan.tensors[t].elements));
     }
     const auto [it, inserted] = first_with_name.emplace(name, t);
     if (!inserted) {

@@ -225,6 +225,9 @@ TEST(Plan, FromJsonTensorErrors) {
   }
   EXPECT_EQ(from_json_error([](json& j) { j["tensors"][0]["size"] = 1; }),
             "tensors[0]: unknown field 'size'; allowed: name, elements");
+  // Sizes far beyond any model are refused, so bucket sums and frame sizes cannot overflow.
+  EXPECT_EQ(from_json_error([](json& j) { j["tensors"][1]["elements"] = (1ull << 40) + 1; }),
+            "tensors[1].elements: must be at most 2^40, not 1099511627777");
 }
 
 TEST(Plan, FromJsonBucketErrors) {

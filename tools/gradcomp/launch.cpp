@@ -76,6 +76,8 @@ pid_t spawn(const LaunchOptions& o, int rank, const sigset_t& child_mask) {
   auto argv = pointers(args);
   auto envp = pointers(env);
   const pid_t parent = ::getpid();
+  const std::string cannot_run =
+      fmt::format("gradcomp launch: rank {}: cannot run '{}': ", rank, argv[0]);
   const pid_t pid = ::fork();
   if (pid < 0)
     throw Error(fmt::format("launch: cannot start rank {}: {}", rank, std::strerror(errno)));
@@ -86,9 +88,11 @@ pid_t spawn(const LaunchOptions& o, int rank, const sigset_t& child_mask) {
     if (::getppid() != parent) ::_exit(1);
     ::sigprocmask(SIG_SETMASK, &child_mask, nullptr);
     ::execvpe(argv[0], argv.data(), envp.data());
-    const std::string message = fmt::format("gradcomp launch: rank {}: cannot run '{}': {}\n", rank,
-                                            argv[0], std::strerror(errno));
-    (void)!::write(2, message.data(), message.size());
+    // Only async-signal-safe calls after fork: the message was formatted before it.
+    (void)!::write(2, cannot_run.data(), cannot_run.size());
+    const char* reason = std::strerror(errno);
+    (void)!::write(2, reason, std::strlen(reason));
+    (void)!::write(2, "\n", 1);
     ::_exit(127);
   }
   ::setpgid(pid, pid);  // also here, so the group exists before we might signal it
