@@ -72,5 +72,7 @@ void check_plain_header(const FrameHeader& header, const char* codec, bool summa
 
 uint32_t crc32(std::span<const std::byte> bytes);
 uint32_t fnv1a32(std::string_view text);
+// 64-bit FNV-1a: plan hashes and the ranks' consistency check.
+uint64_t fnv1a64(std::string_view text);
 
 }  // namespace gradcomp

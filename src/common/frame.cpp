@@ -152,4 +152,10 @@ void check_plain_header(const FrameHeader& h, const char* codec, bool summable) 
   }
 }
 
+uint64_t fnv1a64(std::string_view text) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
 }  // namespace gradcomp

@@ -8,19 +8,15 @@
 #include <nlohmann/json.hpp>
 
 #include "gradcomp/error.h"
+#include "gradcomp/frame.h"
 
 namespace gradcomp {
 namespace {
 
 constexpr size_t kSummaryWords = 5;  // plan hash, tensors, buckets, seed, local size
 
-uint64_t fnv1a64(std::string_view text, uint64_t h = 1469598103934665603ull) {
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 uint64_t tensor_hash(const TensorInfo& t) {
-  return fnv1a64(std::to_string(t.elements), fnv1a64(t.name + '\0'));
+  return fnv1a64(t.name + '\0' + std::to_string(t.elements));
 }
 
 // Every rank's `local` words, gathered (each rank sends the same number of words).

@@ -19,6 +19,7 @@
 
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
+#include "gradcomp/frame.h"
 #include "gradcomp/feedback.h"
 #include "route/route.h"
 
@@ -224,15 +225,6 @@ void validate_option(const Option& option, size_t b) {
   // check_route re-checks codec and feedback, which passed above, so what it reports is about
   // the route spec or whether this codec can travel over it.
   with_path(path + ".route", [&] { check_route(option); });
-}
-
-uint64_t fnv1a64(std::string_view text) {
-  uint64_t h = 1469598103934665603ull;
-  for (const char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 std::string errno_text() { return std::strerror(errno); }
