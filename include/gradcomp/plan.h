@@ -1,6 +1,6 @@
 // Plan: the registered tensors in backward order, cut into buckets, each with an Option that
 // says how the bucket is compressed and how it travels. Versioned JSON; identical on every rank
-// (checked by hash at the first step). The planner (cost model) produces plans; the engine
+// (checked by hash when the engine is constructed). The planner (cost model) produces plans; the engine
 // executes them.
 #pragma once
 
@@ -71,7 +71,7 @@ struct Plan {
   // route cannot carry (allreduce needs summable, twoway needs shardable single-round codecs).
   void validate() const;
 
-  // FNV-1a 64 of the canonical JSON: ranks compare it before the first step.
+  // FNV-1a 64 of the canonical JSON: ranks compare it when the engine is constructed.
   uint64_t hash() const;
 
   nlohmann::json to_json() const;
