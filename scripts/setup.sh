@@ -11,19 +11,33 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
   clang libclang-rt-14-dev                     # libFuzzer for the frame fuzzer
   libopenmpi-dev openmpi-bin libgloo-dev       # the transports: Open MPI and Gloo
+  # The PyTorch and libtorch front ends, the Fashion-MNIST data of the main job, the Python
+  # side's progress bars, plots and tests. OpenBLAS replaces the reference BLAS that Debian's
+  # torch uses by default (about 10x faster CPU training; it switches the system-wide
+  # libblas.so.3 alternative).
+  python3-dev python3-torch libtorch-dev pybind11-dev python3-numpy python3-tqdm
+  python3-matplotlib python3-pytest dataset-fashion-mnist libopenblas0-pthread
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+sudo=""
+[[ $(id -u) -eq 0 ]] || sudo=sudo
 if ((${#missing[@]})); then
-  sudo=""
-  [[ $(id -u) -eq 0 ]] || sudo=sudo
   echo "setup: installing ${missing[*]}"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_PYTHON=/usr/bin/python3 >/dev/null
 cmake --build build
+
+# `import gradcomp` for Debian's python3 (the one with torch): a .pth file naming python/.
+site=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')
+pth="$site/gradcomp.pth"
+if [[ "$(cat "$pth" 2>/dev/null)" != "$(pwd)/python" ]]; then
+  ${sudo:-} mkdir -p "$site" && echo "$(pwd)/python" | ${sudo:-} tee "$pth" >/dev/null
+  echo "setup: /usr/bin/python3 imports gradcomp from $(pwd)/python ($pth)"
+fi

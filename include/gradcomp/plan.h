@@ -40,6 +40,12 @@ struct Option {
   bool operator==(const Option&) const = default;
 };
 
+// Parses the short form users type, "codec[|feedback[|route]]" (e.g. "fp16",
+// "topk:ratio=0.01|ef", "qsgd||twoway"). A missing feedback is "none"; a missing route is
+// "allreduce" when the codec's frames can be summed and "allgather" otherwise. Throws SpecError
+// naming the unknown codec, feedback or route and listing the available ones.
+Option parse_option(const std::string& text);
+
 // A group of tensors fused into one buffer, in the order listed, and sent together.
 struct Bucket {
   std::vector<size_t> tensors;  // indices into Plan::tensors, in fusion order

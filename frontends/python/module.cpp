@@ -1,0 +1,238 @@
+// gradcomp._C: thin bindings of the C++ core for the Python package (python/gradcomp/). The
+// logic lives in C++ (the engine, DistributedGradients); the Python side adds the optimizer
+// wrapper and the DDP hook. Every blocking call releases the GIL.
+#include <nlohmann/json.hpp>
+#include <torch/extension.h>
+
+#include <span>
+
+#include "gradcomp/codec.h"
+#include "gradcomp/engine.h"
+#include "gradcomp/error.h"
+#include "gradcomp/feedback.h"
+#include "gradcomp/plan.h"
+#include "gradcomp/torch/distributed_gradients.h"
+#include "gradcomp/torch/process_group_transport.h"
+#include "gradcomp/transport.h"
+#include "route/route.h"
+
+namespace py = pybind11;
+using namespace gradcomp;
+namespace gt = gradcomp::torch;
+
+namespace {
+
+Milliseconds seconds(double s) { return Milliseconds(static_cast<int64_t>(s * 1000.0)); }
+
+EngineOptions engine_options(uint64_t seed, const std::string& timeline, int local_size,
+                             int codec_threads) {
+  EngineOptions o;
+  o.seed = seed;
+  o.timeline = timeline;
+  o.local_size = local_size;
+  o.codec_threads = codec_threads;
+  return o;
+}
+
+py::dict step_stats(const StepStats& s) {
+  py::dict d;
+  d["step"] = s.step;
+  d["bytes_sent"] = s.bytes_sent;
+  d["uncompressed_bytes"] = s.uncompressed_bytes;
+  d["step_seconds"] = s.step_seconds;
+  d["exchange_seconds"] = s.exchange_seconds;
+  return d;
+}
+
+py::bytes to_bytes(const std::vector<std::byte>& state) {
+  return py::bytes(reinterpret_cast<const char*>(state.data()), state.size());
+}
+
+std::span<const std::byte> as_span(const std::string& bytes) {
+  return {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()};
+}
+
+std::span<float> float_span(const at::Tensor& t, const std::string& what) {
+  if (t.scalar_type() != at::kFloat || !t.is_contiguous() || !t.device().is_cpu() ||
+      t.is_sparse()) {
+    throw Error(what + " must be a contiguous float32 CPU tensor");
+  }
+  return {t.data_ptr<float>(), static_cast<size_t>(t.numel())};
+}
+
+// A Python-owned engine over caller tensors (the DDP hook's buckets).
+class PyEngine {
+ public:
+  PyEngine(std::shared_ptr<Transport> transport, const std::string& plan_json, uint64_t seed,
+           const std::string& timeline, int local_size, int codec_threads)
+      : engine_(std::move(transport), Plan::from_json(nlohmann::json::parse(plan_json)),
+                engine_options(seed, timeline, local_size, codec_threads)) {}
+  void ready(size_t index, const at::Tensor& grad) {
+    tensors_.push_back(grad);  // kept alive until synchronize() has written into it
+    engine_.ready(index, float_span(grad, "a gradient"));
+  }
+  void synchronize() {
+    engine_.synchronize();
+    tensors_.clear();
+  }
+  Engine& engine() { return engine_; }
+
+ private:
+  Engine engine_;
+  std::vector<at::Tensor> tensors_;
+};
+
+void register_errors(py::module_& m) {
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<SpecError> spec_error(m, "SpecError", error.ptr());
+  static py::exception<CommError> comm_error(m, "CommError", error.ptr());
+  static py::exception<TimeoutError> timeout_error(m, "TimeoutError", comm_error.ptr());
+  // Most derived first: a TimeoutError is also a CommError and an Error.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const TimeoutError& e) {
+      timeout_error(e.what());
+    } catch (const CommError& e) {
+      comm_error(e.what());
+    } catch (const SpecError& e) {
+      spec_error(e.what());
+    } catch (const Error& e) {
+      error(e.what());
+    }
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "gradcomp's C++ core (use the gradcomp and gradcomp.torch modules)";
+  register_errors(m);
+
+  m.def("codec_names", &codec_names);
+  m.def("feedback_names", &feedback_names);
+  m.def("route_names", &route_names);
+  m.def("transport_names", &transport_names);
+  m.def("parse_option", [](const std::string& text) {
+    const Option o = parse_option(text);
+    return py::make_tuple(o.codec, o.feedback, o.route);
+  });
+  m.def(
+      "default_plan",
+      [](const std::vector<std::pair<std::string, size_t>>& tensors,
+         const std::string& compression, size_t bucket_bytes, size_t min_compress_elements) {
+        std::vector<TensorInfo> infos;
+        for (const auto& [name, n] : tensors) infos.push_back({name, n});
+        DefaultPlanSettings settings;
+        settings.bucket_bytes = bucket_bytes;
+        settings.min_compress_elements = min_compress_elements;
+        settings.compressed = parse_option(compression);
+        return make_default_plan(std::move(infos), settings).to_json().dump();
+      },
+      py::arg("tensors"), py::arg("compression"), py::arg("bucket_bytes"),
+      py::arg("min_compress_elements"));
+  m.def("validate_plan", [](const std::string& json) {
+    Plan plan = Plan::from_json(nlohmann::json::parse(json));
+    plan.validate();
+    return plan.to_json().dump();
+  });
+
+  py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
+      .def_property_readonly("name", &Transport::name)
+      .def_property_readonly("rank", &Transport::rank)
+      .def_property_readonly("size", &Transport::size)
+      .def(
+          "allreduce_",
+          [](Transport& t, const at::Tensor& tensor) {
+            auto values = float_span(tensor, "the tensor");
+            py::gil_scoped_release release;
+            t.allreduce(values)->wait(t.timeout());
+          },
+          "Sums a float32 tensor over the ranks, in place (blocking).")
+      .def("barrier", [](Transport& t) {
+        py::gil_scoped_release release;
+        t.barrier()->wait(t.timeout());
+      });
+  m.def(
+      "make_transport",
+      [](const std::string& backend, double timeout, const std::string& store, int rank,
+         int world_size) -> std::shared_ptr<Transport> {
+        TransportOptions options;
+        options.backend = backend;
+        options.timeout = seconds(timeout);
+        options.store = store;
+        options.rank = rank;
+        options.world_size = world_size;
+        py::gil_scoped_release release;
+        return make_transport(options);
+      },
+      py::arg("backend") = "", py::arg("timeout") = 0.0, py::arg("store") = "",
+      py::arg("rank") = -1, py::arg("world_size") = -1);
+  m.def(
+      "process_group_transport",
+      [](c10::intrusive_ptr<c10d::ProcessGroup> group, const std::string& device,
+         double timeout) {
+        return gt::make_process_group_transport(std::move(group), c10::Device(device),
+                                                   seconds(timeout));
+      },
+      py::arg("group"), py::arg("device") = "cpu", py::arg("timeout") = 0.0);
+
+  py::class_<gt::DistributedGradients>(m, "DistributedGradients")
+      .def(py::init([](std::vector<std::pair<std::string, at::Tensor>> parameters,
+                       std::shared_ptr<Transport> transport, const std::string& compression,
+                       const std::string& plan_json, size_t bucket_bytes,
+                       size_t min_compress_elements, int backward_passes_per_step,
+                       uint64_t seed, const std::string& timeline, int local_size,
+                       int codec_threads) {
+             gt::GradientOptions options;
+             options.compression = parse_option(compression);
+             if (!plan_json.empty()) {
+               options.plan = Plan::from_json(nlohmann::json::parse(plan_json));
+             }
+             options.bucket_bytes = bucket_bytes;
+             options.min_compress_elements = min_compress_elements;
+             options.backward_passes_per_step = backward_passes_per_step;
+             options.engine = engine_options(seed, timeline, local_size, codec_threads);
+             py::gil_scoped_release release;
+             return std::make_unique<gt::DistributedGradients>(
+                 std::move(parameters), std::move(transport), std::move(options));
+           }),
+           py::arg("parameters"), py::arg("transport"), py::arg("compression"),
+           py::arg("plan_json"), py::arg("bucket_bytes"), py::arg("min_compress_elements"),
+           py::arg("backward_passes_per_step"), py::arg("seed"), py::arg("timeline"),
+           py::arg("local_size"), py::arg("codec_threads"))
+      .def("synchronize", &gt::DistributedGradients::synchronize,
+           py::call_guard<py::gil_scoped_release>())
+      .def("pending", &gt::DistributedGradients::pending)
+      .def("set_learning_rate", &gt::DistributedGradients::set_learning_rate)
+      .def("set_timeline", &gt::DistributedGradients::set_timeline)
+      .def("plan_json",
+           [](const gt::DistributedGradients& g) { return g.plan().to_json().dump(); })
+      .def("last_step",
+           [](const gt::DistributedGradients& g) { return step_stats(g.last_step()); })
+      .def_property_readonly("steps", &gt::DistributedGradients::steps)
+      .def("save_state",
+           [](const gt::DistributedGradients& g) { return to_bytes(g.save_state()); })
+      .def("load_state", [](gt::DistributedGradients& g, const std::string& state) {
+        g.load_state(as_span(state));
+      });
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init([](std::shared_ptr<Transport> transport, const std::string& plan_json,
+                       uint64_t seed, const std::string& timeline, int local_size,
+                       int codec_threads) {
+             py::gil_scoped_release release;
+             return std::make_unique<PyEngine>(std::move(transport), plan_json, seed, timeline,
+                                               local_size, codec_threads);
+           }),
+           py::arg("transport"), py::arg("plan_json"), py::arg("seed") = 0,
+           py::arg("timeline") = "", py::arg("local_size") = 0, py::arg("codec_threads") = 1)
+      .def("ready", &PyEngine::ready)
+      .def("synchronize", &PyEngine::synchronize, py::call_guard<py::gil_scoped_release>())
+      .def("last_step", [](PyEngine& e) { return step_stats(e.engine().last_step()); })
+      .def_property_readonly("steps", [](PyEngine& e) { return e.engine().step(); })
+      .def("save_state", [](PyEngine& e) { return to_bytes(e.engine().save_state()); })
+      .def("load_state",
+           [](PyEngine& e, const std::string& s) { e.engine().load_state(as_span(s)); })
+      .def("set_timeline", [](PyEngine& e, const std::string& p) { e.engine().set_timeline(p); });
+}

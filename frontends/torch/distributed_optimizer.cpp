@@ -1,0 +1,52 @@
+// DistributedOptimizer (libtorch): step() = wait for the exchange, then the wrapped step.
+#include "gradcomp/torch/distributed_optimizer.h"
+
+namespace gradcomp::torch {
+namespace {
+
+NamedParameters to_pairs(const ::torch::OrderedDict<std::string, at::Tensor>& named) {
+  NamedParameters pairs;
+  for (const auto& item : named) pairs.emplace_back(item.key(), item.value());
+  return pairs;
+}
+
+double first_learning_rate(::torch::optim::Optimizer& optimizer) {
+  auto& groups = optimizer.param_groups();
+  return groups.empty() ? 0.0 : groups.front().options().get_lr();
+}
+
+}  // namespace
+
+DistributedOptimizer::DistributedOptimizer(
+    ::torch::optim::Optimizer& optimizer,
+    const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    std::shared_ptr<Transport> transport, GradientOptions options)
+    : optimizer_(optimizer),
+      gradients_(to_pairs(named_parameters), std::move(transport), std::move(options)) {
+  gradients_.set_learning_rate(first_learning_rate(optimizer_));
+}
+
+void DistributedOptimizer::synchronize() {
+  gradients_.synchronize();
+  synchronized_ = true;
+}
+
+void DistributedOptimizer::step() {
+  if (!synchronized_) gradients_.synchronize();
+  synchronized_ = false;
+  optimizer_.step();
+  // Feedbacks that rescale by the learning-rate ratio see the rate of the coming step.
+  gradients_.set_learning_rate(first_learning_rate(optimizer_));
+}
+
+void DistributedOptimizer::zero_grad(bool set_to_none) {
+  if (!set_to_none) {
+    optimizer_.zero_grad();
+    return;
+  }
+  for (auto& group : optimizer_.param_groups()) {
+    for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
+  }
+}
+
+}  // namespace gradcomp::torch

@@ -1,0 +1,42 @@
+// The libtorch front end: wraps any torch::optim optimizer. Gradients are exchanged while
+// backward runs; step() waits for them and then runs the wrapped optimizer unchanged, so its
+// momentum, weight decay and learning-rate schedule behave exactly as without gradcomp.
+//
+//   auto transport = std::shared_ptr<gradcomp::Transport>(gradcomp::make_transport());
+//   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+//   gradcomp::torch::DistributedOptimizer opt(sgd, model->named_parameters(), transport,
+//                                             {.compression = parse_compression("topk|ef")});
+//   loss.backward(); opt.step(); opt.zero_grad();
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "gradcomp/torch/distributed_gradients.h"
+
+namespace gradcomp::torch {
+
+class DistributedOptimizer {
+ public:
+  // A collective, like DistributedGradients. `optimizer` must outlive this object.
+  DistributedOptimizer(::torch::optim::Optimizer& optimizer,
+                       const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                       std::shared_ptr<Transport> transport, GradientOptions options = {});
+
+  // Waits for the exchange (unless synchronize() already did, e.g. before gradient clipping),
+  // then steps the wrapped optimizer.
+  void step();
+  void synchronize();
+  void zero_grad(bool set_to_none = false);
+
+  ::torch::optim::Optimizer& optimizer() { return optimizer_; }
+  DistributedGradients& gradients() { return gradients_; }
+
+ private:
+  ::torch::optim::Optimizer& optimizer_;
+  DistributedGradients gradients_;
+  bool synchronized_ = false;
+};
+
+}  // namespace gradcomp::torch

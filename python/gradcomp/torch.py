@@ -1,0 +1,350 @@
+"""PyTorch front end: DistributedOptimizer and a DistributedDataParallel communication hook.
+
+    import gradcomp.torch as gc
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = gc.DistributedOptimizer(optimizer, model.named_parameters(),
+                                        compression="topk:ratio=0.01|ef")
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()   # buckets are compressed and sent during backward
+        optimizer.step()                  # waits, then runs your SGD unchanged
+
+Ranks meet through the transport: the default torch.distributed process group when one is
+initialized, else gradcomp's own (MPI under mpirun, else Gloo with torchrun's environment:
+RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+"""
+import json
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from gradcomp import _C
+from gradcomp._C import Error
+
+__all__ = ["DistributedOptimizer", "comm_hook", "transport", "Error"]
+
+_own_transports = {}
+
+
+def _launched():
+    return any(v in os.environ for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
+
+
+def transport(kind=None, timeout=0.0):
+    """The transport gradcomp exchanges over.
+
+    kind: None (the default torch.distributed group if initialized, else gradcomp's own),
+    "mpi" or "gloo" (gradcomp's own backends), a torch.distributed ProcessGroup, or a transport
+    returned earlier. gradcomp's own transports are made once per process and shared.
+    """
+    if isinstance(kind, _C.Transport):
+        return kind
+    if kind is None and dist.is_available() and dist.is_initialized():
+        kind = dist.distributed_c10d._get_default_group()
+    if kind is not None and not isinstance(kind, str):
+        device = "cuda" if dist.get_backend(kind) == "nccl" else "cpu"
+        if device == "cuda":
+            device = f"cuda:{torch.cuda.current_device()}"
+        return _C.process_group_transport(kind, device, timeout)
+    backend = kind or ""
+    if backend not in ("", *(_C.transport_names())):
+        raise Error(f"transport '{backend}' is unknown; use one of "
+                    f"{', '.join(_C.transport_names())}, a torch.distributed process group, or "
+                    "None")
+    if backend not in _own_transports:
+        if _launched():
+            _own_transports[backend] = _C.make_transport(backend, timeout)
+        else:
+            # A single process without a launcher: a one-rank group of its own.
+            store = tempfile.mkdtemp(prefix="gradcomp-store-")
+            _own_transports[backend] = _C.make_transport(backend or "gloo", timeout,
+                                                         f"file:{store}", 0, 1)
+    return _own_transports[backend]
+
+
+def _plan_json(plan):
+    """A plan given as a dict, a JSON string, or the path of a JSON file."""
+    if plan is None:
+        return ""
+    if isinstance(plan, dict):
+        text = json.dumps(plan)
+    elif isinstance(plan, str) and plan.lstrip().startswith("{"):
+        text = plan
+    elif isinstance(plan, (str, os.PathLike)):
+        with open(plan, encoding="utf-8") as f:
+            text = f.read()
+    else:
+        raise Error(f"plan must be a dict, a JSON string or a path, not {type(plan).__name__}")
+    return _C.validate_plan(text)
+
+
+def _named_parameters(optimizer, named_parameters):
+    """(name, parameter) pairs of the optimizer's parameters, checked against each other."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return [(f"param.{i}", p) for i, p in enumerate(params)]
+    named = list(named_parameters)
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise Error(f"parameter name '{dup}' appears twice in named_parameters")
+    known = {id(p) for _, p in named}
+    for i, p in enumerate(params):
+        if id(p) not in known:
+            raise Error(f"the optimizer's parameter {i} (shape {tuple(p.shape)}) is not in "
+                        "named_parameters; pass model.named_parameters() of the same model")
+    in_optimizer = {id(p) for p in params}
+    return [(n, p) for n, p in named if id(p) in in_optimizer]
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wraps a torch.optim optimizer: gradients are averaged over ranks with compression.
+
+    Each gradient is handed to gradcomp's engine as soon as backward has accumulated it;
+    step() waits for the exchange and then runs the wrapped optimizer unchanged (momentum,
+    weight decay, schedulers, clipping and accumulation keep working). A collective: every rank
+    constructs it with the same parameters.
+
+    compression: "codec[|feedback[|route]]", e.g. "fp16", "topk:ratio=0.01|ef",
+        "powersgd:rank=4|ef"; used for tensors of at least min_compress_elements (smaller ones
+        stay uncompressed), fused into buckets of bucket_mb megabytes.
+    plan: a gradcomp plan (dict, JSON string or file) instead; its tensors are the parameter
+        names.
+    transport: see gradcomp.torch.transport().
+    backward_passes_per_step: gradient accumulation; gradients are exchanged on every k-th
+        backward pass.
+    seed: keys every codec's randomness (the same on all ranks).
+    timeline: path of a Chrome-trace timeline of this rank's steps.
+    """
+
+    def __init__(self, optimizer, named_parameters=None, compression="none", plan=None,
+                 transport=None, backward_passes_per_step=1, seed=0, bucket_mb=25.0,
+                 min_compress_elements=16384, timeline=None, codec_threads=1, local_size=0):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise Error(f"optimizer must be a torch.optim.Optimizer, not "
+                        f"{type(optimizer).__name__}")
+        self.optimizer = optimizer
+        named = _named_parameters(optimizer, named_parameters)
+        self._gradients = _C.DistributedGradients(
+            named, globals()["transport"](transport), compression, _plan_json(plan),
+            int(bucket_mb * (1 << 20)), int(min_compress_elements), int(backward_passes_per_step),
+            int(seed), timeline or "", int(local_size), int(codec_threads))
+        self._synchronized = False
+        self._gradients.set_learning_rate(self._lr())
+
+    # The wrapped optimizer's state, seen through this object (schedulers use these).
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value):
+        self.optimizer.state = value
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self.optimizer.defaults = value
+
+    def _lr(self):
+        groups = self.optimizer.param_groups
+        return float(groups[0].get("lr", 0.0)) if groups else 0.0
+
+    def synchronize(self):
+        """Waits for the exchange: gradients then hold the mean over ranks. Call it before
+        reading or clipping gradients; step() then does not wait again."""
+        self._gradients.synchronize()
+        self._synchronized = True
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise Error("DistributedOptimizer.step() takes no closure: a closure would run "
+                        "backward again after the gradients were exchanged")
+        if not self._synchronized:
+            self._gradients.synchronize()
+        self._synchronized = False
+        loss = self.optimizer.step()
+        # Feedbacks that correct by the learning-rate ratio see the rate of the coming step.
+        self._gradients.set_learning_rate(self._lr())
+        return loss
+
+    def zero_grad(self, *args, **kwargs):
+        return self.optimizer.zero_grad(*args, **kwargs)
+
+    def add_param_group(self, param_group):
+        raise Error("DistributedOptimizer: parameter groups cannot be added after construction "
+                    "(the exchange plan is fixed); add them to the optimizer before wrapping it")
+
+    def state_dict(self):
+        """The wrapped optimizer's state_dict plus this rank's compression state (feedback
+        residuals, PowerSGD factors, momenta, step counters). Every rank saves its own."""
+        state = dict(self.optimizer.state_dict())
+        state["gradcomp"] = {
+            "version": 1,
+            "state": self._gradients.save_state(),
+            "plan": self._gradients.plan_json(),
+        }
+        return state
+
+    def load_state_dict(self, state_dict):
+        state = dict(state_dict)
+        ours = state.pop("gradcomp", None)
+        if ours is None:
+            raise Error("this state_dict has no gradcomp state (it was saved from the wrapped "
+                        "optimizer, not from DistributedOptimizer); load it into the wrapped "
+                        "optimizer before wrapping to start compression afresh")
+        if ours.get("plan") != self._gradients.plan_json():
+            raise Error("the state_dict was saved with a different plan (other parameters, "
+                        "compression or bucket settings); resume with the same settings")
+        self._gradients.load_state(ours["state"])
+        self.optimizer.load_state_dict(state)
+
+    @property
+    def plan(self):
+        """The plan being executed, as a dict."""
+        return json.loads(self._gradients.plan_json())
+
+    def last_step(self):
+        """What the last step did on this rank: bytes_sent, uncompressed_bytes, step_seconds,
+        exchange_seconds."""
+        return self._gradients.last_step()
+
+    def set_timeline(self, path):
+        self._gradients.set_timeline(path or "")
+
+    def __getstate__(self):
+        raise Error("DistributedOptimizer cannot be pickled; save state_dict() instead")
+
+    def __repr__(self):
+        return f"gradcomp.torch.DistributedOptimizer({self.optimizer!r})"
+
+
+class CommHook:
+    """A DistributedDataParallel communication hook running gradcomp's codecs and routes on
+    DDP's buckets: ddp_model.register_comm_hook(None, gradcomp.torch.comm_hook(...)).
+
+    DDP fixes its bucket layout only after the first iteration (it rebuilds its buckets in the
+    order gradients arrived). Until a layout has been seen twice in a row, buckets are averaged
+    uncompressed, as PyTorch's own PowerSGD hook does in its first iterations; then one engine
+    is built for the layout (collectively, in the same iteration on every rank) and every later
+    bucket is compressed, sent while backward continues, and written back in place.
+    """
+
+    def __init__(self, compression="none", transport=None, seed=0, min_compress_elements=16384,
+                 timeline=None, codec_threads=1, local_size=0):
+        _C.parse_option(compression)  # a bad spec fails here, listing what is available
+        self.__name__ = self.__qualname__ = "gradcomp_comm_hook"  # DDP logs a hook's name
+        self.compression = compression
+        self.min_compress_elements = int(min_compress_elements)
+        self._transport = globals()["transport"](transport)
+        self._seed = int(seed)
+        self._timeline = timeline or ""
+        self._codec_threads = int(codec_threads)
+        self._local_size = int(local_size)
+        self._engine = None
+        self._layout = None        # bucket sizes of the engine's plan
+        self._previous = None      # sizes seen in the last iteration
+        self._current = []         # sizes seen so far in this iteration
+        self._futures = []
+        self._pending_state = None
+
+    def plan(self, layout):
+        """The plan for DDP buckets of these sizes: one gradcomp bucket per DDP bucket."""
+        tensors = [{"name": f"ddp_bucket.{i}", "elements": n} for i, n in enumerate(layout)]
+        codec, feedback, route = _C.parse_option(self.compression)
+        buckets = []
+        for i, n in enumerate(layout):
+            big = n >= self.min_compress_elements
+            buckets.append({"tensors": [i], "codec": codec if big else "none",
+                            "feedback": feedback if big else "none",
+                            "route": route if big else "allreduce", "encode_on": "engine"})
+        return {"format": "gradcomp-plan", "version": 1, "tensors": tensors, "buckets": buckets}
+
+    def __call__(self, state, bucket):
+        tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+        index = bucket.index()
+        if index == 0:
+            self._current = []
+        self._current.append(tensor.numel())
+        if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
+            raise Error(f"DDP bucket {index} is {tensor.dtype} on {tensor.device}; the gradcomp "
+                        "hook exchanges float32 CPU buckets")
+        if self._engine is not None:
+            return self._compressed(index, tensor, bucket.is_last())
+        fut = torch.futures.Future()
+        self._transport.allreduce_(tensor)
+        tensor.div_(self._transport.size)
+        fut.set_result(tensor)
+        if bucket.is_last():
+            self._learn_layout()
+        return fut
+
+    def _compressed(self, index, tensor, is_last):
+        if index >= len(self._layout) or self._layout[index] != tensor.numel():
+            raise Error(f"DDP bucket {index} has {tensor.numel()} elements; the hook's plan "
+                        f"expected {self._layout[index] if index < len(self._layout) else 'no bucket'}"
+                        " (DDP changed its bucket layout after the hook fixed it)")
+        fut = torch.futures.Future()
+        self._futures.append((fut, tensor))
+        self._engine.ready(index, tensor)
+        if is_last:
+            futures, self._futures = self._futures, []
+            try:
+                self._engine.synchronize()
+            except Exception as e:
+                for f, _ in futures:
+                    f.set_exception(e)
+                raise
+            for f, t in futures:
+                f.set_result(t)
+        return fut
+
+    def _learn_layout(self):
+        layout = list(self._current)
+        if layout == self._previous:
+            self._layout = layout
+            self._engine = _C.Engine(self._transport, json.dumps(self.plan(layout)), self._seed,
+                                     self._timeline, self._local_size, self._codec_threads)
+            if self._pending_state is not None:
+                self._engine.load_state(self._pending_state)
+                self._pending_state = None
+        self._previous = layout
+
+    def last_step(self):
+        return self._engine.last_step() if self._engine else None
+
+    def state_dict(self):
+        """This rank's compression state (every rank saves its own)."""
+        return {"version": 1, "layout": self._layout,
+                "state": self._engine.save_state() if self._engine else None}
+
+    def load_state_dict(self, state):
+        """Restores the state into the engine once DDP's layout is known again (DDP re-buckets
+        after a restart: its first iteration is averaged uncompressed)."""
+        if state.get("state") is None:
+            return
+        if self._engine is not None:
+            self._engine.load_state(state["state"])
+        else:
+            self._pending_state = state["state"]
+
+
+def comm_hook(compression="none", transport=None, seed=0, min_compress_elements=16384,
+              timeline=None, codec_threads=1, local_size=0):
+    """A DDP communication hook: ddp.register_comm_hook(None, comm_hook("fp16")).
+    Arguments as for DistributedOptimizer; see CommHook."""
+    return CommHook(compression, transport, seed, min_compress_elements, timeline,
+                    codec_threads, local_size)

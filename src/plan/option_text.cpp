@@ -1,0 +1,52 @@
+// parse_option: the "codec|feedback|route" short form of an Option.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "gradcomp/codec.h"
+#include "gradcomp/error.h"
+#include "gradcomp/feedback.h"
+#include "gradcomp/plan.h"
+#include "route/route.h"
+
+namespace gradcomp {
+namespace {
+
+std::vector<std::string> split_bars(const std::string& text) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t bar = text.find('|', start);
+    parts.push_back(text.substr(start, bar == std::string::npos ? bar : bar - start));
+    if (bar == std::string::npos) return parts;
+    start = bar + 1;
+  }
+}
+
+}  // namespace
+
+Option parse_option(const std::string& text) {
+  const auto parts = split_bars(text);
+  if (parts.size() > 3 || parts[0].empty()) {
+    throw SpecError(fmt::format(
+        "compression '{}' must be 'codec[|feedback[|route]]', e.g. 'fp16' or "
+        "'topk:ratio=0.01|ef|allgather'; codecs: {}",
+        text, fmt::join(codec_names(), ", ")));
+  }
+  Option option;
+  option.codec = parts[0];
+  const auto codec = make_codec(option.codec);  // SpecError listing the codecs
+  if (parts.size() > 1 && !parts[1].empty()) option.feedback = parts[1];
+  if (parts.size() > 2 && !parts[2].empty()) {
+    option.route = parts[2];
+  } else {
+    option.route = codec->traits().summable ? "allreduce" : "allgather";
+  }
+  // The feedback and route names are checked with the whole option (SpecError lists them).
+  Plan probe;
+  probe.tensors = {{"probe", 1}};
+  probe.buckets = {{{0}, option}};
+  probe.validate();
+  return option;
+}
+
+}  // namespace gradcomp
