@@ -149,6 +149,16 @@ PYBIND11_MODULE(_C, m) {
             t.allreduce(values)->wait(t.timeout());
           },
           "Sums a float32 tensor over the ranks, in place (blocking).")
+      .def(
+          "broadcast_",
+          [](Transport& t, const at::Tensor& tensor, int root) {
+            auto values = float_span(tensor, "the tensor");
+            auto bytes = std::as_writable_bytes(values);
+            py::gil_scoped_release release;
+            t.broadcast(bytes, root)->wait(t.timeout());
+          },
+          py::arg("tensor"), py::arg("root") = 0,
+          "Copies root's float32 tensor into every rank's, in place (blocking).")
       .def("barrier", [](Transport& t) {
         py::gil_scoped_release release;
         t.barrier()->wait(t.timeout());

@@ -23,16 +23,17 @@ import torch.distributed as dist
 from gradcomp import _C
 from gradcomp._C import Error
 
-__all__ = ["DistributedOptimizer", "comm_hook", "transport", "Error"]
+__all__ = ["DistributedOptimizer", "comm_hook", "get_transport", "broadcast_parameters", "Error"]
 
 _own_transports = {}
+_group_transports = {}  # id(process group) -> (group, transport): one queue per group
 
 
 def _launched():
     return any(v in os.environ for v in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
 
 
-def transport(kind=None, timeout=0.0):
+def get_transport(kind=None, timeout=0.0):
     """The transport gradcomp exchanges over.
 
     kind: None (the default torch.distributed group if initialized, else gradcomp's own),
@@ -44,10 +45,14 @@ def transport(kind=None, timeout=0.0):
     if kind is None and dist.is_available() and dist.is_initialized():
         kind = dist.distributed_c10d._get_default_group()
     if kind is not None and not isinstance(kind, str):
-        device = "cuda" if dist.get_backend(kind) == "nccl" else "cpu"
-        if device == "cuda":
-            device = f"cuda:{torch.cuda.current_device()}"
-        return _C.process_group_transport(kind, device, timeout)
+        # One transport per group: two would issue collectives on it from two threads.
+        if id(kind) not in _group_transports:
+            device = "cuda" if dist.get_backend(kind) == "nccl" else "cpu"
+            if device == "cuda":
+                device = f"cuda:{torch.cuda.current_device()}"
+            _group_transports[id(kind)] = (kind, _C.process_group_transport(kind, device,
+                                                                            timeout))
+        return _group_transports[id(kind)][1]
     backend = kind or ""
     if backend not in ("", *(_C.transport_names())):
         raise Error(f"transport '{backend}' is unknown; use one of "
@@ -62,6 +67,22 @@ def transport(kind=None, timeout=0.0):
             _own_transports[backend] = _C.make_transport(backend or "gloo", timeout,
                                                          f"file:{store}", 0, 1)
     return _own_transports[backend]
+
+
+def broadcast_parameters(params, root=0, transport=None):
+    """Copies rank `root`'s parameters (or any float32 tensors) into every rank's, in place, so
+    all ranks start from the same model. `params`: model.parameters(), named_parameters() or
+    a state_dict. A collective."""
+    if isinstance(params, dict):
+        params = params.values()
+    link = get_transport(transport)
+    with torch.no_grad():
+        for p in params:
+            t = p[1] if isinstance(p, tuple) else p
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+                raise Error(f"broadcast_parameters: a {t.dtype} tensor on {t.device}; only "
+                            "contiguous float32 CPU tensors can be broadcast")
+            link.broadcast_(t.data, root)
 
 
 def _plan_json(plan):
@@ -112,27 +133,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
         stay uncompressed), fused into buckets of bucket_mb megabytes.
     plan: a gradcomp plan (dict, JSON string or file) instead; its tensors are the parameter
         names.
-    transport: see gradcomp.torch.transport().
+    transport: see gradcomp.torch.get_transport().
     backward_passes_per_step: gradient accumulation; gradients are exchanged on every k-th
         backward pass.
     seed: keys every codec's randomness (the same on all ranks).
     timeline: path of a Chrome-trace timeline of this rank's steps.
+    broadcast: copy rank 0's parameters to every rank first, as DDP does (a collective).
     """
 
     def __init__(self, optimizer, named_parameters=None, compression="none", plan=None,
                  transport=None, backward_passes_per_step=1, seed=0, bucket_mb=25.0,
-                 min_compress_elements=16384, timeline=None, codec_threads=1, local_size=0):
+                 min_compress_elements=16384, timeline=None, codec_threads=1, local_size=0,
+                 broadcast=True):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise Error(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
         self.optimizer = optimizer
         named = _named_parameters(optimizer, named_parameters)
         self._gradients = _C.DistributedGradients(
-            named, globals()["transport"](transport), compression, _plan_json(plan),
+            named, get_transport(transport), compression, _plan_json(plan),
             int(bucket_mb * (1 << 20)), int(min_compress_elements), int(backward_passes_per_step),
             int(seed), timeline or "", int(local_size), int(codec_threads))
         self._synchronized = False
         self._gradients.set_learning_rate(self._lr())
+        if broadcast:
+            # As DDP does: every rank starts from rank 0's parameters.
+            broadcast_parameters([p for _, p in named if p.requires_grad], 0, transport)
 
     # The wrapped optimizer's state, seen through this object (schedulers use these).
     @property
@@ -249,7 +275,7 @@ class CommHook:
         self.__name__ = self.__qualname__ = "gradcomp_comm_hook"  # DDP logs a hook's name
         self.compression = compression
         self.min_compress_elements = int(min_compress_elements)
-        self._transport = globals()["transport"](transport)
+        self._transport = get_transport(transport)
         self._seed = int(seed)
         self._timeline = timeline or ""
         self._codec_threads = int(codec_threads)
