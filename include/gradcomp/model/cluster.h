@@ -1,0 +1,41 @@
+// Cluster: the machines a plan runs on, in the alpha-beta model: W workers, `per_node` of them
+// per node, an inter-node link (each node's NIC) and an intra-node link, each with a bandwidth
+// and a per-message latency. From JSON or command-line flags ("--inter 25gbit").
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace gradcomp::model {
+
+struct Link {
+  double bytes_per_s = 0;  // > 0
+  double latency_s = 0;    // alpha: per message (per ring step)
+  bool operator==(const Link&) const = default;
+};
+
+struct Cluster {
+  int workers = 1;
+  int per_node = 1;           // workers divides into nodes of per_node
+  Link inter{25e9 / 8, 10e-6};   // between nodes (per node NIC)
+  Link intra{100e9 / 8, 5e-6};   // inside a node
+  int nodes() const { return workers / per_node; }
+  bool operator==(const Cluster&) const = default;
+
+  // Throws Error naming the field: workers < 1, per_node not dividing workers, a bandwidth
+  // <= 0, a negative latency, a missing field.
+  void validate() const;
+  static Cluster from_json(const nlohmann::json& json);
+  nlohmann::json to_json() const;
+};
+
+// "25gbit", "100mbit", "1.5gbit", "10gbps" (bits per second), "3GB/s" (bytes): bytes per
+// second. Throws Error saying what forms are allowed.
+double parse_rate(const std::string& text);
+// "10us", "1.5ms", "0": seconds.
+double parse_duration(const std::string& text);
+// For printing: "25 Gbit/s", "10 us".
+std::string format_rate(double bytes_per_s);
+
+}  // namespace gradcomp::model

@@ -1,0 +1,56 @@
+// Planner: the Plan with the least simulated iteration time. It cuts the tensors, in backward
+// order, into contiguous buckets and gives each bucket an Option (codec from an allowed set,
+// always including none; a route the codec can travel on; where encoding runs), jointly, by
+// dynamic programming over split points: the simulator's lanes advance bucket by bucket, so a
+// prefix of buckets is summarised by the times its lanes become free, and only prefixes that
+// are not dominated on every lane are kept. Espresso's observations prune the search first:
+// tensors whose uncompressed exchange ends before the last bubble of the uncompressed plan
+// (the exchange lane waits for compute) gain nothing from compression and stay uncompressed;
+// larger and later buckets are tried compressed first. The best uncompressed plan is always a
+// candidate, so the result never predicts worse than it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "gradcomp/model/cost_model.h"
+#include "gradcomp/model/profile.h"
+#include "gradcomp/model/simulator.h"
+#include "gradcomp/plan.h"
+
+namespace gradcomp::model {
+
+struct PlannerSettings {
+  // Compression choices, "codec[|feedback[|route]]" each ("none" is always added). Without a
+  // route, every route the codec can take is tried (allreduce if summable; allgather; twoway
+  // if shardable; hierarchical when there are several nodes of several workers).
+  std::vector<std::string> codecs{"none"};
+  bool try_caller_encoding = true;   // also consider encoding on the compute thread
+  bool one_lossy_step = false;       // forbid twoway and lossy-inside-the-node hierarchical
+  size_t min_compress_elements = 0;  // smaller buckets stay uncompressed
+  size_t max_bucket_bytes = 256u << 20;  // no bucket larger than this (bounds the search)
+  SimulatorSettings simulator{};
+};
+
+struct PlanResult {
+  Plan plan;
+  SimResult predicted;                  // of `plan`
+  double uncompressed_s = 0;            // the best uncompressed plan's iteration time
+  Plan uncompressed_plan;
+  double decision_s = 0;                // wall time the search took
+  size_t options_considered = 0;        // bucket options the search evaluated
+};
+
+PlanResult make_plan(const Profile& profile, const CostModel& cost,
+                     const PlannerSettings& settings = {});
+
+// The same objective by brute force over every contiguous partition and every option per
+// bucket: for tests and small instances only (Error above `max_tensors` tensors).
+PlanResult exhaustive_plan(const Profile& profile, const CostModel& cost,
+                           const PlannerSettings& settings = {}, size_t max_tensors = 14);
+
+// The candidate bucket options the settings allow on this cluster, "none" first.
+std::vector<Option> candidate_options(const PlannerSettings& settings, const Cluster& cluster);
+
+}  // namespace gradcomp::model

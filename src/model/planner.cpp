@@ -1,0 +1,351 @@
+// The planner: dynamic programming over split points in backward order, jointly with a
+// per-bucket option, on the simulator's lanes; see planner.h.
+//
+// A prefix of buckets leaves four numbers behind that decide the rest of the step: how much
+// encoding on the compute thread has delayed backward (D), and when the encoding, exchange and
+// decoding lanes become free. Every later time is a non-decreasing function of each of them, so
+// a prefix state that is no better on all four than another can be dropped: the search keeps,
+// per split point, the states no other state dominates (exact), capped for large models.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "gradcomp/codec.h"
+#include "gradcomp/error.h"
+#include "gradcomp/model/planner.h"
+
+namespace gradcomp::model {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bucket costs of one option as a function of the element count, read off a geometric grid of
+// exact CostModel::bucket() values and interpolated linearly between grid points (the costs are
+// affine in n for most codecs; PowerSGD's grows like sqrt(n), which the grid follows closely).
+class CostCurve {
+ public:
+  CostCurve(const CostModel& cost, const Option& option, double min_n, double max_n) {
+    min_n = std::max(1.0, std::floor(min_n));
+    max_n = std::max(min_n, max_n);
+    for (double n = min_n;; n = std::ceil(n * kStep)) {
+      add(cost, option, n);
+      if (n >= max_n) break;
+    }
+  }
+  // {encode, exchange, decode} seconds for n elements.
+  std::array<double, 3> at(double n) const {
+    auto it = std::upper_bound(n_.begin(), n_.end(), n);
+    if (it == n_.begin()) return cost_.front();
+    if (it == n_.end()) return cost_.back();
+    const size_t hi = static_cast<size_t>(it - n_.begin());
+    const double t = (n - n_[hi - 1]) / (n_[hi] - n_[hi - 1]);
+    std::array<double, 3> out{};
+    for (int k = 0; k < 3; ++k) out[k] = cost_[hi - 1][k] + t * (cost_[hi][k] - cost_[hi - 1][k]);
+    return out;
+  }
+
+ private:
+  static constexpr double kStep = 1.0905077326652577;  // 2^(1/8): 8 points per octave
+
+  void add(const CostModel& cost, const Option& option, double n) {
+    const BucketCost c = cost.bucket(option, n);
+    n_.push_back(n);
+    cost_.push_back({c.encode_s, c.exchange_s(), c.decode_s});
+  }
+
+  std::vector<double> n_;
+  std::vector<std::array<double, 3>> cost_;
+};
+
+// Where the lanes stand after a prefix of buckets.
+struct State {
+  double delay = 0;     // compute delayed by encoding on the compute thread
+  double encode = 0;    // when the engine's encoder is free
+  double exchange = 0;  // when the exchange lane is free
+  double decode = 0;    // when the decoder is free
+  // How we got here: the bucket [start, end) with option `option` after state `parent` of
+  // front[start].
+  size_t start = 0;
+  size_t option = 0;
+  size_t parent = 0;
+
+  bool dominates(const State& o) const {
+    return delay <= o.delay && encode <= o.encode && exchange <= o.exchange &&
+           decode <= o.decode;
+  }
+};
+
+// The search over one profile, cost model and option set.
+class Search {
+ public:
+  Search(const Profile& profile, const CostModel& cost, const PlannerSettings& settings,
+         std::vector<Option> options)
+      : profile_(profile), settings_(settings), options_(std::move(options)) {
+    const size_t n = profile.tensors.size();
+    prefix_.assign(n + 1, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      prefix_[i + 1] = prefix_[i] + static_cast<double>(profile.tensors[i].elements);
+    }
+    double smallest = prefix_[n];
+    for (const auto& t : profile.tensors) {
+      smallest = std::min(smallest, static_cast<double>(std::max<size_t>(t.elements, 1)));
+    }
+    const double largest = std::min(prefix_[n], max_elements());
+    for (const auto& option : options_) curves_.emplace_back(cost, option, smallest, largest);
+    compressible_.assign(n, true);
+  }
+
+  // Tensors [0, end) may only travel uncompressed (Espresso's bubble rule).
+  void keep_uncompressed_before(size_t end) {
+    std::fill(compressible_.begin(), compressible_.begin() + static_cast<long>(end), false);
+  }
+  void set_front_cap(size_t cap) { cap_ = cap; }
+
+  // Runs the dynamic program; returns the plan's buckets.
+  std::vector<Bucket> run() {
+    const size_t n = profile_.tensors.size();
+    front_.assign(n + 1, {});
+    front_[0].push_back(State{});
+    for (size_t end = 1; end <= n; ++end) extend_to(end);
+    return buckets_of(best_final());
+  }
+
+  size_t considered() const { return considered_; }
+
+ private:
+  double max_elements() const {
+    return static_cast<double>(settings_.max_bucket_bytes) / sizeof(float);
+  }
+
+  bool compressed(const Option& o) const { return o.codec != "none" || o.feedback != "none"; }
+
+  // Whether option o may carry the bucket [start, end).
+  bool allowed(size_t option, size_t start, size_t end) const {
+    const Option& o = options_[option];
+    if (!compressed(o)) return true;
+    if (prefix_[end] - prefix_[start] < static_cast<double>(settings_.min_compress_elements)) {
+      return false;
+    }
+    return compressible_[start];  // the rule marks a prefix, so its first tensor decides
+  }
+
+  void extend_to(size_t end) {
+    const double lambda = settings_.simulator.lambda;
+    const double ready = lambda * profile_.tensors[end - 1].ready_s;
+    for (size_t start = end; start-- > 0;) {
+      const double elements = prefix_[end] - prefix_[start];
+      if (elements > max_elements() && start + 1 < end) break;  // buckets only grow from here
+      for (size_t o = 0; o < options_.size(); ++o) {
+        if (!allowed(o, start, end)) continue;
+        const auto cost = curves_[o].at(elements);
+        const bool on_caller = options_[o].encode_on == EncodeOn::kCaller;
+        for (size_t p = 0; p < front_[start].size(); ++p) {
+          ++considered_;
+          State s = advance(front_[start][p], ready, cost, on_caller);
+          s.start = start;
+          s.option = o;
+          s.parent = p;
+          insert(front_[end], s);
+        }
+      }
+    }
+  }
+
+  static State advance(const State& from, double ready, const std::array<double, 3>& cost,
+                       bool on_caller) {
+    State s = from;
+    const double bucket_ready = ready + from.delay;
+    double encoded;
+    if (on_caller) {
+      encoded = bucket_ready + cost[0];
+      s.delay += cost[0];
+    } else {
+      encoded = std::max(bucket_ready, from.encode) + cost[0];
+      s.encode = encoded;
+    }
+    s.exchange = std::max(encoded, from.exchange) + cost[1];
+    s.decode = std::max(s.exchange, from.decode) + cost[2];
+    return s;
+  }
+
+  void insert(std::vector<State>& front, const State& s) const {
+    for (const State& kept : front) {
+      if (kept.dominates(s)) return;
+    }
+    std::erase_if(front, [&](const State& kept) { return s.dominates(kept); });
+    front.push_back(s);
+    if (front.size() > cap_) {
+      // Over the cap (large models): drop the state that finishes its exchange last.
+      auto worst = std::max_element(front.begin(), front.end(), [](const State& a, const State& b) {
+        return a.decode + a.delay < b.decode + b.delay;
+      });
+      front.erase(worst);
+    }
+  }
+
+  size_t best_final() const {
+    const auto& last = front_.back();
+    const double backward = settings_.simulator.lambda * profile_.backward_s;
+    size_t best = 0;
+    double best_t = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < last.size(); ++i) {
+      const double t = std::max(backward + last[i].delay, last[i].decode);
+      if (t < best_t) best_t = t, best = i;
+    }
+    return best;
+  }
+
+  std::vector<Bucket> buckets_of(size_t state) const {
+    std::vector<Bucket> buckets;
+    size_t end = profile_.tensors.size();
+    while (end > 0) {
+      const State& s = front_[end][state];
+      Bucket b;
+      b.tensors.resize(end - s.start);
+      std::iota(b.tensors.begin(), b.tensors.end(), s.start);
+      b.option = options_[s.option];
+      buckets.push_back(std::move(b));
+      state = s.parent;
+      end = s.start;
+    }
+    std::reverse(buckets.begin(), buckets.end());
+    return buckets;
+  }
+
+  const Profile& profile_;
+  const PlannerSettings& settings_;
+  std::vector<Option> options_;
+  std::vector<CostCurve> curves_;
+  std::vector<double> prefix_;
+  std::vector<bool> compressible_;
+  std::vector<std::vector<State>> front_;
+  size_t cap_ = 64;
+  size_t considered_ = 0;
+};
+
+Plan plan_of(const Profile& profile, std::vector<Bucket> buckets) {
+  Plan plan;
+  plan.tensors = profile.tensor_infos();
+  plan.buckets = std::move(buckets);
+  return plan;
+}
+
+// Models with more tensors than this use Espresso's pruning and a smaller front.
+constexpr size_t kExactTensors = 64;
+constexpr size_t kLargeFrontCap = 4;
+
+// Espresso's bubble rule on the best uncompressed plan: the tensors of buckets whose exchange
+// starts before the last time the exchange lane waits for compute gain nothing from
+// compression (the lane idles afterwards anyway). Returns how many leading tensors that is.
+size_t tensors_before_last_bubble(const Profile& profile, const Plan& plan,
+                                  const SimResult& result) {
+  double previous_end = 0;
+  size_t bubble_bucket = 0;
+  for (const Span& s : result.spans) {
+    if (s.lane != "exchange" || s.bucket < 0) continue;
+    if (s.start_s > previous_end + 1e-12) bubble_bucket = static_cast<size_t>(s.bucket);
+    previous_end = std::max(previous_end, s.end_s);
+  }
+  size_t tensors = 0;
+  for (size_t b = 0; b < bubble_bucket && b < plan.buckets.size(); ++b) {
+    tensors += plan.buckets[b].tensors.size();
+  }
+  (void)profile;
+  return tensors;
+}
+
+std::vector<Option> uncompressed_options(const std::vector<Option>& all) {
+  std::vector<Option> none;
+  for (const Option& o : all) {
+    if (o.codec == "none" && o.feedback == "none") none.push_back(o);
+  }
+  return none;
+}
+
+}  // namespace
+
+std::vector<Option> candidate_options(const PlannerSettings& settings, const Cluster& cluster) {
+  std::vector<std::string> specs = {"none"};
+  for (const auto& s : settings.codecs) {
+    if (std::find(specs.begin(), specs.end(), s) == specs.end()) specs.push_back(s);
+  }
+  const bool multi_node = cluster.nodes() > 1 && cluster.per_node > 1;
+  std::vector<Option> out;
+  auto add = [&](Option o) {
+    if (std::find(out.begin(), out.end(), o) == out.end()) out.push_back(std::move(o));
+  };
+  for (const auto& text : specs) {
+    const Option parsed = parse_option(text);
+    const bool route_given = std::count(text.begin(), text.end(), '|') >= 2;
+    const auto traits = make_codec(parsed.codec)->traits();
+    const bool lossless = parsed.codec == "none";
+    std::vector<std::string> routes;
+    if (route_given) {
+      routes.push_back(parsed.route);
+    } else {
+      if (traits.summable) routes.push_back("allreduce");
+      if (traits.rounds == 1 && !lossless) routes.push_back("allgather");
+      if (traits.rounds == 1 && traits.shardable && !lossless && !settings.one_lossy_step &&
+          cluster.workers > 1) {
+        routes.push_back("twoway");
+      }
+      if (multi_node) {
+        for (const auto& r : std::vector<std::string>(routes)) {
+          if (r == "twoway" && settings.one_lossy_step) continue;
+          routes.push_back("hierarchical:inner=" + r);
+        }
+      }
+    }
+    for (const auto& route : routes) {
+      Option o = parsed;
+      o.route = route;
+      o.encode_on = EncodeOn::kEngine;
+      add(o);
+      if (settings.try_caller_encoding && !lossless) {
+        o.encode_on = EncodeOn::kCaller;
+        add(o);
+      }
+    }
+  }
+  return out;
+}
+
+PlanResult make_plan(const Profile& profile, const CostModel& cost,
+                     const PlannerSettings& settings) {
+  const auto began = Clock::now();
+  profile.validate();
+  if (profile.tensors.empty()) throw Error("planner: the profile has no tensors");
+  const auto options = candidate_options(settings, cost.cluster());
+  const bool large = profile.tensors.size() > kExactTensors;
+
+  PlanResult result;
+  // The best uncompressed plan: a candidate of its own, and the base of the bubble rule.
+  Search plain(profile, cost, settings, uncompressed_options(options));
+  if (large) plain.set_front_cap(kLargeFrontCap);
+  result.uncompressed_plan = plan_of(profile, plain.run());
+  const SimResult plain_sim =
+      simulate(profile, result.uncompressed_plan, cost, settings.simulator, large);
+  result.uncompressed_s = plain_sim.iteration_s;
+
+  Search joint(profile, cost, settings, options);
+  if (large) {
+    joint.set_front_cap(kLargeFrontCap);
+    joint.keep_uncompressed_before(
+        tensors_before_last_bubble(profile, result.uncompressed_plan, plain_sim));
+  }
+  result.plan = plan_of(profile, joint.run());
+  result.predicted = simulate(profile, result.plan, cost, settings.simulator);
+  result.options_considered = plain.considered() + joint.considered();
+  if (result.predicted.iteration_s > result.uncompressed_s) {
+    result.plan = result.uncompressed_plan;
+    result.predicted = simulate(profile, result.plan, cost, settings.simulator);
+  }
+  result.decision_s = std::chrono::duration<double>(Clock::now() - began).count();
+  return result;
+}
+
+}  // namespace gradcomp::model
