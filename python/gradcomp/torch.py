@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from gradcomp import _C
 from gradcomp._C import Error
+from gradcomp.profile import profile, save_profile  # noqa: F401 (gradcomp.torch.profile)
 
 __all__ = ["DistributedOptimizer", "comm_hook", "get_transport", "broadcast_parameters", "Error"]
 
