@@ -2,6 +2,7 @@
 # Every test: set up, then
 #   1. the unit tests and the multi-process tests (ctest) on the Release build; multi-process
 #      tests run as 2 and 4 ranks under mpirun (Open MPI) and under `gradcomp launch` (Gloo);
+#      then the Python front end's tests (pytest, tests/python: real worker processes);
 #   2. the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer;
 #   3. the engine's tests built with ThreadSanitizer (its stage threads and the transports');
 #   4. the frame-decoder fuzzer (libFuzzer, clang) for a bounded time (GRADCOMP_FUZZ_SECONDS,
@@ -14,6 +15,9 @@ scripts/setup.sh
 jobs=$(nproc)
 echo "== unit tests (Release)"
 ctest --test-dir build --output-on-failure -j "$jobs" | tee build/ctest.log
+
+echo "== Python front end (pytest)"
+/usr/bin/python3 -m pytest -q tests/python | tee build/pytest.log
 
 echo "== unit tests under ASan + UBSan"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGRADCOMP_SANITIZE=ON >/dev/null
@@ -40,7 +44,10 @@ if ! build-fuzz/fuzz/frame_fuzz -max_total_time="${GRADCOMP_FUZZ_SECONDS:-60}" -
 fi
 grep -E "^Done|^stat::(number_of_executed_units|new_units_added)" build-fuzz/fuzz.log
 
-# One closing line: the Release tests, which also passed under ASan + UBSan above.
+# One closing line: the Release tests (which also passed under ASan + UBSan above) and the
+# Python front end's tests.
 total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' build/ctest.log | tail -n 1)
+python_passed=$(sed -n 's/^\([0-9]*\) passed.*/\1/p' build/pytest.log | tail -n 1)
+total=$((total + ${python_passed:-0}))
 echo "== all tests passed"
 echo "gradcomp: ${total} passed, 0 failed"

@@ -1,0 +1,104 @@
+"""Bad or unusual input: clear errors that name what is wrong, on every rank, and no hang."""
+import pytest
+import torch
+
+import reference as ref
+
+# Cases that leave the ranks able to go on share one job.
+SHARED = ["unknown_codec", "float64_parameter", "frozen_parameter", "unused_parameter"]
+
+
+@pytest.fixture(scope="module")
+def shared(module_runner):
+    return module_runner("bad_input.py", *[a for c in SHARED for a in ("--case", c)]).check()
+
+
+def assert_error(error, *words, gradcomp_error=True):
+    assert error is not None, "no error was raised"
+    kind, message, is_gradcomp_error = error
+    for word in words:
+        assert word in message, f"{kind}: {message!r} does not mention {word!r}"
+    if gradcomp_error:
+        assert is_gradcomp_error, f"{kind} is not a gradcomp.Error: {message}"
+
+
+def test_unknown_codec_lists_the_codecs(shared):
+    for report in shared.reports():
+        r = report["unknown_codec"]
+        assert r["error"][0] == "SpecError", r["error"]
+        assert_error(r["error"], "zip", *r["codecs"])
+        assert len(r["codecs"]) >= 17
+
+
+def test_float64_parameter_is_named(shared):
+    for report in shared.reports():
+        error = report["float64_parameter"]["error"]
+        assert_error(error, "float32")
+        assert "'2.weight'" in error[1] or "'2.bias'" in error[1], error[1]
+        assert "Double" in error[1] or "float64" in error[1], error[1]
+
+
+def test_frozen_parameter_is_skipped(shared):
+    reports = [r["frozen_parameter"] for r in shared.reports()]
+    for r in reports:
+        assert "0.weight" not in r["plan_tensors"] and "0.bias" not in r["plan_tensors"]
+        assert set(r["plan_tensors"]) == {"2.weight", "2.bias", "4.weight", "4.bias"}
+        assert r["frozen_unchanged"]
+        assert r["frozen_grads"] == [True, True]  # no gradient was ever made for them
+    assert reports[0]["params"] == reports[1]["params"]
+
+
+def test_unused_parameter_is_averaged_as_zero(shared):
+    """extra.weight: no gradient anywhere at step 0, only on rank 0 at step 1. Every rank
+    still contributes (zeros), so the mean is rank 0's gradient halved, exactly."""
+    steps = shared.loads("unused")
+    for rank in range(2):
+        assert torch.equal(steps[rank][0]["averaged"], torch.zeros(8, 64))
+        assert steps[rank][1]["params"] == steps[0][1]["params"], f"rank {rank} differs"
+        assert steps[rank][0]["params"] == steps[0][0]["params"], f"rank {rank} differs"
+    assert steps[1][1]["local"] is None  # really unused on rank 1
+    local = steps[0][1]["local"]
+    assert local.abs().sum() > 0
+    for rank in range(2):
+        assert torch.equal(steps[rank][1]["averaged"], ref.mean([local, torch.zeros_like(local)]))
+
+
+def test_sparse_gradient_is_named(run_workers):
+    job = run_workers("bad_input.py", "--case", "sparse_gradient").check()
+    for report in job.reports():
+        r = report["sparse_gradient"]
+        # Raised in the autograd hook: autograd re-raises it as a RuntimeError (gradcomp.Error
+        # derives from it) with gradcomp's message.
+        assert_error(r["backward"], "'0.weight'", "sparse", gradcomp_error=False)
+        assert r["backward"][0] in ("RuntimeError", "Error"), r["backward"]
+        # step() hands the gradient over again and raises gradcomp.Error itself.
+        assert_error(r["step"], "'0.weight'", "sparse")
+
+
+def test_backward_twice_without_step(run_workers):
+    job = run_workers("bad_input.py", "--case", "backward_twice").check()
+    for report in job.reports():
+        second = report["backward_twice"]["second"]
+        assert_error(second, "again", "backward_passes_per_step", gradcomp_error=False)
+        assert second[0] in ("RuntimeError", "Error"), second
+
+
+def test_different_models_fail_on_every_rank(run_workers):
+    """Rank 1 has another middle layer: every rank fails at construction with an error naming
+    a tensor that really differs, long before the 60 s collective timeout."""
+    job = run_workers("bad_input.py", "--case", "different_models", timeout=120)
+    assert job.returncode != 0, job.describe()
+    assert job.seconds < 40, job.describe()
+    reports = job.reports()
+    shapes = [r["shapes"] for r in reports]
+    # Parameters are registered in backward order (the reverse of the model's): 4.bias agrees,
+    # 4.weight is the first that differs.
+    first = next(n for n in reversed(list(shapes[0])) if shapes[0][n] != shapes[1].get(n))
+    assert first == "4.weight"
+    for rank, report in enumerate(reports):
+        assert report["error"] is not None, f"rank {rank} raised nothing"
+        kind, message, is_gradcomp_error = report["error"]
+        assert is_gradcomp_error, f"rank {rank}: not a gradcomp.Error: {kind}: {message}"
+        assert f"'{first}'" in message, f"rank {rank}: {message!r} does not name {first!r}"
+        assert "different" in message, message
+        assert message in job.stderr, "the error must reach the user's terminal"

@@ -1,0 +1,49 @@
+"""gradcomp's DDP communication hook: the same gradients as DistributedOptimizer for the same
+plan, and with "none" the same as DDP's own allreduce."""
+import pytest
+import torch
+
+CODECS = ["fp16", "topk:ratio=0.05"]  # deterministic: no randomness, no feedback
+
+
+@pytest.fixture(scope="module")
+def job(module_runner):
+    codecs = [a for c in CODECS for a in ("--compression", c)]
+    return module_runner("hook_vs_optimizer.py", *codecs).check()
+
+
+def raw(tensors):
+    return b"".join(t.numpy().tobytes() for t in tensors)
+
+
+@pytest.mark.parametrize("compression", CODECS)
+def test_hook_and_optimizer_agree_bit_for_bit(job, compression):
+    for rank, results in enumerate(job.loads("grads")):
+        r = results[compression]
+        # The hook compressed (its layout is fixed: one DDP bucket of the one weight), and the
+        # optimizer's plan is one bucket with the same codec.
+        assert r["layout"] == [64 * 512], r["layout"]
+        assert len(r["plan"]["buckets"]) == 1
+        for stats in (r["hook_stats"], r["optimizer_stats"]):
+            assert 0 < stats["bytes_sent"] < stats["uncompressed_bytes"], stats
+        assert r["hook_stats"]["bytes_sent"] == r["optimizer_stats"]["bytes_sent"]
+        for step, (hook, opt) in enumerate(zip(r["hook"], r["optimizer"])):
+            assert raw(hook) == raw(opt), f"rank {rank}, step {step}: the gradients differ"
+    # Compression changed the gradients: the comparison above is between compressed results.
+    fp16, topk = (job.load("grads", 0)[c]["hook"][0][0] for c in CODECS)
+    assert not torch.equal(fp16, topk)
+    assert (topk != 0).float().mean() < 0.2  # top-k keeps 5% per rank, at most 10% together
+
+
+def test_none_hook_equals_plain_ddp(job):
+    """Exact for W = 2: plain DDP scales each gradient by 1/2 before its allreduce, gradcomp
+    sums and then scales; halving is exact in float32 (no subnormals here), so both give
+    a/2 + b/2 = (a + b)/2 with the same single rounding in the sum. (For W not a power of two,
+    or more than two summands in an order of the collective's choosing, they would agree only
+    to a few ulp.)"""
+    for rank, results in enumerate(job.loads("grads")):
+        r = results["none_vs_ddp"]
+        assert r["layout"] is not None and len(r["layout"]) > 1, r["layout"]
+        for step, (plain, hooked) in enumerate(zip(r["plain"], r["hooked"])):
+            for i, (a, b) in enumerate(zip(plain, hooked)):
+                assert torch.equal(a, b), f"rank {rank}, step {step}, parameter {i}"

@@ -1,0 +1,144 @@
+"""Bad or unusual input to DistributedOptimizer, one --case per job; each rank reports what
+happened (errors as [type name, message, is a gradcomp.Error])."""
+import copy
+
+import torch
+
+import common
+import gradcomp
+import gradcomp.torch as gc
+
+
+def error_of(action):
+    try:
+        action()
+    except Exception as e:  # noqa: BLE001  (the test judges the type)
+        return [type(e).__name__, str(e), isinstance(e, gradcomp.Error)]
+    return None
+
+
+def wrap(model, **options):
+    return gc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   model.named_parameters(), **options)
+
+
+def unknown_codec(rank, out):
+    return {"error": error_of(lambda: wrap(common.make_model(), compression="zip")),
+            "codecs": list(gradcomp.codec_names())}
+
+
+def float64_parameter(rank, out):
+    model = common.make_model()
+    model[2].double()  # the middle layer's weight and bias become float64
+    return {"error": error_of(lambda: wrap(model, compression="fp16"))}
+
+
+def frozen_parameter(rank, out):
+    """requires_grad=False on the first layer: left out of the plan and never changed."""
+    model = common.make_model()
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    frozen = common.snapshot(model[0].parameters())
+    opt = wrap(model, compression="fp16")
+    for step in range(2):
+        opt.zero_grad()
+        common.loss_of(model, *common.batch(rank, step)).backward()
+        opt.step()
+    return {"plan_tensors": [t["name"] for t in opt.plan["tensors"]],
+            "frozen_unchanged": all(torch.equal(a, b)
+                                    for a, b in zip(frozen, model[0].parameters())),
+            "frozen_grads": [p.grad is None for p in model[0].parameters()],
+            "params": common.state_bytes(model).hex()}
+
+
+class WithExtra(torch.nn.Module):
+    """The common model plus a head used only when asked (an unused parameter otherwise)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = common.make_model()
+        self.extra = torch.nn.Linear(64, 8)
+
+    def forward(self, x, use_extra):
+        out = self.body(x)
+        return out + self.extra(x) if use_extra else out
+
+
+def unused_parameter(rank, out):
+    """extra is unused everywhere at step 0, used by rank 0 only at step 1."""
+    model = WithExtra()
+    shadow = copy.deepcopy(model)
+    opt = wrap(model, compression="none")
+    steps = []
+    for step in range(2):
+        use = step == 1 and rank == 0
+        x, y = common.batch(rank, step)
+        shadow.load_state_dict(model.state_dict())
+        shadow.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(shadow(x, use), y).backward()
+        local = shadow.extra.weight.grad
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x, use), y).backward()
+        opt.synchronize()
+        steps.append({"local": None if local is None else local.clone(),
+                      "averaged": model.extra.weight.grad.clone()})
+        opt.step()
+        steps[-1]["params"] = common.state_bytes(model)
+    common.save(out, "unused", rank, steps)
+    return {"done": True}
+
+
+def sparse_gradient(rank, out):
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 16, sparse=True),
+                                torch.nn.Linear(16, 4))
+    opt = wrap(model, compression="none")
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]]) + rank
+    backward = error_of(lambda: model(tokens).sum().backward())
+    return {"backward": backward, "step": error_of(opt.step)}
+
+
+def backward_twice(rank, out):
+    model = common.make_model()
+    opt = wrap(model, compression="none")  # alive: its hooks hold it only weakly
+    common.loss_of(model, *common.batch(rank, 0)).backward()
+    return {"optimizer": repr(opt), "second": error_of(lambda: common.loss_of(model, *common.batch(rank, 1)).backward())}
+
+
+def different_models(rank, out):
+    """Rank 1's middle layer is narrower: the ranks registered different tensors."""
+    model = common.make_model()
+    if rank == 1:
+        model[2] = torch.nn.Linear(256, 32)
+        model[4] = torch.nn.Linear(32, 8)
+    shapes = {n: list(p.shape) for n, p in model.named_parameters()}
+    try:
+        wrap(model, compression="fp16")
+    except Exception as e:
+        common.report(out, rank, {"error": [type(e).__name__, str(e),
+                                            isinstance(e, gradcomp.Error)],
+                                  "shapes": shapes})
+        raise  # the process ends with the error, as a user's script would
+    common.report(out, rank, {"error": None, "shapes": shapes})
+    return None
+
+
+CASES = {f.__name__: f for f in (unknown_codec, float64_parameter, frozen_parameter,
+                                 unused_parameter, sparse_gradient, backward_twice,
+                                 different_models)}
+
+
+def main():
+    p = common.parser(__doc__)
+    p.add_argument("--case", action="append", required=True, choices=sorted(CASES))
+    args = p.parse_args()
+    rank, _ = common.setup()
+    results = {}
+    for case in args.case:
+        results[case] = CASES[case](rank, args.out)
+        if results[case] is None:  # the case wrote its own report
+            return
+    common.report(args.out, rank, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The DDP communication hook against DistributedOptimizer, under torch.distributed (gloo).
+
+For each codec: a one-parameter model (so DDP has one bucket and the optimizer's plan one
+bucket) trained through DDP + gradcomp's hook, and an identical copy through
+DistributedOptimizer, on the same data; after the hook's layout warm-up, both paths' gradients
+are recorded each step. Also the common model through DDP with the "none" hook and through
+plain DDP (its own allreduce)."""
+import copy
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import common
+import gradcomp.torch as gc
+
+WARMUP = 3  # iterations: the hook compresses once it has seen DDP's layout twice in a row
+STEPS = 3
+
+
+class OneWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.weight = torch.nn.Parameter(torch.randn(64, 512) * 0.05)  # 32768 elements
+
+    def forward(self, x):
+        return (x @ self.weight)[:, :8]
+
+
+def ddp_step(ddp, sgd, x, y):
+    sgd.zero_grad()
+    common.loss_of(ddp, x, y).backward()  # the hook's futures complete within backward
+    grads = common.snapshot(p.grad for p in ddp.parameters())
+    sgd.step()
+    return grads
+
+
+def hook_against_optimizer(rank, compression):
+    hooked = DDP(OneWeight())
+    hook = gc.comm_hook(compression)
+    hooked.register_comm_hook(None, hook)
+    hooked_sgd = torch.optim.SGD(hooked.parameters(), lr=0.1)
+    for step in range(WARMUP):  # backward only: the warm-up leaves the weights as they are
+        hooked_sgd.zero_grad()
+        common.loss_of(hooked, *common.batch(rank, 100 + step)).backward()
+    layout = hook._layout
+
+    plain = copy.deepcopy(hooked.module)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.1)
+    opt = gc.DistributedOptimizer(sgd, plain.named_parameters(), compression=compression)
+    record = {"layout": layout, "hook": [], "optimizer": []}
+    for step in range(STEPS):
+        x, y = common.batch(rank, step)
+        record["hook"].append(ddp_step(hooked, hooked_sgd, x, y))
+        opt.zero_grad()
+        common.loss_of(plain, x, y).backward()
+        opt.synchronize()
+        record["optimizer"].append(common.snapshot(p.grad for p in plain.parameters()))
+        opt.step()
+    record["hook_stats"] = hook.last_step()
+    record["optimizer_stats"] = opt.last_step()
+    record["plan"] = opt.plan
+    return record
+
+
+def none_hook_against_plain_ddp(rank):
+    """Several DDP buckets (small bucket caps, the first one included), some of them over
+    min_compress_elements."""
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 50_000  # DDP's documented knob for its first bucket
+    models = [DDP(common.make_model(), bucket_cap_mb=0.05) for _ in range(2)]
+    hook = gc.comm_hook("none")
+    models[1].register_comm_hook(None, hook)
+    sgds = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in models]
+    record = {"plain": [], "hooked": []}
+    for step in range(WARMUP + STEPS):  # through the warm-up and beyond
+        x, y = common.batch(rank, step)
+        record["plain"].append(ddp_step(models[0], sgds[0], x, y))
+        record["hooked"].append(ddp_step(models[1], sgds[1], x, y))
+    record["layout"] = hook._layout
+    return record
+
+
+def main():
+    p = common.parser(__doc__)
+    p.add_argument("--compression", action="append", required=True)
+    args = p.parse_args()
+    rank, _ = common.setup()
+    dist.init_process_group("gloo")
+    results = {c: hook_against_optimizer(rank, c) for c in args.compression}
+    results["none_vs_ddp"] = none_hook_against_plain_ddp(rank)
+    common.save(args.out, "grads", rank, results)
+    common.report(args.out, rank, {"done": True})
+
+
+if __name__ == "__main__":
+    main()
