@@ -25,6 +25,7 @@ struct DistributedGradients::Shared {
   std::mutex mutex;  // hooks may run on autograd's worker threads
 
   void hand_over(size_t index);
+  void before_accumulation(size_t index);
   void on_accumulated(size_t index);
 };
 
@@ -45,6 +46,23 @@ class AccumulatedHook final : public ::torch::autograd::FunctionPostHook {
       const ::torch::autograd::variable_list& /*inputs*/) override {
     if (auto shared = shared_.lock()) shared->on_accumulated(index_);
     return outputs;
+  }
+
+ private:
+  std::weak_ptr<DistributedGradients::Shared> shared_;
+  size_t index_;
+};
+
+// Runs before autograd adds a new gradient into .grad: a gradient already handed over must not
+// change while the engine may still read it (or work in it).
+class BeforeAccumulationHook final : public ::torch::autograd::FunctionPreHook {
+ public:
+  BeforeAccumulationHook(std::weak_ptr<DistributedGradients::Shared> shared, size_t index)
+      : shared_(std::move(shared)), index_(index) {}
+  ::torch::autograd::variable_list operator()(
+      const ::torch::autograd::variable_list& grads) override {
+    if (auto shared = shared_.lock()) shared->before_accumulation(index_);
+    return grads;
   }
 
  private:
@@ -107,7 +125,7 @@ void DistributedGradients::Shared::hand_over(size_t index) {
   at::Tensor grad = parameters[index].grad();
   if (grad.is_sparse()) {
     throw Error(fmt::format(
-        "parameter '{}' has a sparse gradient; gradcomp exchanges dense gradients (use "
+        "gradcomp: parameter '{}' has a sparse gradient; gradcomp exchanges dense gradients (use "
         "nn.Embedding(sparse=False), or set requires_grad=False on it)",
         names[index]));
   }
@@ -122,15 +140,19 @@ void DistributedGradients::Shared::hand_over(size_t index) {
   handed[index] = true;
 }
 
-void DistributedGradients::Shared::on_accumulated(size_t index) {
+void DistributedGradients::Shared::before_accumulation(size_t index) {
   std::lock_guard lock(mutex);
   if (handed[index]) {
     throw Error(fmt::format(
-        "parameter '{}' got a gradient again after it was handed over for this step; call "
-        "optimizer.step() (or synchronize()) between steps, or set backward_passes_per_step "
-        "for gradient accumulation",
+        "gradcomp: parameter '{}' got a gradient again after it was handed over for this "
+        "step (its .grad is left as it was); call optimizer.step() (or synchronize()) between "
+        "steps, or set backward_passes_per_step for gradient accumulation",
         names[index]));
   }
+}
+
+void DistributedGradients::Shared::on_accumulated(size_t index) {
+  std::lock_guard lock(mutex);
   if (++backward_passes[index] < passes_per_step) return;
   hand_over(index);
 }
@@ -172,6 +194,7 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
   s.engine = std::make_unique<Engine>(s.transport, std::move(plan), options.engine);
   for (size_t i = 0; i < s.parameters.size(); ++i) {
     auto accumulator = ::torch::autograd::impl::grad_accumulator(s.parameters[i]);
+    accumulator->add_pre_hook(std::make_unique<BeforeAccumulationHook>(shared_, i));
     accumulator->add_post_hook(std::make_unique<AccumulatedHook>(shared_, i));
     s.accumulators.push_back(std::move(accumulator));
   }

@@ -81,6 +81,7 @@ def test_backward_twice_without_step(run_workers):
         second = report["backward_twice"]["second"]
         assert_error(second, "again", "backward_passes_per_step", gradcomp_error=False)
         assert second[0] in ("RuntimeError", "Error"), second
+        assert report["backward_twice"]["grads_unchanged"], "the refused gradient was added"
 
 
 def test_different_models_fail_on_every_rank(run_workers):

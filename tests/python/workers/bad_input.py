@@ -100,8 +100,24 @@ def sparse_gradient(rank, out):
 def backward_twice(rank, out):
     model = common.make_model()
     opt = wrap(model, compression="none")  # alive: its hooks hold it only weakly
+    expected = mean_of_local_gradients(model, step=0)
     common.loss_of(model, *common.batch(rank, 0)).backward()
-    return {"optimizer": repr(opt), "second": error_of(lambda: common.loss_of(model, *common.batch(rank, 1)).backward())}
+    second = error_of(lambda: common.loss_of(model, *common.batch(rank, 1)).backward())
+    # The check runs before autograd adds the second gradient into .grad: once the first
+    # exchange is done, .grad holds exactly the mean of the first batch (W = 2: exact).
+    opt.synchronize()
+    unchanged = all(torch.equal(e, p.grad) for e, p in zip(expected, model.parameters()))
+    return {"optimizer": repr(opt), "second": second, "grads_unchanged": unchanged}
+
+
+def mean_of_local_gradients(model, step):
+    """Both ranks' local gradients of this step, averaged, computed on a copy of the model."""
+    grads = []
+    for r in range(2):
+        local = copy.deepcopy(model)
+        common.loss_of(local, *common.batch(r, step)).backward()
+        grads.append([p.grad for p in local.parameters()])
+    return [(a + b) * 0.5 for a, b in zip(*grads)]
 
 
 def different_models(rank, out):
