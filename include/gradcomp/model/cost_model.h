@@ -18,6 +18,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,14 +38,19 @@ struct Linear {
 };
 
 struct CodecCost {
-  Linear encode;  // compensate + encode (with fused residual when there is feedback)
-  Linear decode;  // decode-accumulate of one frame of n elements
+  Linear encode;     // encode without feedback
+  Linear encode_ef;  // encode with the residual fused (there is feedback); the feedback's own
+                     // compensate pass is costed apart, as a pass over the bucket
+  Linear decode;     // decode-accumulate of one frame of n elements
   bool operator==(const CodecCost&) const = default;
 };
 
 // Costs per codec name ("topk", not "topk:ratio=0.01": parameters change the frame size, which
 // comes from the traits, not the per-element cost). JSON: {"topk": {"encode": {"a": .., "b":
-// ..}, "decode": {...}}, ...}.
+// ..}, "encode_ef": {...}, "decode": {...}}, ...} (encode_ef defaults to encode), optionally
+// wrapped as {"source": "...", "codecs": {...}}. The entry "none" (a plain decode-accumulate:
+// read two arrays, write one) also prices the passes routes make over a whole bucket
+// (feedback's compensate, finalize, write back); without it those passes cost nothing.
 class CodecCosts {
  public:
   // The costs measured on this project's machine by `gradcomp bench codecs` (one core),
@@ -56,6 +62,8 @@ class CodecCosts {
   nlohmann::json to_json() const;
   // Throws Error naming the codec when there is no entry (listing the ones there are).
   const CodecCost& of(const std::string& codec_name) const;
+  const CodecCost* find(const std::string& codec_name) const;  // nullptr when absent
+  std::vector<std::string> names() const;
   void set(const std::string& codec_name, CodecCost cost);
   // Multiplies every cost by `factor` (a faster or slower device than the one measured).
   CodecCosts scaled(double factor) const;
@@ -79,6 +87,19 @@ struct BucketCost {
   double bytes_sent() const;  // per rank, all phases
 };
 
+// BucketCost without the phase list: what the simulator and the planner need, computed without
+// allocating.
+struct BucketTimes {
+  double encode_s = 0;
+  double exchange_s = 0;
+  double decode_s = 0;
+  double bytes = 0;
+};
+
+namespace detail {
+class OptionCache;
+}
+
 class CostModel {
  public:
   CostModel(Cluster cluster, CodecCosts codecs);
@@ -100,10 +121,14 @@ class CostModel {
   // The cost of one bucket of `elements` float32 values under `option` (codec, feedback,
   // route). Throws Error for an option the route cannot carry.
   BucketCost bucket(const Option& option, double elements) const;
+  // The same sums, no allocation once `option` has been seen (options are parsed once and
+  // cached; copies of a CostModel share the cache). Thread-safe.
+  BucketTimes bucket_times(const Option& option, double elements) const;
 
  private:
   Cluster cluster_;
   CodecCosts codecs_;
+  std::shared_ptr<detail::OptionCache> cache_;
 };
 
 }  // namespace gradcomp::model
