@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 
 #include "gradcomp/codec.h"
@@ -23,42 +24,90 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Bucket costs of one option as a function of the element count, read off a geometric grid of
-// exact CostModel::bucket() values and interpolated linearly between grid points (the costs are
-// affine in n for most codecs; PowerSGD's grows like sqrt(n), which the grid follows closely).
-class CostCurve {
+// Bucket costs of every option as a function of the element count, read off one geometric
+// grid of exact CostModel::bucket_times() values and interpolated linearly between grid points
+// (the costs are affine in n for most codecs; PowerSGD's grows like sqrt(n), which the grid
+// follows closely). Per grid interval it also keeps the options worth trying: an option that
+// another one beats on encode, exchange and decode time at both ends of the interval (with
+// the same encoding thread, and at least as often allowed) loses everywhere in between, since
+// both are linear there.
+class CostTable {
  public:
-  CostCurve(const CostModel& cost, const Option& option, double min_n, double max_n) {
+  using Costs = std::array<double, 3>;  // encode, exchange, decode
+
+  CostTable(const CostModel& cost, const std::vector<Option>& options, double min_n,
+            double max_n)
+      : options_(options) {
     min_n = std::max(1.0, std::floor(min_n));
     max_n = std::max(min_n, max_n);
     for (double n = min_n;; n = std::ceil(n * kStep)) {
-      add(cost, option, n);
+      n_.push_back(n);
+      for (const Option& o : options) {
+        const BucketTimes t = cost.bucket_times(o, n);
+        costs_.push_back({t.encode_s, t.exchange_s, t.decode_s});
+      }
       if (n >= max_n) break;
     }
+    if (n_.size() == 1) {  // one size only: an interval of zero width
+      n_.push_back(n_[0] + 1);
+      costs_.insert(costs_.end(), costs_.begin(), costs_.end());
+    }
+    for (size_t k = 0; k + 1 < n_.size(); ++k) keep_.push_back(undominated(k));
   }
-  // {encode, exchange, decode} seconds for n elements.
-  std::array<double, 3> at(double n) const {
-    auto it = std::upper_bound(n_.begin(), n_.end(), n);
-    if (it == n_.begin()) return cost_.front();
-    if (it == n_.end()) return cost_.back();
+
+  // The grid interval holding n.
+  size_t interval(double n) const {
+    const auto it = std::upper_bound(n_.begin(), n_.end(), n);
     const size_t hi = static_cast<size_t>(it - n_.begin());
-    const double t = (n - n_[hi - 1]) / (n_[hi] - n_[hi - 1]);
-    std::array<double, 3> out{};
-    for (int k = 0; k < 3; ++k) out[k] = cost_[hi - 1][k] + t * (cost_[hi][k] - cost_[hi - 1][k]);
-    return out;
+    return std::clamp<size_t>(hi, 1, n_.size() - 1) - 1;
+  }
+  const std::vector<size_t>& candidates(size_t k) const { return keep_[k]; }
+
+  Costs at(size_t option, size_t k, double n) const {
+    const Costs& lo = cost(k, option);
+    const Costs& hi = cost(k + 1, option);
+    const double t = std::clamp((n - n_[k]) / (n_[k + 1] - n_[k]), 0.0, 1.0);
+    return {lo[0] + t * (hi[0] - lo[0]), lo[1] + t * (hi[1] - lo[1]),
+            lo[2] + t * (hi[2] - lo[2])};
   }
 
  private:
   static constexpr double kStep = 1.0905077326652577;  // 2^(1/8): 8 points per octave
 
-  void add(const CostModel& cost, const Option& option, double n) {
-    const BucketCost c = cost.bucket(option, n);
-    n_.push_back(n);
-    cost_.push_back({c.encode_s, c.exchange_s(), c.decode_s});
+  const Costs& cost(size_t k, size_t option) const { return costs_[k * options_.size() + option]; }
+
+  static bool compressed(const Option& o) { return o.codec != "none" || o.feedback != "none"; }
+
+  // d may stand in for o: same encoding thread, and allowed wherever o is (uncompressed
+  // options are always allowed; compressed ones all under the same conditions).
+  bool may_replace(size_t d, size_t o) const {
+    return options_[d].encode_on == options_[o].encode_on &&
+           (!compressed(options_[d]) || compressed(options_[o]));
+  }
+  bool beats(size_t d, size_t o, size_t k) const {
+    const Costs &a = cost(k, d), &b = cost(k, o);
+    return a[0] <= b[0] && a[1] <= b[1] && a[2] <= b[2];
   }
 
+  std::vector<size_t> undominated(size_t k) const {
+    std::vector<size_t> keep;
+    for (size_t o = 0; o < options_.size(); ++o) {
+      bool dominated = false;
+      for (size_t d = 0; d < options_.size() && !dominated; ++d) {
+        if (d == o || !may_replace(d, o) || !beats(d, o, k) || !beats(d, o, k + 1)) continue;
+        // Equal costs: keep the first of the two.
+        const bool strictly = !beats(o, d, k) || !beats(o, d, k + 1);
+        dominated = strictly || d < o;
+      }
+      if (!dominated) keep.push_back(o);
+    }
+    return keep;
+  }
+
+  const std::vector<Option>& options_;
   std::vector<double> n_;
-  std::vector<std::array<double, 3>> cost_;
+  std::vector<Costs> costs_;               // grid point-major
+  std::vector<std::vector<size_t>> keep_;  // per interval
 };
 
 // Where the lanes stand after a prefix of buckets.
@@ -94,9 +143,28 @@ class Search {
     for (const auto& t : profile.tensors) {
       smallest = std::min(smallest, static_cast<double>(std::max<size_t>(t.elements, 1)));
     }
-    const double largest = std::min(prefix_[n], max_elements());
-    for (const auto& option : options_) curves_.emplace_back(cost, option, smallest, largest);
+    const double largest = std::min(prefix_[n], std::max(max_elements(), smallest));
+    table_ = std::make_unique<CostTable>(cost, options_, smallest, largest);
     compressible_.assign(n, true);
+    cuts_.resize(n + 1);
+    std::iota(cuts_.begin(), cuts_.end(), 0);
+  }
+
+  // Buckets may only end where a group of tensors ends: the tensors are grouped, in backward
+  // order, into about `groups` runs of similar size and ready time (large models).
+  void group_tensors(size_t groups) {
+    const size_t n = profile_.tensors.size();
+    const double elements = prefix_[n] / static_cast<double>(groups);
+    const double span = profile_.backward_s / static_cast<double>(groups);
+    cuts_ = {0};
+    for (size_t i = 1; i < n; ++i) {
+      const size_t first = cuts_.back();
+      if (prefix_[i] - prefix_[first] >= elements ||
+          profile_.tensors[i].ready_s - profile_.tensors[first].ready_s >= span) {
+        cuts_.push_back(i);
+      }
+    }
+    cuts_.push_back(n);
   }
 
   // Tensors [0, end) may only travel uncompressed (Espresso's bubble rule).
@@ -110,7 +178,7 @@ class Search {
     const size_t n = profile_.tensors.size();
     front_.assign(n + 1, {});
     front_[0].push_back(State{});
-    for (size_t end = 1; end <= n; ++end) extend_to(end);
+    for (size_t c = 1; c < cuts_.size(); ++c) extend_to(c);
     return buckets_of(best_final());
   }
 
@@ -133,15 +201,18 @@ class Search {
     return compressible_[start];  // the rule marks a prefix, so its first tensor decides
   }
 
-  void extend_to(size_t end) {
-    const double lambda = settings_.simulator.lambda;
-    const double ready = lambda * profile_.tensors[end - 1].ready_s;
-    for (size_t start = end; start-- > 0;) {
+  // All buckets that end at cut `c`, after every state of every earlier cut.
+  void extend_to(size_t c) {
+    const size_t end = cuts_[c];
+    const double ready = settings_.simulator.lambda * profile_.tensors[end - 1].ready_s;
+    for (size_t b = c; b-- > 0;) {
+      const size_t start = cuts_[b];
       const double elements = prefix_[end] - prefix_[start];
-      if (elements > max_elements() && start + 1 < end) break;  // buckets only grow from here
-      for (size_t o = 0; o < options_.size(); ++o) {
+      if (elements > max_elements() && b + 1 < c) break;  // buckets only grow from here
+      const size_t k = table_->interval(elements);
+      for (size_t o : table_->candidates(k)) {
         if (!allowed(o, start, end)) continue;
-        const auto cost = curves_[o].at(elements);
+        const auto cost = table_->at(o, k, elements);
         const bool on_caller = options_[o].encode_on == EncodeOn::kCaller;
         for (size_t p = 0; p < front_[start].size(); ++p) {
           ++considered_;
@@ -219,7 +290,8 @@ class Search {
   const Profile& profile_;
   const PlannerSettings& settings_;
   std::vector<Option> options_;
-  std::vector<CostCurve> curves_;
+  std::unique_ptr<CostTable> table_;
+  std::vector<size_t> cuts_;  // where buckets may end (tensor indices), 0 first
   std::vector<double> prefix_;
   std::vector<bool> compressible_;
   std::vector<std::vector<State>> front_;
@@ -234,9 +306,11 @@ Plan plan_of(const Profile& profile, std::vector<Bucket> buckets) {
   return plan;
 }
 
-// Models with more tensors than this use Espresso's pruning and a smaller front.
+// Models with more tensors than this use Espresso's pruning, split points between groups of
+// tensors only, and a smaller front: the exact search is quadratic in the tensors.
 constexpr size_t kExactTensors = 64;
-constexpr size_t kLargeFrontCap = 4;
+constexpr size_t kLargeGroups = 64;
+constexpr size_t kLargeFrontCap = 2;
 
 // Espresso's bubble rule on the best uncompressed plan: the tensors of buckets whose exchange
 // starts before the last time the exchange lane waits for compute gain nothing from
@@ -325,7 +399,10 @@ PlanResult make_plan(const Profile& profile, const CostModel& cost,
   PlanResult result;
   // The best uncompressed plan: a candidate of its own, and the base of the bubble rule.
   Search plain(profile, cost, settings, uncompressed_options(options));
-  if (large) plain.set_front_cap(kLargeFrontCap);
+  if (large) {
+    plain.set_front_cap(kLargeFrontCap);
+    plain.group_tensors(kLargeGroups);
+  }
   result.uncompressed_plan = plan_of(profile, plain.run());
   const SimResult plain_sim =
       simulate(profile, result.uncompressed_plan, cost, settings.simulator, large);
@@ -334,6 +411,7 @@ PlanResult make_plan(const Profile& profile, const CostModel& cost,
   Search joint(profile, cost, settings, options);
   if (large) {
     joint.set_front_cap(kLargeFrontCap);
+    joint.group_tensors(kLargeGroups);
     joint.keep_uncompressed_before(
         tensors_before_last_bubble(profile, result.uncompressed_plan, plain_sim));
   }

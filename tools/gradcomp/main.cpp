@@ -3,6 +3,7 @@
 //   gradcomp bench codecs [--json FILE]   codec throughput next to memcpy, on one core
 //   gradcomp bench routes [--json FILE]   exchange time per route and codec on W processes
 //   gradcomp launch -n N -- cmd args...   start N local ranks as torchrun would (launch.h)
+//   gradcomp plan --profile P ...         the planner on a model profile and a cluster
 //   gradcomp utility | simulate | costs    the cost model (model_commands.h)
 #include <filesystem>
 
@@ -14,6 +15,7 @@
 #include "gradcomp/error.h"
 #include "launch.h"
 #include "bench_routes.h"
+#include "plan_command.h"
 #include "model_commands.h"
 
 namespace {
@@ -97,6 +99,7 @@ int run(int argc, char** argv) {
   add_bench_routes(*bench, exit_code, argv[0]);
 
   gradcomp::tools::add_launch_command(app, exit_code);
+  gradcomp::tools::add_plan_command(app, exit_code);
   gradcomp::tools::add_model_commands(app, exit_code);  // utility, simulate, costs
 
   try {

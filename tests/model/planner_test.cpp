@@ -1,0 +1,196 @@
+// The planner against brute force on small instances, its guarantees (never worse than the
+// best uncompressed plan, only allowed options, deterministic) and its errors.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "gradcomp/error.h"
+#include "gradcomp/model/planner.h"
+
+namespace gradcomp::model {
+namespace {
+
+Profile random_profile(std::mt19937& rng, size_t tensors) {
+  std::uniform_int_distribution<int> log_size(6, 23);
+  std::uniform_real_distribution<double> gap(0.0, 4e-3);
+  Profile p;
+  p.model = "random";
+  p.source = "test";
+  p.batch_size = 1;
+  double t = 0;
+  for (size_t i = 0; i < tensors; ++i) {
+    t += gap(rng);
+    p.tensors.push_back({"t" + std::to_string(i), size_t{1} << log_size(rng), t});
+  }
+  p.backward_s = t + gap(rng);
+  p.forward_s = p.backward_s / 2;
+  return p;
+}
+
+Cluster random_cluster(std::mt19937& rng) {
+  std::uniform_real_distribution<double> log_rate(8.0, 10.7);  // 100 MB/s .. 50 GB/s
+  std::uniform_int_distribution<int> log_workers(1, 6);
+  Cluster c;
+  c.workers = 1 << log_workers(rng);
+  c.per_node = 1;
+  c.inter.bytes_per_s = std::pow(10.0, log_rate(rng));
+  c.inter.latency_s = 20e-6;
+  return c;
+}
+
+CodecCosts test_costs() {
+  CodecCosts costs;
+  // encode, encode with feedback, decode: a + b n seconds.
+  costs.set("none", {{0, 0}, {0, 0}, {1e-6, 0.1e-9}});
+  costs.set("fp16", {{2e-6, 0.3e-9}, {2e-6, 0.4e-9}, {2e-6, 0.3e-9}});
+  costs.set("topk", {{10e-6, 2e-9}, {10e-6, 2.5e-9}, {5e-6, 0.2e-9}});
+  return costs;
+}
+
+PlannerSettings three_options() {
+  PlannerSettings s;
+  s.codecs = {"fp16|none|allreduce", "topk:ratio=0.01|ef|allgather"};
+  s.try_caller_encoding = false;
+  return s;
+}
+
+TEST(Planner, ThreeOptionsOnAnyCluster) {
+  Cluster c;
+  c.workers = 8;
+  EXPECT_EQ(candidate_options(three_options(), c).size(), 3u);
+}
+
+TEST(Planner, MatchesExhaustiveSearchOnRandomSmallInstances) {
+  std::mt19937 rng(7);
+  for (int instance = 0; instance < 40; ++instance) {
+    const size_t n = 2 + instance % 8;  // 2..9 tensors
+    const Profile profile = random_profile(rng, n);
+    const CostModel cost(random_cluster(rng), test_costs());
+    const auto settings = three_options();
+    const auto dp = make_plan(profile, cost, settings);
+    const auto brute = exhaustive_plan(profile, cost, settings);
+    SCOPED_TRACE(::testing::Message() << "instance " << instance << ", " << n << " tensors");
+    EXPECT_LE(dp.predicted.iteration_s, brute.predicted.iteration_s * 1.01);
+    EXPECT_GE(dp.predicted.iteration_s, brute.predicted.iteration_s * (1 - 1e-9));
+    EXPECT_NEAR(dp.uncompressed_s, brute.uncompressed_s, brute.uncompressed_s * 0.01);
+  }
+}
+
+TEST(Planner, MatchesExhaustiveSearchAtTwelveTensors) {
+  // Twelve tensors of 2^20 elements, buckets of at most four (16 MB): brute force stays at a
+  // about two million plans, fast enough under the sanitizers too.
+  std::mt19937 rng(12);
+  Profile profile = random_profile(rng, 12);
+  for (auto& t : profile.tensors) t.elements = size_t{1} << 20;
+  for (const double gbit : {1.0}) {  // where compressing some buckets and not others pays
+    Cluster cluster;
+    cluster.workers = 16;
+    cluster.inter.bytes_per_s = gbit * 1.25e8;
+    const CostModel cost(cluster, test_costs());
+    PlannerSettings settings = three_options();
+    settings.max_bucket_bytes = 16u << 20;
+    const auto dp = make_plan(profile, cost, settings);
+    const auto brute = exhaustive_plan(profile, cost, settings);
+    SCOPED_TRACE(::testing::Message() << gbit << " Gbit/s");
+    EXPECT_LE(dp.predicted.iteration_s, brute.predicted.iteration_s * 1.01);
+    EXPECT_GE(dp.predicted.iteration_s, brute.predicted.iteration_s * (1 - 1e-9));
+  }
+}
+
+TEST(Planner, NeverPredictsWorseThanTheBestUncompressedPlan) {
+  std::mt19937 rng(3);
+  for (int instance = 0; instance < 20; ++instance) {
+    const Profile profile = random_profile(rng, 30 + instance * 5);
+    const CostModel cost(random_cluster(rng), test_costs());
+    PlannerSettings settings = three_options();
+    settings.try_caller_encoding = true;
+    const auto result = make_plan(profile, cost, settings);
+    EXPECT_LE(result.predicted.iteration_s, result.uncompressed_s * (1 + 1e-12));
+    EXPECT_NO_THROW(result.plan.validate());
+  }
+}
+
+TEST(Planner, CompressesWhenTheNetworkIsSlowAndNotWhenItIsFast) {
+  std::mt19937 rng(5);
+  const Profile profile = random_profile(rng, 20);
+  Cluster slow;
+  slow.workers = 8;
+  slow.inter.bytes_per_s = 1.25e7;  // 100 Mbit/s
+  Cluster fast = slow;
+  fast.inter.bytes_per_s = 1e12;
+  const auto on_slow = make_plan(profile, CostModel(slow, test_costs()), three_options());
+  const auto on_fast = make_plan(profile, CostModel(fast, test_costs()), three_options());
+  auto compressed = [](const Plan& plan) {
+    for (const auto& b : plan.buckets) {
+      if (b.option.codec != "none") return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(compressed(on_slow.plan));
+  EXPECT_LT(on_slow.predicted.iteration_s, on_slow.uncompressed_s);
+  EXPECT_FALSE(compressed(on_fast.plan));
+}
+
+TEST(Planner, IsDeterministic) {
+  std::mt19937 rng(9);
+  const Profile profile = random_profile(rng, 80);
+  const CostModel cost(random_cluster(rng), test_costs());
+  EXPECT_EQ(make_plan(profile, cost, three_options()).plan,
+            make_plan(profile, cost, three_options()).plan);
+}
+
+TEST(Planner, UsesOnlyAllowedOptionsAndRespectsMinimumSize) {
+  std::mt19937 rng(11);
+  const Profile profile = random_profile(rng, 40);
+  Cluster cluster;
+  cluster.workers = 8;
+  cluster.inter.bytes_per_s = 1.25e7;
+  PlannerSettings settings = three_options();
+  settings.min_compress_elements = 1 << 20;
+  const auto result = make_plan(profile, CostModel(cluster, test_costs()), settings);
+  for (size_t b = 0; b < result.plan.buckets.size(); ++b) {
+    const auto& o = result.plan.buckets[b].option;
+    EXPECT_TRUE(o.codec == "none" || o.codec == "fp16" || o.codec == "topk:ratio=0.01");
+    if (o.codec != "none") EXPECT_GE(result.plan.bucket_elements(b), size_t{1} << 20);
+  }
+}
+
+TEST(Planner, OneLossyStepExcludesTwoWayAndHierarchicalTwoWay) {
+  Cluster cluster;
+  cluster.workers = 16;
+  cluster.per_node = 4;
+  PlannerSettings settings;
+  settings.codecs = {"topk:ratio=0.01|ef"};
+  settings.one_lossy_step = true;
+  for (const auto& o : candidate_options(settings, cluster)) {
+    EXPECT_EQ(o.route.find("twoway"), std::string::npos) << o.route;
+  }
+  settings.one_lossy_step = false;
+  bool twoway = false;
+  for (const auto& o : candidate_options(settings, cluster)) {
+    twoway = twoway || o.route.find("twoway") != std::string::npos;
+  }
+  EXPECT_TRUE(twoway);
+}
+
+TEST(Planner, UnknownCodecIsAnErrorListingTheCodecs) {
+  Cluster cluster;
+  PlannerSettings settings;
+  settings.codecs = {"zip"};
+  try {
+    candidate_options(settings, cluster);
+    FAIL() << "no error";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("available codecs"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Planner, ExhaustiveSearchRefusesLargeInstances) {
+  std::mt19937 rng(1);
+  const Profile profile = random_profile(rng, 20);
+  EXPECT_THROW(exhaustive_plan(profile, CostModel(Cluster{}, test_costs()), three_options()),
+               Error);
+}
+
+}  // namespace
+}  // namespace gradcomp::model

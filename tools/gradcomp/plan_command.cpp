@@ -1,0 +1,135 @@
+// `gradcomp plan`.
+#include "plan_command.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gradcomp/error.h"
+#include "gradcomp/model/planner.h"
+#include "gradcomp/model/simulator.h"
+#include "model_options.h"
+
+namespace gradcomp::tools {
+namespace {
+
+struct PlanFlags {
+  std::string profile;
+  int workers = 0;
+  ClusterFlags cluster;
+  CostFlags costs;
+  std::vector<std::string> codecs{"none", "fp16"};
+  double lambda = 1.0;
+  bool one_lossy_step = false;
+  bool no_caller_encoding = false;
+  size_t min_compress_elements = 0;
+  std::string json_path;
+  std::string trace_path;
+};
+
+std::string option_text(const Option& o) {
+  return fmt::format("{} | {} | {}{}", o.codec, o.feedback, o.route,
+                     o.encode_on == EncodeOn::kCaller ? " | caller" : "");
+}
+
+void print_plan(const model::Profile& profile, const Plan& plan, const model::CostModel& cost) {
+  fmt::print("{:>6} {:>9} {:>12}  {:<52} {:>10}\n", "bucket", "tensors", "elements", "option",
+             "exch ms");
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto& bucket = plan.buckets[b];
+    const double n = static_cast<double>(plan.bucket_elements(b));
+    const auto c = cost.bucket(bucket.option, n);
+    fmt::print("{:>6} {:>4}-{:<4} {:>12}  {:<52} {:>10.3f}\n", b, bucket.tensors.front(),
+               bucket.tensors.back(), plan.bucket_elements(b), option_text(bucket.option),
+               c.exchange_s() * 1e3);
+  }
+  (void)profile;
+}
+
+double single_codec_time(const model::Profile& profile, const std::string& codec,
+                         const model::CostModel& cost, const model::SimulatorSettings& sim) {
+  DefaultPlanSettings settings;
+  settings.compressed = parse_option(codec);
+  const Plan plan = make_default_plan(profile.tensor_infos(), settings);
+  return model::simulate(profile, plan, cost, sim).iteration_s;
+}
+
+int run_plan(const PlanFlags& flags) {
+  const model::Profile profile = model::load_profile(flags.profile);
+  const model::CostModel cost(
+      flags.cluster.cluster(flags.workers > 0 ? std::optional<int>(flags.workers) : std::nullopt),
+      flags.costs.load());
+  model::PlannerSettings settings;
+  settings.codecs = split_specs(flags.codecs);
+  settings.one_lossy_step = flags.one_lossy_step;
+  settings.try_caller_encoding = !flags.no_caller_encoding;
+  settings.min_compress_elements = flags.min_compress_elements;
+  settings.simulator.lambda = flags.lambda;
+  const model::PlanResult result = model::make_plan(profile, cost, settings);
+
+  fmt::print("profile  {} ({} tensors, {:.1f}M elements, forward {:.1f} ms, backward {:.1f} ms)\n",
+             profile.model, profile.tensors.size(), profile.total_elements() / 1e6,
+             profile.forward_s * 1e3, profile.backward_s * 1e3);
+  const auto& c = cost.cluster();
+  fmt::print("cluster  {} workers ({} nodes x {}), inter {} + {:.3g} us, intra {} + {:.3g} us\n\n",
+             c.workers, c.nodes(), c.per_node, model::format_rate(c.inter.bytes_per_s),
+             c.inter.latency_s * 1e6, model::format_rate(c.intra.bytes_per_s),
+             c.intra.latency_s * 1e6);
+  print_plan(profile, result.plan, cost);
+  const double best = result.predicted.iteration_s;
+  fmt::print("\n{:<44} {:>10.2f} ms\n", "predicted iteration time of this plan", best * 1e3);
+  fmt::print("{:<44} {:>10.2f} ms  ({:.2f}x)\n", "best uncompressed plan",
+             result.uncompressed_s * 1e3, result.uncompressed_s / best);
+  for (const auto& codec : settings.codecs) {
+    const double t = single_codec_time(profile, codec, cost, settings.simulator);
+    fmt::print("{:<44} {:>10.2f} ms  ({:.2f}x)\n",
+               fmt::format("single-codec default plan: {}", codec), t * 1e3, t / best);
+  }
+  fmt::print("{:<44} {:>10.2f} ms\n", "upper bound (free compression: compute only)",
+             model::compute_bound(profile) * 1e3);
+  fmt::print("{:<44} {:>10.3f} ms  ({} bucket options evaluated)\n", "decision time",
+             result.decision_s * 1e3, result.options_considered);
+  if (!flags.json_path.empty()) {
+    result.plan.save(flags.json_path);
+    fmt::print("plan written to {}\n", flags.json_path);
+  }
+  if (!flags.trace_path.empty()) {
+    const auto sim = model::simulate(profile, result.plan, cost, settings.simulator, true);
+    std::ofstream(flags.trace_path) << sim.chrome_trace().dump() << "\n";
+    fmt::print("simulated timeline written to {}\n", flags.trace_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, int& exit_code) {
+  static PlanFlags flags;
+  auto* plan = app.add_subcommand(
+      "plan", "Find the plan (buckets and per-bucket compression) with the least predicted "
+              "iteration time for a model profile on a cluster");
+  plan->add_option("--profile", flags.profile, "A shipped profile name or a profile JSON path")
+      ->required();
+  plan->add_option("--workers", flags.workers, "Workers (data-parallel ranks)")
+      ->check(CLI::Range(1, 1 << 20));
+  flags.cluster.add_to(*plan);
+  flags.costs.add_to(*plan);
+  plan->add_option("--codecs", flags.codecs,
+                   "Allowed compression, 'codec[|feedback[|route]]' separated by ',' (none is "
+                   "always allowed)")
+      ->delimiter(',');
+  plan->add_option("--lambda", flags.lambda, "Compute slow-down while communicating (>= 1)")
+      ->check(CLI::Range(1.0, 10.0));
+  plan->add_flag("--one-lossy-step", flags.one_lossy_step,
+                 "At most one lossy compression per tensor (no two-way, no fp16 inside nodes)");
+  plan->add_flag("--no-caller-encoding", flags.no_caller_encoding,
+                 "Encode on the engine's thread only");
+  plan->add_option("--min-compress", flags.min_compress_elements,
+                   "Buckets under this many elements stay uncompressed");
+  plan->add_option("--json", flags.json_path, "Write the plan (plan-format.md) to this file");
+  plan->add_option("--trace", flags.trace_path, "Write the simulated step as a Chrome trace");
+  plan->callback([&exit_code] { exit_code = run_plan(flags); });
+}
+
+}  // namespace gradcomp::tools
