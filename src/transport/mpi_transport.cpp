@@ -24,12 +24,16 @@ using mpi::Clock;
 // MPI counts are int: larger collectives are split (allreduce, broadcast) or refused.
 constexpr size_t kMaxCount = INT_MAX;
 
-// MPI wants a valid address even for zero bytes; an empty span may hold a null pointer.
-std::byte g_empty_buffer[1];
-template <typename T>
-T* address(std::span<T> s) {
-  return s.empty() ? g_empty_buffer : s.data();
+// MPI wants a valid address even for zero bytes; an empty span may hold a null pointer. Input
+// and output get different ones: Open MPI's non-blocking collectives (libnbc) take sendbuf ==
+// recvbuf as MPI_IN_PLACE, and a rank that ran an alltoallv with nothing to send or receive in
+// place while the others did not left messages unmatched, so a later collective hung.
+std::byte g_empty_input[1];
+std::byte g_empty_output[1];
+const std::byte* address(std::span<const std::byte> s) {
+  return s.empty() ? g_empty_input : s.data();
 }
+std::byte* address(std::span<std::byte> s) { return s.empty() ? g_empty_output : s.data(); }
 
 int to_int(size_t value, const char* op, const char* what) {
   if (value > kMaxCount) {
