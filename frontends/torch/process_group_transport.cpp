@@ -53,6 +53,7 @@ class ProcessGroupTransport final : public Transport {
  protected:
   WorkPtr start_allreduce(std::span<std::byte> buffer, DType type, ReduceOp op) override {
     return submit("allreduce", buffer.size(), [=, this] {
+      if (buffer.empty()) return;  // nothing to reduce (see gather_blocks)
       at::Tensor host = view(buffer, type);
       // Gloo's c10d backend has no bfloat16 sum: reduce those in float32 and round once.
       const bool widen = type == DType::kBF16 && group_->getBackendName() == "gloo";
@@ -113,6 +114,7 @@ class ProcessGroupTransport final : public Transport {
 
   WorkPtr start_broadcast(std::span<std::byte> buffer, int root) override {
     return submit("broadcast", buffer.size(), [=, this] {
+      if (buffer.empty()) return;  // the same size on every rank, so every rank skips
       at::Tensor host = view(buffer);
       std::vector<at::Tensor> tensors{stage(host)};
       c10d::BroadcastOptions options;
@@ -156,6 +158,9 @@ class ProcessGroupTransport final : public Transport {
 
   // All ranks contribute `block` bytes; out receives them in rank order.
   void gather_blocks(std::span<const std::byte> in, std::span<std::byte> out, size_t block) {
+    // Gloo's allgather divides by the block size (SIGFPE on zero bytes). Every rank knows the
+    // block size, so every rank skips alike.
+    if (block == 0) return;
     at::Tensor src = stage(view(in));
     std::vector<at::Tensor> host_blocks, blocks;
     for (int r = 0; r < size(); ++r) {

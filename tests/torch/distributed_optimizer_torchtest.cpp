@@ -1,0 +1,290 @@
+// The libtorch DistributedOptimizer across real processes (mpirun and the Gloo launcher): with
+// "none" the gradients after synchronize are the mean of the ranks' local gradients and the
+// parameters stay bit-identical; the wrapped momentum SGD behaves as plain SGD fed that mean;
+// compression state checkpoints resume bit-exactly; unused parameters get zero gradients;
+// gradient accumulation exchanges every k-th pass; a float64 parameter is refused by name.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gradcomp/error.h"
+#include "gradcomp/torch/distributed_optimizer.h"
+#include "support/codec_testing.h"
+#include "support/mp_test.h"
+
+namespace gradcomp::torch {
+namespace {
+
+using testing::gather_bytes;
+using testing::world;
+using Parameters = ::torch::OrderedDict<std::string, at::Tensor>;
+
+// A small two-layer network held as plain tensors, so the same function gives the gradients
+// through gradcomp (on the parameters) and the local reference (on detached copies).
+Parameters make_parameters(float offset = 0) {
+  Parameters p;
+  auto init = [offset](std::vector<int64_t> shape, float phase) {
+    const int64_t n = c10::multiply_integers(shape);
+    return (at::sin(at::arange(n, at::kFloat) * 0.37f + phase + offset) * 0.3f)
+        .reshape(shape)
+        .requires_grad_();
+  };
+  p.insert("w1", init({16, 8}, 0.1f));
+  p.insert("b1", init({16}, 0.2f));
+  p.insert("w2", init({4, 16}, 0.3f));
+  p.insert("b2", init({4}, 0.4f));
+  return p;
+}
+
+// Rank `rank`'s batch of step `step` (pass `pass` when accumulating): reproducible anywhere.
+std::pair<at::Tensor, at::Tensor> batch(int rank, int step, int pass = 0) {
+  const float k = 0.1f * static_cast<float>(rank + 1) + 0.05f * static_cast<float>(pass);
+  at::Tensor x = at::sin(at::arange(32 * 8, at::kFloat).reshape({32, 8}) * k + step);
+  at::Tensor y = at::cos(at::arange(32 * 4, at::kFloat).reshape({32, 4}) * k - step);
+  return {x, y};
+}
+
+at::Tensor loss_of(const Parameters& p, const std::pair<at::Tensor, at::Tensor>& data) {
+  at::Tensor h = at::tanh(data.first.mm(p["w1"].t()) + p["b1"]);
+  return (h.mm(p["w2"].t()) + p["b2"] - data.second).pow(2).mean();
+}
+
+// This rank's gradients at the values of `p`, computed apart from gradcomp.
+std::vector<at::Tensor> local_gradients(const Parameters& p,
+                                        const std::pair<at::Tensor, at::Tensor>& data) {
+  Parameters copy;
+  std::vector<at::Tensor> inputs;
+  for (const auto& item : p) {
+    copy.insert(item.key(), item.value().detach().clone().requires_grad_());
+    inputs.push_back(copy[item.key()]);
+  }
+  return ::torch::autograd::grad({loss_of(copy, data)}, inputs);
+}
+
+std::vector<std::byte> bytes_of(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::byte> out;
+  for (const auto& t : tensors) {
+    const at::Tensor c = t.detach().contiguous();
+    const auto* data = static_cast<const std::byte*>(c.data_ptr());
+    out.insert(out.end(), data, data + c.numel() * c.element_size());
+  }
+  return out;
+}
+
+std::vector<at::Tensor> values(const Parameters& p) {
+  std::vector<at::Tensor> v;
+  for (const auto& item : p) v.push_back(item.value().detach().clone());
+  return v;
+}
+
+std::vector<at::Tensor> grads(const Parameters& p) {
+  std::vector<at::Tensor> g;
+  for (const auto& item : p) g.push_back(item.value().grad());
+  return g;
+}
+
+// The mean over ranks of every rank's `local` tensors (gathered through gradcomp's own
+// transport, averaged in double).
+std::vector<at::Tensor> mean_over_ranks(const std::vector<at::Tensor>& local) {
+  const auto mine = bytes_of(local);
+  const auto all = gather_bytes(mine);
+  const int W = world()->size();
+  std::vector<at::Tensor> mean;
+  size_t offset = 0;
+  for (const auto& t : local) {
+    at::Tensor sum = at::zeros(t.sizes(), at::kDouble);
+    for (int r = 0; r < W; ++r) {
+      const std::byte* data = all.data() + r * mine.size() + offset;
+      sum += at::from_blob(const_cast<std::byte*>(data), t.sizes(), at::kFloat).to(at::kDouble);
+    }
+    mean.push_back((sum / W).to(at::kFloat));
+    offset += t.numel() * sizeof(float);
+  }
+  return mean;
+}
+
+void expect_close(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want,
+                  const std::string& what, double rtol = 1e-5, double atol = 1e-7) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].defined()) << what << " " << i << " is undefined";
+    EXPECT_TRUE(at::allclose(got[i], want[i], rtol, atol))
+        << what << " " << i << ": largest difference "
+        << (got[i] - want[i]).abs().max().item<float>();
+  }
+}
+
+// Every rank holds the same bytes in `tensors`.
+void expect_identical_across_ranks(const std::vector<at::Tensor>& tensors,
+                                   const std::string& what) {
+  const auto mine = bytes_of(tensors);
+  const auto all = gather_bytes(mine);
+  for (int r = 0; r < world()->size(); ++r) {
+    EXPECT_EQ(std::memcmp(mine.data(), all.data() + r * mine.size(), mine.size()), 0)
+        << what << ": rank " << world()->rank() << " differs from rank " << r;
+  }
+}
+
+TEST(DistributedOptimizer, GradientsAreTheMeanAndParametersStayIdentical) {
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt(sgd, p, world());
+  for (int step = 0; step < 3; ++step) {
+    const auto data = batch(world()->rank(), step);
+    const auto local = local_gradients(p, data);
+    const auto expected = mean_over_ranks(local);
+    // The ranks' batches differ, so keeping the local gradient would fail the check below.
+    EXPECT_FALSE(at::allclose(local[0], expected[0]));
+    opt.zero_grad();
+    loss_of(p, data).backward();
+    opt.synchronize();
+    expect_close(grads(p), expected, "gradient");
+    expect_identical_across_ranks(grads(p), "gradients");
+    opt.step();
+    expect_identical_across_ranks(values(p), "parameters");
+  }
+  EXPECT_EQ(opt.gradients().steps(), 3u);
+  EXPECT_EQ(opt.gradients().last_step().uncompressed_bytes, 4u * (128 + 16 + 64 + 4));
+}
+
+// The wrapped optimizer runs unchanged: momentum SGD on the exchanged gradients follows plain
+// momentum SGD fed the mean of the local gradients.
+TEST(DistributedOptimizer, MomentumSgdIsPlainSgdFedTheMean) {
+  const auto options = ::torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3);
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), options);
+  DistributedOptimizer opt(sgd, p, world());
+  Parameters reference = make_parameters();
+  ::torch::optim::SGD plain(reference.values(), options);
+  for (int step = 0; step < 6; ++step) {
+    const auto data = batch(world()->rank(), step);
+    const auto mean = mean_over_ranks(local_gradients(reference, data));
+    for (size_t i = 0; i < mean.size(); ++i) reference[i].value().mutable_grad() = mean[i];
+    plain.step();
+
+    opt.zero_grad();
+    loss_of(p, data).backward();
+    opt.step();
+    expect_close(values(p), values(reference), "parameter after step " + std::to_string(step));
+  }
+  // The reference moved: a test of nothing would pass too.
+  EXPECT_FALSE(at::allclose(p["w1"], make_parameters()["w1"]));
+}
+
+// Trains `steps` steps [first, first + steps) with plain SGD through a DistributedOptimizer.
+void train(Parameters& p, DistributedOptimizer& opt, int first, int steps) {
+  for (int step = first; step < first + steps; ++step) {
+    opt.zero_grad();
+    loss_of(p, batch(world()->rank(), step)).backward();
+    opt.step();
+  }
+}
+
+Parameters copy_of(const Parameters& p) {
+  Parameters copy;
+  for (const auto& item : p) copy.insert(item.key(), item.value().detach().clone().requires_grad_());
+  return copy;
+}
+
+// A checkpoint of the compression state (top-k's error-feedback residuals) taken after 3
+// steps, loaded into a new optimizer over the saved parameters, continues exactly as the run
+// that went on; without it the continuation differs (the residuals matter).
+TEST(DistributedOptimizer, CheckpointResumesBitExactlyWithErrorFeedback) {
+  GradientOptions options;
+  options.compression = parse_compression("topk:ratio=0.25|ef");
+  options.min_compress_elements = 1;  // compress every tensor
+  options.engine.seed = 5;
+
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt(sgd, p, world(), options);
+  train(p, opt, 0, 3);
+  const std::vector<std::byte> state = opt.gradients().save_state();
+  Parameters saved = copy_of(p);
+  train(p, opt, 3, 3);
+  expect_identical_across_ranks(values(p), "compressed run");
+  EXPECT_LT(opt.gradients().last_step().bytes_sent, opt.gradients().last_step().uncompressed_bytes);
+
+  Parameters resumed = copy_of(saved);
+  ::torch::optim::SGD sgd_resumed(resumed.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt_resumed(sgd_resumed, resumed, world(), options);
+  opt_resumed.gradients().load_state(state);
+  EXPECT_EQ(opt_resumed.gradients().steps(), 3u);
+  train(resumed, opt_resumed, 3, 3);
+  EXPECT_EQ(bytes_of(values(resumed)), bytes_of(values(p)));
+
+  Parameters fresh = copy_of(saved);
+  ::torch::optim::SGD sgd_fresh(fresh.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt_fresh(sgd_fresh, fresh, world(), options);
+  train(fresh, opt_fresh, 3, 3);
+  EXPECT_NE(bytes_of(values(fresh)), bytes_of(values(p)));
+}
+
+// A parameter no rank uses gets a zero gradient; one only rank 0 uses gets rank 0's gradient
+// divided by the world size (the other ranks contribute zeros).
+TEST(DistributedOptimizer, UnusedParametersGetZeroGradients) {
+  Parameters p = make_parameters();
+  p.insert("unused", at::ones({10}).requires_grad_());
+  p.insert("rank0_only", at::ones({6}).requires_grad_());
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt(sgd, p, world());
+  const at::Tensor weights = at::arange(6, at::kFloat) - 2.5f;
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    at::Tensor loss = loss_of(p, batch(world()->rank(), step));
+    if (world()->rank() == 0) loss = loss + (p["rank0_only"] * weights).sum();
+    loss.backward();
+    opt.synchronize();
+    ASSERT_TRUE(p["unused"].grad().defined());
+    EXPECT_TRUE(at::equal(p["unused"].grad(), at::zeros({10})));
+    EXPECT_TRUE(at::allclose(p["rank0_only"].grad(), weights / world()->size()));
+    expect_identical_across_ranks(grads(p), "gradients");
+    opt.step();
+  }
+}
+
+// backward_passes_per_step = 2: the first pass leaves the local gradient alone, the second
+// hands the accumulated sum over, and synchronize gives its mean over ranks.
+TEST(DistributedOptimizer, GradientAccumulation) {
+  GradientOptions options;
+  options.backward_passes_per_step = 2;
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt(sgd, p, world(), options);
+  for (int step = 0; step < 2; ++step) {
+    const auto first = batch(world()->rank(), step, 0);
+    const auto second = batch(world()->rank(), step, 1);
+    const auto g1 = local_gradients(p, first);
+    const auto g2 = local_gradients(p, second);
+    std::vector<at::Tensor> sum;
+    for (size_t i = 0; i < g1.size(); ++i) sum.push_back(g1[i] + g2[i]);
+    const auto expected = mean_over_ranks(sum);
+
+    opt.zero_grad();
+    loss_of(p, first).backward();
+    expect_close(grads(p), g1, "gradient after the first pass");
+    EXPECT_EQ(opt.gradients().steps(), static_cast<uint64_t>(step));
+    loss_of(p, second).backward();
+    opt.synchronize();
+    expect_close(grads(p), expected, "accumulated gradient");
+    opt.step();
+    EXPECT_EQ(opt.gradients().steps(), static_cast<uint64_t>(step + 1));
+  }
+}
+
+TEST(DistributedOptimizer, Float64ParameterIsAnErrorNamingIt) {
+  Parameters p = make_parameters();
+  p.insert("head.double_weight", at::ones({3}, at::kDouble).requires_grad_());
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  const std::string message =
+      testing::error_text([&] { DistributedOptimizer opt(sgd, p, world()); });
+  EXPECT_NE(message.find("head.double_weight"), std::string::npos) << message;
+  EXPECT_NE(message.find("Double"), std::string::npos) << message;
+  EXPECT_THROW(DistributedOptimizer(sgd, p, world()), gradcomp::Error);
+}
+
+}  // namespace
+}  // namespace gradcomp::torch
