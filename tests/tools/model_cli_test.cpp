@@ -1,0 +1,201 @@
+// The model commands (plan, simulate, utility), run as a user would: what they print, the files
+// they write, and their errors. No assertion is about how long anything took.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "gradcomp/model/profile.h"
+#include "gradcomp/plan.h"
+#include "support/run_cli.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Result = gradcomp::testing::CliResult;
+
+Result run(const std::string& args) { return gradcomp::testing::run_cli(args); }
+
+bool has(const Result& r, const std::string& text) {
+  return r.output.find(text) != std::string::npos;
+}
+
+// A fresh directory per test, removed afterwards: tests may run side by side under ctest -j.
+class ModelCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("gradcomp_model_cli_" + std::to_string(getpid()) + "_" + info->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::string write(const std::string& name, const json& doc) const {
+    std::ofstream(path(name)) << doc.dump(2) << "\n";
+    return path(name);
+  }
+
+  static json read(const std::string& file) {
+    std::ifstream in(file);
+    return json::parse(in);
+  }
+
+ private:
+  fs::path dir_;
+};
+
+// A small model no shipped file describes: three tensors, one of them a bias.
+json unseen_profile() {
+  return {{"format", "gradcomp-profile"}, {"version", 1}, {"model", "unseen"},
+          {"source", "written by model_cli_test"}, {"batch_size", 8},
+          {"forward_ms", 20.0}, {"backward_ms", 40.0},
+          {"tensors", json::array({{{"name", "head.bias"}, {"elements", 10}, {"ready_ms", 1.0}},
+                                   {{"name", "head.weight"}, {"elements", 5000000}, {"ready_ms", 1.0}},
+                                   {{"name", "body.weight"}, {"elements", 8000000}, {"ready_ms", 40.0}}})}};
+}
+
+const char* kResnet101 =
+    "plan --profile resnet101 --workers 64 --per-node 8 --inter 25gbit "
+    "--codecs none,fp16,topk:ratio=0.01,efsignsgd,randomk:ratio=0.01";
+
+TEST_F(ModelCli, PlanPrintsThePlanAndWhatItIsComparedWith) {
+  const Result r = run(kResnet101);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "resnet101 (314 tensors")) << r.output;
+  EXPECT_TRUE(has(r, "64 workers (8 nodes x 8)")) << r.output;
+  EXPECT_TRUE(has(r, "predicted iteration time of this plan")) << r.output;
+  EXPECT_TRUE(has(r, "best uncompressed plan")) << r.output;
+  for (const char* codec : {"none", "fp16", "topk:ratio=0.01", "efsignsgd", "randomk:ratio=0.01"}) {
+    EXPECT_TRUE(has(r, std::string("single-codec default plan: ") + codec)) << codec;
+  }
+  EXPECT_TRUE(has(r, "upper bound (free compression")) << r.output;
+  EXPECT_TRUE(has(r, "decision time")) << r.output;
+}
+
+TEST_F(ModelCli, PlanJsonIsAValidPlanOverTheProfilesTensors) {
+  const std::string out = path("plan.json");
+  const Result r = run(std::string(kResnet101) + " --json " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const gradcomp::Plan plan = gradcomp::Plan::load(out);  // load validates too
+  EXPECT_NO_THROW(plan.validate());
+  EXPECT_EQ(plan.tensors, gradcomp::model::load_profile("resnet101").tensor_infos());
+  const std::set<std::string> allowed{"none", "fp16", "topk:ratio=0.01", "efsignsgd",
+                                      "randomk:ratio=0.01"};
+  for (const auto& bucket : plan.buckets) EXPECT_TRUE(allowed.count(bucket.option.codec)) << bucket.option.codec;
+  // The plan it wrote is one `simulate` runs.
+  const Result sim = run("simulate --profile resnet101 --workers 64 --per-node 8 --plan " + out);
+  EXPECT_EQ(sim.exit_code, 0) << sim.output;
+}
+
+TEST_F(ModelCli, PlanReadsAProfileItHasNeverSeen) {
+  const std::string profile = write("unseen.json", unseen_profile());
+  const std::string out = path("plan.json");
+  const Result r = run("plan --profile " + profile + " --workers 4 --inter 1gbit --codecs fp16 --json " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "unseen (3 tensors")) << r.output;
+  const gradcomp::Plan plan = gradcomp::Plan::load(out);
+  ASSERT_EQ(plan.tensors.size(), 3u);
+  EXPECT_EQ(plan.tensors[0].name, "head.bias");
+  EXPECT_EQ(plan.tensors[2].name, "body.weight");
+}
+
+TEST_F(ModelCli, UnknownProfileListsTheShippedOnes) {
+  const Result r = run("plan --profile no-such-model --workers 8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(has(r, "unknown profile 'no-such-model'")) << r.output;
+  for (const auto& name : gradcomp::model::profile_names()) EXPECT_TRUE(has(r, name)) << name;
+}
+
+TEST_F(ModelCli, UnknownCodecListsTheCodecs) {
+  const Result r = run("plan --profile resnet50 --workers 8 --codecs none,zip");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(has(r, "unknown codec 'zip'")) << r.output;
+  EXPECT_TRUE(has(r, "available codecs: none, fp16")) << r.output;
+}
+
+TEST_F(ModelCli, PerNodeMustDivideWorkers) {
+  const Result r = run("plan --profile resnet50 --workers 64 --per-node 6");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(has(r, "per_node = 6 must divide workers = 64")) << r.output;
+}
+
+TEST_F(ModelCli, ZeroBandwidthIsRefused) {
+  const Result flag = run("plan --profile resnet50 --workers 8 --inter 0gbit");
+  EXPECT_NE(flag.exit_code, 0);
+  EXPECT_TRUE(has(flag, "inter")) << flag.output;
+  EXPECT_TRUE(has(flag, "must be > 0")) << flag.output;
+  const std::string cluster = write("cluster.json", {{"workers", 8}, {"inter", {{"bandwidth", "0gbit"}, {"latency", "10us"}}}});
+  const Result file = run("plan --profile resnet50 --cluster " + cluster);
+  EXPECT_NE(file.exit_code, 0);
+  EXPECT_TRUE(has(file, "inter.bandwidth")) << file.output;
+}
+
+TEST_F(ModelCli, NegativeTensorSizeNamesTheField) {
+  json profile = unseen_profile();
+  profile["tensors"][1]["elements"] = -5000;
+  const Result r = run("plan --profile " + write("negative.json", profile) + " --workers 4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(has(r, "tensors[1].elements")) << r.output;
+}
+
+TEST_F(ModelCli, SimulateWritesRowsAndATrace) {
+  const std::string out = path("sim.json"), trace = path("trace.json");
+  const Result r = run("simulate --profile resnet50 --workers 8 --codecs 'none;fp16' --json " + out +
+                       " --trace " + trace);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "compute bound")) << r.output;
+  const json doc = read(out);
+  ASSERT_EQ(doc["rows"].size(), 2u);
+  EXPECT_EQ(doc["rows"][0]["plan"], "none");
+  EXPECT_EQ(doc["rows"][1]["plan"], "fp16");
+  for (const auto& row : doc["rows"]) {
+    EXPECT_EQ(row["workers"], 8);
+    EXPECT_GE(row["iteration_s"].get<double>(), row["compute_bound_s"].get<double>());
+  }
+  EXPECT_TRUE(read(trace).is_array());
+}
+
+TEST_F(ModelCli, SimulateSweepsWorkersAndBandwidths) {
+  const std::string out = path("sweep.json");
+  const Result r = run("simulate --profile bert-base --per-node 4 --codecs 'none;fp16' "
+                       "--sweep-workers 8,16 --sweep-bandwidth 1gbit,10gbit,100gbit --json " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read(out)["rows"].size(), 2u * 3u * 2u);
+}
+
+TEST_F(ModelCli, SimulateRefusesABadBandwidthAndAnUnknownFlag) {
+  const Result unit = run("simulate --profile resnet50 --sweep-bandwidth 10furlongs");
+  EXPECT_NE(unit.exit_code, 0);
+  EXPECT_TRUE(has(unit, "--sweep-bandwidth")) << unit.output;
+  EXPECT_TRUE(has(unit, "furlongs")) << unit.output;
+  const Result flag = run("simulate --profile resnet50 --no-such-flag");
+  EXPECT_NE(flag.exit_code, 0);
+  EXPECT_TRUE(has(flag, "--no-such-flag")) << flag.output;
+}
+
+TEST_F(ModelCli, UtilityPrintsTimesAndCrossovers) {
+  const std::string out = path("utility.json");
+  const Result r = run("utility --profile resnet50 --workers 8 --bandwidths 1gbit,100gbit "
+                       "--codecs fp16,signsgd --json " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "syncSGD")) << r.output;
+  const json doc = read(out);
+  EXPECT_EQ(doc["rows"].size(), 2u * 2u * 2u);  // bandwidths x methods x (serial, overlapped)
+  EXPECT_EQ(doc["crossovers"].size(), 2u * 2u);
+}
+
+TEST_F(ModelCli, UtilityRefusesABadTail) {
+  const Result r = run("utility --profile resnet50 --tail sideways");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(has(r, "--tail")) << r.output;
+}
+
+}  // namespace
