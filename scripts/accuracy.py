@@ -9,8 +9,9 @@ writes a Markdown table.
     /usr/bin/python3 scripts/accuracy.py                       # everything (about an hour)
     /usr/bin/python3 scripts/accuracy.py --codecs topk,qsgd --epochs 0.2 --out /tmp/acc.md
 
-Each run's JSON summary is kept in --runs (default build/accuracy-runs); --resume reuses the
-summaries of runs already done with the same settings.
+Each run's JSON summary is kept in --runs (default build/accuracy-runs/e<epochs>-w<world>);
+--resume reuses the summaries of runs already done with the same settings. With --codecs the
+table goes to build/accuracy-subset.md unless --out says otherwise.
 """
 import argparse
 import json
@@ -102,10 +103,10 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (0.05)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
                    help="learning-rate schedule of every run (cosine)")
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "accuracy.md"),
-                   help="the Markdown file to write (docs/accuracy.md)")
-    p.add_argument("--runs", default=os.path.join(ROOT, "build", "accuracy-runs"),
-                   help="directory of the runs' JSON summaries and logs")
+    p.add_argument("--out", help="the Markdown file to write (docs/accuracy.md for all codecs, "
+                                 "build/accuracy-subset.md with --codecs)")
+    p.add_argument("--runs", help="directory of the runs' JSON summaries and logs "
+                                  "(build/accuracy-runs/e<epochs>-w<world>)")
     p.add_argument("--resume", action="store_true",
                    help="reuse summaries of runs already done with the same settings")
     args = p.parse_args()
@@ -113,6 +114,13 @@ def parse_args():
     if not args.baseline_seeds or args.baseline_seeds[0] != args.seed:
         p.error("--baseline-seeds must start with --seed (the codecs are compared to that run)")
     args.selected = select_codecs(p, args.codecs)
+    # A quick check of a few codecs must not overwrite the committed table.
+    if args.out is None:
+        args.out = os.path.join(ROOT, *(("build", "accuracy-subset.md") if args.codecs
+                                        else ("docs", "accuracy.md")))
+    if args.runs is None:
+        args.runs = os.path.join(ROOT, "build", "accuracy-runs",
+                                 f"e{args.epochs:g}-w{args.world}")
     return args
 
 
@@ -153,8 +161,9 @@ def run(args, entry, seed):
     stem = os.path.join(args.runs, f"{entry['name']}.seed{seed}")
     json_path, log_path = stem + ".json", stem + ".log"
     cmd = train_command(args, entry, seed, json_path)
-    # The command without the port, to tell whether a stored summary used the same settings.
-    key = shlex.join(cmd[2:4] + cmd[6:])
+    # The settings of the run (the command without port and output path), to tell whether a
+    # stored summary can be reused.
+    key = shlex.join(cmd[2:4] + cmd[6:cmd.index("--json")] + cmd[cmd.index("--json") + 2:])
     if args.resume and os.path.exists(json_path):
         with open(json_path, encoding="utf-8") as f:
             summary = json.load(f)
