@@ -10,13 +10,10 @@
 namespace gradcomp::model {
 namespace {
 
+using testing::contains;
+
 using nlohmann::json;
 using testing::error_text;
-
-::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
-}
 
 json good_json() {
   return json::parse(R"({"workers": 64, "per_node": 8,

@@ -17,13 +17,10 @@
 namespace gradcomp::model {
 namespace {
 
+using testing::contains;
+
 using nlohmann::json;
 using testing::error_text;
-
-::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
-}
 
 constexpr double kAlpha = 10e-6;   // inter latency
 constexpr double kBeta = 1 / 1e9;  // inter: 1 GB/s

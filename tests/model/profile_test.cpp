@@ -18,14 +18,10 @@
 namespace gradcomp::model {
 namespace {
 
+using testing::contains;
+
 using nlohmann::json;
 using testing::error_text;
-
-// Whether `text` contains `part`, showing the whole text when it does not.
-::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
-}
 
 // Times that are whole nanoseconds, so seconds -> ms -> seconds is exact.
 Profile sample_profile() {

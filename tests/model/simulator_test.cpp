@@ -40,14 +40,11 @@ void operator delete(void* p, size_t) noexcept { std::free(p); }
 namespace gradcomp::model {
 namespace {
 
+using testing::contains;
+
 using testing::error_text;
 
 constexpr double kMs = 1e-3;
-
-::testing::AssertionResult contains(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
-}
 
 CostModel cost_model() {
   Cluster c;

@@ -48,6 +48,12 @@ inline std::string error_text(const std::function<void()>& fn) {
   return "no error";
 }
 
+// Whether `text` contains `part`, showing the whole text when it does not.
+inline ::testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
 // A copy of `frame` whose header went through `edit` (the checksum is recomputed) and whose
 // payload is resized to the header's payload_bytes (zero-filled when it grows).
 inline std::vector<std::byte> edited(std::vector<std::byte> frame,
