@@ -315,8 +315,7 @@ constexpr size_t kLargeFrontCap = 2;
 // Espresso's bubble rule on the best uncompressed plan: the tensors of buckets whose exchange
 // starts before the last time the exchange lane waits for compute gain nothing from
 // compression (the lane idles afterwards anyway). Returns how many leading tensors that is.
-size_t tensors_before_last_bubble(const Profile& profile, const Plan& plan,
-                                  const SimResult& result) {
+size_t tensors_before_last_bubble(const Plan& plan, const SimResult& result) {
   double previous_end = 0;
   size_t bubble_bucket = 0;
   for (const Span& s : result.spans) {
@@ -328,7 +327,6 @@ size_t tensors_before_last_bubble(const Profile& profile, const Plan& plan,
   for (size_t b = 0; b < bubble_bucket && b < plan.buckets.size(); ++b) {
     tensors += plan.buckets[b].tensors.size();
   }
-  (void)profile;
   return tensors;
 }
 
@@ -413,7 +411,7 @@ PlanResult make_plan(const Profile& profile, const CostModel& cost,
     joint.set_front_cap(kLargeFrontCap);
     joint.group_tensors(kLargeGroups);
     joint.keep_uncompressed_before(
-        tensors_before_last_bubble(profile, result.uncompressed_plan, plain_sim));
+        tensors_before_last_bubble(result.uncompressed_plan, plain_sim));
   }
   result.plan = plan_of(profile, joint.run());
   result.predicted = simulate(profile, result.plan, cost, settings.simulator);

@@ -33,7 +33,7 @@ std::string option_text(const Option& o) {
                      o.encode_on == EncodeOn::kCaller ? " | caller" : "");
 }
 
-void print_plan(const model::Profile& profile, const Plan& plan, const model::CostModel& cost) {
+void print_plan(const Plan& plan, const model::CostModel& cost) {
   fmt::print("{:>6} {:>9} {:>12}  {:<52} {:>10}\n", "bucket", "tensors", "elements", "option",
              "exch ms");
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -44,7 +44,6 @@ void print_plan(const model::Profile& profile, const Plan& plan, const model::Co
                bucket.tensors.back(), plan.bucket_elements(b), option_text(bucket.option),
                c.exchange_s() * 1e3);
   }
-  (void)profile;
 }
 
 double single_codec_time(const model::Profile& profile, const std::string& codec,
@@ -76,7 +75,7 @@ int run_plan(const PlanFlags& flags) {
              c.workers, c.nodes(), c.per_node, model::format_rate(c.inter.bytes_per_s),
              c.inter.latency_s * 1e6, model::format_rate(c.intra.bytes_per_s),
              c.intra.latency_s * 1e6);
-  print_plan(profile, result.plan, cost);
+  print_plan(result.plan, cost);
   const double best = result.predicted.iteration_s;
   fmt::print("\n{:<44} {:>10.2f} ms\n", "predicted iteration time of this plan", best * 1e3);
   fmt::print("{:<44} {:>10.2f} ms  ({:.2f}x)\n", "best uncompressed plan",
