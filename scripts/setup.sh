@@ -19,6 +19,7 @@ packages=(
   python3-matplotlib python3-pytest dataset-fashion-mnist libopenblas0-pthread
   python3-torchvision                          # CNN shapes for scripts/make_profiles.py
   zlib1g-dev                                   # the C++ trainer reads the gzip'd idx files
+  iproute2 util-linux                          # bench/cluster: ip netns, tc; tests: setpriv
 )
 
 missing=()

@@ -1,0 +1,530 @@
+"""The emulated-cluster benchmark: gradcomp against PyTorch DDP and its compression hooks, side
+by side on the same emulated network, with the simulator's prediction next to each measurement.
+
+For each profile, link rate and worker count it builds a cluster (netns.py: one network
+namespace per host, tbf-limited veth links to a bridge), measures the links, asks `gradcomp
+plan` for a plan for exactly that cluster, runs every contender (worker.py, one process per
+host) and asks `gradcomp simulate` what each should take. Results go to
+bench/cluster/results/cluster-benchmark.json after every configuration, and report.py turns
+them into docs/cluster-benchmark.md and plots. bench/cluster/run.sh is the entry point.
+
+Links faster than --max-real-rate run by time dilation: compute K times slower, links at
+rate / K, measured times divided by K (this machine's kernel cannot carry 10 Gbit/s of TCP and
+gloo's reductions on 2 cores). Dilation hides K-fold any CPU cost of encoding, so the planner
+and the simulator see codec costs divided by K too, and the report marks those rows.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import netns  # noqa: E402
+import report  # noqa: E402
+
+PYTHON = "/usr/bin/python3"  # Debian's, with torch
+GRADCOMP = ROOT / "build" / "bin" / "gradcomp"
+WORKER = HERE / "worker.py"
+
+# The codecs gradcomp runs on its default plan, and the planner's choices.
+MAIN_CODECS = ["fp16", "intq", "qsgd", "topk:ratio=0.01|ef", "randomk:ratio=0.01|ef",
+               "powersgd|ef", "efsignsgd"]
+DDP_CONTENDERS = ["ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd:rank=1", "ddp-powersgd:rank=4"]
+TRAIN_CONTENDERS = ["ddp", "ddp-fp16", "ddp-powersgd:rank=1", "gradcomp:fp16",
+                    "gradcomp:topk:ratio=0.01|ef", "gradcomp:powersgd|ef"]
+LABELS = {
+    "compute": "compute only (no exchange)",
+    "ddp": "DDP gloo 25 MB",
+    "ddp-fp16": "DDP + fp16 hook",
+    "ddp-bf16": "DDP + bf16 hook",
+    "ddp-powersgd:rank=1": "DDP + PowerSGD hook r1",
+    "ddp-powersgd:rank=4": "DDP + PowerSGD hook r4",
+    "plan": "gradcomp planned",
+}
+
+
+class BenchError(Exception):
+    """A failure with a message for the user."""
+
+
+# ---------------------------------------------------------------------------- settings
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="bench/cluster/run.sh",
+        description="Side-by-side benchmark of gradcomp against PyTorch DDP and its hooks on "
+                    "an emulated cluster (network namespaces + tbf). Needs root.")
+    p.add_argument("--quick", action="store_true",
+                   help="a few-minute subset: resnet50, 1gbit and 10gbit, 4 workers, no train")
+    p.add_argument("--profiles", default="resnet50",
+                   help="replay profiles, comma separated (shipped names or paths)")
+    p.add_argument("--rates", default=None,
+                   help="link rates, comma separated (default 100mbit,1gbit,10gbit)")
+    p.add_argument("--workers", default=None, help="worker counts (default 2,4,8)")
+    p.add_argument("--codecs", default=",".join(MAIN_CODECS),
+                   help="gradcomp codecs on default plans, and the planner's choices "
+                        "(separated by ',')")
+    p.add_argument("--contenders", default=None,
+                   help="run only these contenders (e.g. ddp,plan,gradcomp:fp16)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="steps not measured (5; --quick 4): DDP's PowerSGD hook compresses "
+                        "from its third step and settles over the next ones")
+    p.add_argument("--steps", type=int, default=None, help="measured steps (8; --quick 5)")
+    p.add_argument("--burn", action="store_true", help="compute burns CPU instead of waiting")
+    p.add_argument("--max-real-rate", default="1gbit",
+                   help="faster links run time-dilated (1gbit)")
+    p.add_argument("--delay", help="link latency: not possible on this kernel (no netem)")
+    p.add_argument("--train", dest="train", action="store_true", default=None,
+                   help="also the Fashion-MNIST time-to-accuracy runs (default unless --quick)")
+    p.add_argument("--no-train", dest="train", action="store_false")
+    p.add_argument("--train-epochs", type=float, default=2.0)
+    p.add_argument("--train-rate", default="1gbit")
+    p.add_argument("--train-workers", type=int, default=4)
+    p.add_argument("--target-accuracy", type=float, default=0.85)
+    p.add_argument("--costs", help="codec costs JSON for the planner and the simulator (default: "
+                                   "measured now with `gradcomp bench codecs`)")
+    p.add_argument("--out", default=str(HERE / "results"), help="results directory")
+    p.add_argument("--md", default=str(ROOT / "docs" / "cluster-benchmark.md"))
+    p.add_argument("--img", default=str(ROOT / "docs" / "img"))
+    p.add_argument("--clean", action="store_true",
+                   help="only remove namespaces and processes left by an aborted run")
+    args = p.parse_args(argv)
+    args.rates = args.rates or ("1gbit,10gbit" if args.quick else "100mbit,1gbit,10gbit")
+    args.workers = [int(w) for w in (args.workers or ("4" if args.quick else "2,4,8")).split(",")]
+    args.steps = args.steps or (5 if args.quick else 8)
+    args.warmup = args.warmup if args.warmup is not None else (4 if args.quick else 5)
+    if args.train is None:
+        args.train = not args.quick
+    if min(args.workers) < 2:
+        p.error("--workers: every count must be at least 2")
+    return args
+
+
+def contenders(args):
+    codecs = [f"gradcomp:{c}" for c in split(args.codecs)]
+    chosen = ["compute", *DDP_CONTENDERS, *codecs, "plan"]
+    if args.contenders:
+        wanted = split(args.contenders)
+        unknown = [c for c in wanted if c not in chosen]
+        if unknown:
+            raise BenchError(f"unknown contender(s) {', '.join(unknown)}; choose from "
+                             f"{', '.join(chosen)}")
+        chosen = [c for c in chosen if c in wanted]
+    return chosen
+
+
+def split(text):
+    return [item for item in text.split(",") if item]
+
+
+def family(contender):
+    if contender in ("compute", "ddp", "plan"):
+        return contender
+    return "ddp-hook" if contender.startswith("ddp-") else "gradcomp"
+
+
+def label(contender):
+    return LABELS.get(contender, contender.replace("gradcomp:", "gradcomp "))
+
+
+# ---------------------------------------------------------------------------- gradcomp CLI
+
+def gradcomp(*argv):
+    done = subprocess.run([str(GRADCOMP), *map(str, argv)], capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode != 0:
+        raise BenchError(f"gradcomp {argv[0]} failed: {done.stderr.strip() or done.stdout}")
+    return done.stdout
+
+
+def profile_path(name):
+    path = Path(name)
+    if not path.suffix:
+        path = ROOT / "profiles" / f"{name}.json"
+    if not path.exists():
+        raise BenchError(f"profile '{name}' not found (looked for {path}); the shipped ones are "
+                         f"{', '.join(p.stem for p in sorted((ROOT / 'profiles').glob('*.json')) if p.stem != 'codec-costs')}")
+    return path
+
+
+class Model:
+    """What the planner and the simulator are told about one configuration: the measured link
+    and codec costs scaled by CPU sharing and time dilation."""
+
+    def __init__(self, profile, workers, link_bps, latency_s, costs, cost_scale, plan_path,
+                 compute_ms, rows_path):
+        self.compute_ms, self.rows_path = compute_ms, rows_path
+        # lambda 1: the emulated compute waits (or burns a core of its own), so communication
+        # does not slow it down.
+        self.common = ["--profile", profile, "--workers", workers,
+                       "--inter", f"{link_bps / 1e6:.1f}mbit",
+                       "--inter-latency", f"{latency_s * 1e6:.1f}us", "--lambda", "1",
+                       "--costs", costs,
+                       "--cost-scale", f"{cost_scale:.6g}"]
+        self.plan_path = plan_path
+
+    def plan(self, codecs):
+        text = gradcomp("plan", *self.common, "--codecs", ",".join(codecs),
+                        "--json", self.plan_path)
+        predicted = next(float(line.split()[-2]) for line in text.splitlines()
+                         if line.startswith("predicted iteration time"))
+        plan = json.loads(Path(self.plan_path).read_text())
+        return {"codecs": codecs, "predicted_ms": predicted,
+                "path": display_path(self.plan_path),
+                "buckets": len(plan["buckets"]), "summary": plan_summary(plan)}
+
+    def predict(self, contender):
+        """(predicted ms, how the contender was modelled)."""
+        kind = contender.split(":", 1)
+        extra, note = [], None
+        if contender == "compute":
+            return self.compute_ms, "the profile's forward + backward"
+        if contender == "plan":
+            extra = ["--plan", self.plan_path]
+        elif contender == "ddp":
+            extra, note = ["--codecs", "none"], "as gradcomp's uncompressed 25 MB plan"
+        elif contender == "ddp-fp16":
+            extra = ["--codecs", "fp16", "--encode-on", "caller", "--min-compress", "0"]
+            note = "as fp16 on every bucket, encoded on the backward thread"
+        elif contender.startswith("ddp-powersgd"):
+            extra = ["--codecs", f"powersgd:{kind[1]}", "--encode-on", "caller"]
+            note = ("as gradcomp's powersgd on the same buckets, encoded on the backward thread "
+                    "(the hook also blocks backward until its exchange ends: not modelled)")
+        elif contender.startswith("gradcomp:"):
+            extra = ["--codecs", kind[1]]
+        else:
+            return None, "not modelled"
+        gradcomp("simulate", *self.common, *extra, "--json", self.rows_path)
+        rows = json.loads(Path(self.rows_path).read_text())["rows"]
+        return 1e3 * rows[0]["iteration_s"], note
+
+
+def display_path(path):
+    """Relative to the repository when inside it (the results JSON is committed)."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def measure_codec_costs(codecs, out):
+    """Codec costs of this machine, for the planner and the simulator: `gradcomp bench codecs`
+    on buckets of 4M-32M elements (out of cache, as the model's buckets are), fitted by
+    `gradcomp costs --fit`. Measured before any cluster exists, with the machine otherwise idle,
+    undilated."""
+    names = sorted({c.split("|")[0] for c in ["none", *codecs]})
+    report_path, costs_path = out / "codec-bench.json", out / "codec-costs.json"
+    say(f"measuring codec costs on this machine ({', '.join(names)}) ...")
+    gradcomp("bench", "codecs", "--codecs", *names, "--sizes", "22", "24", "25",
+             "--min-time", "0.2", "--json", report_path)
+    gradcomp("costs", "--fit", report_path, "--source",
+             "bench/cluster/bench.py: gradcomp bench codecs, 2^22-2^25 elements, this machine",
+             "--json", costs_path)
+    return costs_path
+
+
+def plan_summary(plan):
+    """'randomk:ratio=0.01|ef x 40, none x 9': which compressions, on how many buckets."""
+    counts = {}
+    for bucket in plan["buckets"]:
+        key = "|".join(bucket.get(k, "none") for k in ("codec", "feedback", "route"))
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{k} x {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+# ---------------------------------------------------------------------------- one run
+
+class Runner:
+    """Runs contenders on one cluster and turns the ranks' JSON into a result row."""
+
+    def __init__(self, cluster, out_dir, port):
+        self.cluster, self.out_dir, self.port = cluster, out_dir, port
+
+    def run(self, name, worker_args, timeout):
+        out = self.out_dir / slug(name)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        self.port += 1
+        world = len(self.cluster.namespaces)
+        env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR=self.cluster.address(0),
+                   MASTER_PORT=str(self.port), GLOO_SOCKET_IFNAME=self.cluster.ifname,
+                   OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "python"),
+                   GRADCOMP_TIMEOUT=str(int(timeout)))
+        argv = [PYTHON, str(WORKER), *worker_args, "--iface", self.cluster.ifname,
+                "--out", str(out), "--timeout", str(int(timeout))]
+        start = time.monotonic()
+        self.cluster.run(lambda r: argv, lambda r: dict(env, RANK=str(r)), timeout, out)
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+        return ranks, time.monotonic() - start
+
+
+def slug(text):
+    return "".join(ch if ch.isalnum() or ch in "-." else "_" for ch in text)
+
+
+def probe_latency(runner, workers, link_bps):
+    """The latency per message of the alpha-beta model, fitted to gradcomp's allreduce of 1024
+    floats on this cluster, the size of a compressed bucket (a ring allreduce is 2 (W - 1)
+    messages of 4 KiB / W): on 2 shared cores thread wake-ups, not the wire, make most of it,
+    and a one-word allreduce (also recorded) hides them. The 90th percentile, not the median:
+    in a training step a collective ends when the last of W busy ranks gets to it."""
+    ranks, _ = runner.run("probe", ["--workload", "probe", "--contender", "compute"], 120)
+    seconds = statistics.median(r["allreduce_4k_p90_s"] for r in ranks)
+    wire = 2 * (workers - 1) / workers * 4096 * 8 / link_bps
+    return max(seconds - wire, 0) / (2 * (workers - 1)), ranks[0]
+
+
+def replay_row(contender, ranks, dilation):
+    mean = statistics.fmean
+    payload = [r["payload_bytes_per_step"] for r in ranks if r["payload_bytes_per_step"]]
+    return {
+        "step_ms": [1e3 * s / dilation for s in ranks[0]["step_s"]],
+        "wire_bytes_per_step": mean(r["tx_bytes_per_step"] for r in ranks),
+        "payload_bytes_per_step": mean(payload) if payload else None,
+        "cpu_ms_per_step": 1e3 * mean(r["cpu_s_per_step"] for r in ranks),
+        "ranks_median_ms": [1e3 * statistics.median(r["step_s"]) / dilation for r in ranks],
+    }
+
+
+def failed_row(contender, error):
+    """The error's message without the worker's log, which goes in log_tail."""
+    message = str(error).split(". Last lines of ")[0]
+    return {"contender": contender, "label": label(contender), "family": family(contender),
+            "status": "failed", "error": message,
+            "log_tail": getattr(error, "log_tail", "")[-2000:]}
+
+
+# ---------------------------------------------------------------------------- configurations
+
+def replay_config(args, profile, rate, workers, names, out, port):
+    rate_bps = netns.parse_rate(rate)
+    dilation = max(1, round(rate_bps / netns.parse_rate(args.max_real_rate)))
+    link_bps = rate_bps / dilation
+    config_name = f"{Path(profile).stem}-{rate}-w{workers}"
+    out_dir = out / "runs" / config_name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cores = os.cpu_count() or 1
+    # Codec costs were measured with the codec alone on a core: W workers share the cores, and
+    # dilation divides every measured time (but not the CPU's) by K.
+    cost_scale = max(1.0, workers / cores) / dilation
+    config = {"profile": Path(profile).stem, "rate": rate, "rate_bps": rate_bps,
+              "dilation": dilation, "workers": workers, "link_bps": link_bps,
+              "cost_scale": cost_scale, "runs": []}
+    profile_json = json.loads(Path(profile).read_text())
+    config["compute_ms"] = profile_json["forward_ms"] + profile_json["backward_ms"]
+    say(f"\n== {config_name}: {workers} hosts, links {netns.format_rate(link_bps)}"
+        + (f" (time-dilated x{dilation}: emulates {rate})" if dilation > 1 else ""))
+    with netns.Cluster(workers, link_bps, run_id=f"{os.getpid()}") as cluster:
+        measured = cluster.measure_rate(1.0) * dilation
+        config["measured_link_bps"] = measured
+        runner = Runner(cluster, out_dir, port)
+        latency, probe = probe_latency(runner, workers, link_bps)
+        latency /= dilation
+        config["measured_latency_s"] = latency
+        config["probe"] = {k: v for k, v in probe.items() if k.startswith("allreduce_")}
+        say(f"   measured ring throughput per link: {measured / 1e9:.3f} Gbit/s; latency per "
+            f"message {latency * 1e6:.0f} us (emulated time)")
+        plan_path = out / "plans" / f"{config_name}.json"
+        plan_path.parent.mkdir(parents=True, exist_ok=True)
+        model = Model(profile, workers, measured, latency, args.costs, cost_scale, plan_path,
+                      config["compute_ms"], out_dir / "simulated.json")
+        config["plan"] = model.plan(split(args.codecs))
+        say(f"   planner: {config['plan']['summary']}; predicted "
+            f"{config['plan']['predicted_ms']:.1f} ms")
+        for name in names:
+            config["runs"].append(run_replay(args, runner, model, name, profile, dilation,
+                                             config))
+    return config
+
+
+def run_replay(args, runner, model, name, profile, dilation, config):
+    worker_args = ["--workload", "replay", "--profile", str(profile), "--warmup",
+                   str(args.warmup), "--steps", str(args.steps), "--dilation", str(dilation)]
+    if args.burn:
+        worker_args.append("--burn")
+    contender = f"plan:{model.plan_path}" if name == "plan" else name
+    row = {"contender": name, "label": label(name), "family": family(name)}
+    try:
+        predicted, note = model.predict(name)
+    except BenchError as e:
+        predicted, note = None, f"simulator failed: {e}"
+    row.update(predicted_ms=predicted, prediction_note=note)
+    expect_s = max(predicted or 0, config["compute_ms"]) / 1e3 * dilation
+    timeout = 180 + 6 * (args.warmup + args.steps) * expect_s
+    try:
+        ranks, seconds = runner.run(name, [*worker_args, "--contender", contender], timeout)
+    except netns.ClusterError as e:
+        say(f"   {label(name):<32} FAILED: {first_line(e)}")
+        return {**row, **failed_row(name, e)}
+    row.update(status="ok", **replay_row(name, ranks, dilation))
+    say(f"   {label(name):<32} {statistics.median(row['step_ms']):9.1f} ms/step  "
+        f"{row['wire_bytes_per_step'] / 1e6:8.2f} MB/step on the wire  predicted "
+        f"{predicted if predicted is None else round(predicted, 1)} ms  ({seconds:.0f} s)")
+    return row
+
+
+def train_config(args, out, port):
+    rate_bps = netns.parse_rate(args.train_rate)
+    workers = args.train_workers
+    config = {"rate": args.train_rate, "workers": workers, "dilation": 1,
+              "epochs": args.train_epochs, "target_accuracy": args.target_accuracy,
+              "runs": []}
+    out_dir = out / "runs" / f"train-{args.train_rate}-w{workers}"
+    say(f"\n== Fashion-MNIST training: {workers} hosts at {args.train_rate}, "
+        f"{args.train_epochs:g} epochs each")
+    with netns.Cluster(workers, rate_bps, run_id=f"{os.getpid()}") as cluster:
+        runner = Runner(cluster, out_dir, port)
+        for name in TRAIN_CONTENDERS:
+            row = {"contender": name, "label": label(name), "family": family(name)}
+            try:
+                ranks, seconds = runner.run(name, ["--workload", "train", "--contender", name,
+                                                   "--epochs", str(args.train_epochs)], 1800)
+            except netns.ClusterError as e:
+                say(f"   {label(name):<32} FAILED: {first_line(e)}")
+                config["runs"].append({**row, **failed_row(name, e)})
+                continue
+            r0 = ranks[0]
+            row.update(status="ok", epoch_seconds=r0["epoch_seconds"],
+                       epoch_accuracy=r0["epoch_accuracy"],
+                       wire_bytes_per_step=statistics.fmean(r["tx_bytes_per_step"]
+                                                            for r in ranks))
+            say(f"   {label(name):<32} accuracy {100 * r0['epoch_accuracy'][-1]:.2f} % after "
+                f"{r0['epoch_seconds'][-1]:.1f} s of training ({seconds:.0f} s)")
+            config["runs"].append(row)
+    return config
+
+
+# ---------------------------------------------------------------------------- main
+
+def say(text):
+    print(text, flush=True)
+
+
+def first_line(error):
+    return str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+
+
+def machine():
+    def command(*argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=10,
+                                  cwd=ROOT).stdout.strip()
+        except OSError:
+            return ""
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "")
+    torch_version = command(PYTHON, "-c", "import torch; print(torch.__version__)")
+    return {"cores": os.cpu_count(), "kernel": platform.release(), "cpu": cpu,
+            "torch": torch_version, "commit": command("git", "rev-parse", "--short", "HEAD")}
+
+
+def clean_stale():
+    """Removes what an aborted run left, unless that run is still going."""
+    stale = [n for n in netns.stale_namespaces() if not owner_alive(n)]
+    if stale:
+        say(f"removing {len(stale)} network namespace(s) left by an aborted run: "
+            f"{', '.join(stale)}")
+        netns.remove_namespaces(stale)
+    return stale
+
+
+def owner_alive(namespace):
+    """Namespaces are named gcbench-<pid>-...: is that benchmark process still running?"""
+    parts = namespace.split("-")
+    if len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) == os.getpid():
+        return False
+    try:
+        cmdline = Path(f"/proc/{parts[1]}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"bench.py" in cmdline
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if args.delay:
+            raise netns.delay_unsupported(args.delay)
+        netns.check_environment()
+        if args.clean:
+            if not clean_stale():
+                say("nothing to clean: no namespace left by an aborted run")
+            return 0
+        clean_stale()
+        live = netns.stale_namespaces()
+        if live:
+            raise BenchError(f"another benchmark is running (namespaces {', '.join(live)}); "
+                             "wait for it: two at once would share the CPUs and spoil both")
+        if not GRADCOMP.exists():
+            raise BenchError(f"{GRADCOMP} is missing: build first (bash scripts/setup.sh; "
+                             "bench/cluster/run.sh does)")
+        names = contenders(args)
+        profiles = [profile_path(p) for p in split(args.profiles)]
+        for rate in split(args.rates):
+            netns.parse_rate(rate)
+        return run_all(args, names, profiles)
+    except (BenchError, netns.ClusterError) as e:
+        print(f"bench/cluster: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench/cluster: interrupted; namespaces and workers removed", file=sys.stderr)
+        return 130
+
+
+def run_all(args, names, profiles):
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "cluster-benchmark.json"
+    command = "bench/cluster/run.sh" + "".join(f" {a}" for a in sys.argv[1:])
+    results = {
+        "format": "gradcomp-cluster-benchmark", "version": 1, "command": command,
+        "started": now(), "machine": machine(),
+        "settings": {"warmup": args.warmup, "steps": args.steps, "burn": args.burn,
+                     "max_real_rate": args.max_real_rate,
+                     "target_accuracy": args.target_accuracy, "codecs": split(args.codecs)},
+        "replay": [], "train": [],
+    }
+    args.costs = args.costs or measure_codec_costs(split(args.codecs), out)
+    results["settings"]["codec_costs"] = display_path(args.costs)
+    port = 29600
+    for profile in profiles:
+        for rate in split(args.rates):
+            for workers in args.workers:
+                runs = [n for n in names if n != "ddp-bf16" or not results["replay"]]
+                results["replay"].append(replay_config(args, profile, rate, workers, runs,
+                                                       out, port))
+                port += 100
+                save(results, results_path)
+    if args.train:
+        results["train"].append(train_config(args, out, port))
+    results["finished"] = now()
+    save(results, results_path)
+    written = report.write_report(results, Path(args.md), Path(args.img))
+    say(f"\nwrote {results_path}")
+    for path in written:
+        say(f"wrote {path}")
+    for target in report.evaluate_targets(results):
+        say(f"target {target['status']:<8} {target['name']}: {target['detail']}")
+    return 0
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def save(results, path):
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

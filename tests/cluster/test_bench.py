@@ -1,0 +1,163 @@
+"""The benchmark's command end to end on a small emulated cluster (real namespaces, tbf links,
+DDP and gradcomp workers, `gradcomp plan` and `gradcomp simulate`), and its answers to bad
+environments: not root, a stale namespace, a worker that dies, a latency asked for."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "cluster" / "bench.py"
+RUN = ROOT / "bench" / "cluster" / "run.sh"
+PYTHON = "/usr/bin/python3"
+sys.path.insert(0, str(ROOT / "bench" / "cluster"))
+import netns  # noqa: E402
+import report  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_profile import PROFILE  # noqa: E402
+
+
+def bench_argv(tmp_path, *extra):
+    profile = tmp_path / "tiny.json"
+    profile.write_text(json.dumps(PROFILE))
+    return [PYTHON, str(BENCH), "--profiles", str(profile), "--rates", "1gbit",
+            "--workers", "2", "--warmup", "1", "--steps", "2", "--no-train",
+            "--costs", str(ROOT / "profiles" / "codec-costs.json"),
+            "--codecs", "fp16,topk:ratio=0.01|ef", "--out", str(tmp_path / "out"),
+            "--md", str(tmp_path / "report.md"), "--img", str(tmp_path / "img"), *extra]
+
+
+def leftovers(pid):
+    return [n for n in netns.stale_namespaces() if n.startswith(f"{netns.PREFIX}-{pid}-")]
+
+
+def test_small_run_measures_every_contender_and_leaves_nothing(tmp_path):
+    before = set(netns.stale_namespaces())
+    proc = subprocess.run(bench_argv(tmp_path, "--contenders",
+                                     "compute,ddp,ddp-fp16,gradcomp:topk:ratio=0.01|ef,plan"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "cluster-benchmark.json").read_text())
+    (config,) = results["replay"]
+    assert config["workers"] == 2 and config["dilation"] == 1
+    # tbf holds the rate: the measured ring throughput is below the link rate, and not nothing.
+    assert 0.3e9 < config["measured_link_bps"] <= 1.1e9
+    assert config["measured_latency_s"] > 0
+    runs = {r["contender"]: r for r in config["runs"]}
+    assert set(runs) == {"compute", "ddp", "ddp-fp16", "gradcomp:topk:ratio=0.01|ef", "plan"}
+    for name, run in runs.items():
+        assert run["status"] == "ok", run
+        assert len(run["step_ms"]) == 2
+        assert run["predicted_ms"] > 0
+    # Bytes counted on the link: DDP's ring allreduce sends at least half the gradient at W=2;
+    # fp16 about half of that; the compute-only run almost nothing.
+    raw = 4 * sum(t["elements"] for t in PROFILE["tensors"])
+    assert runs["ddp"]["wire_bytes_per_step"] >= raw / 2
+    assert runs["ddp-fp16"]["wire_bytes_per_step"] < 0.75 * runs["ddp"]["wire_bytes_per_step"]
+    assert runs["compute"]["wire_bytes_per_step"] < 0.01 * raw
+    plan = json.loads((ROOT / config["plan"]["path"]).read_text())
+    assert len(plan["buckets"]) == config["plan"]["buckets"]
+    # The report was written from these results, with every target evaluated.
+    text = (tmp_path / "report.md").read_text()
+    assert "Targets" in text and "gradcomp planned" in text
+    assert len(report.evaluate_targets(results)) == 3
+    assert proc.stdout.count("ms/step") == 5
+    assert set(netns.stale_namespaces()) <= before
+
+
+def test_a_dead_worker_fails_its_contender_only(tmp_path):
+    """Kills rank 1 of the DDP run: that run is reported failed with the signal, the next
+    contender still runs, and no namespace or process is left."""
+    argv = bench_argv(tmp_path, "--contenders", "ddp,compute", "--steps", "400")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        victim = wait_for_worker(proc.pid, tmp_path / "out" / "runs", "ddp")
+        os.kill(victim, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    results = json.loads((tmp_path / "out" / "cluster-benchmark.json").read_text())
+    runs = {r["contender"]: r for r in results["replay"][0]["runs"]}
+    assert runs["ddp"]["status"] == "failed"
+    assert "rank 1" in runs["ddp"]["error"] and "SIGKILL" in runs["ddp"]["error"]
+    assert runs["compute"]["status"] == "ok"
+    assert "FAILED" in out
+    assert not leftovers(proc.pid)
+    assert not alive(victim)
+
+
+def wait_for_worker(bench_pid, runs_dir, contender, timeout=180):
+    """The pid of rank 1's worker once the contender's run has started and stepped a while."""
+    host = f"{netns.PREFIX}-{bench_pid}-h1"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        logs = list(runs_dir.glob(f"*/{contender}/rank1.log"))
+        if logs:
+            time.sleep(8)  # into the measured steps
+            pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True,
+                                  text=True, timeout=10).stdout.split()
+            workers = [int(p) for p in pids if b"worker.py" in cmdline(p)]
+            if workers:
+                return workers[0]
+        time.sleep(0.5)
+    raise AssertionError(f"no {contender} worker appeared in {host} within {timeout} s")
+
+
+def cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_stale_namespaces_are_removed_with_a_message(tmp_path):
+    stale = f"{netns.PREFIX}-999999999-h0"  # no such process: an aborted run's leftover
+    subprocess.run(["ip", "netns", "add", stale], check=True, timeout=10)
+    try:
+        done = subprocess.run([PYTHON, str(BENCH), "--clean"], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "left by an aborted run" in done.stdout and stale in done.stdout
+        assert stale not in netns.stale_namespaces()
+        again = subprocess.run([PYTHON, str(BENCH), "--clean"], capture_output=True,
+                               text=True, timeout=60)
+        assert "nothing to clean" in again.stdout
+    finally:
+        netns.remove_namespaces([stale])
+
+
+def test_not_root_is_refused_before_anything_is_set_up(tmp_path):
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           "bash", str(RUN), "--quick"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert "must run as root" in done.stderr
+
+
+def test_latency_is_refused_naming_netem(tmp_path):
+    done = subprocess.run(bench_argv(tmp_path, "--delay", "1ms"), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1
+    assert "netem" in done.stderr
+
+
+def test_unknown_contender_lists_the_known_ones(tmp_path):
+    done = subprocess.run(bench_argv(tmp_path, "--contenders", "ddp,horovod"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "unknown contender(s) horovod" in done.stderr and "ddp-fp16" in done.stderr

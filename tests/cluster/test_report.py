@@ -1,0 +1,429 @@
+"""Tests of bench/cluster/report.py on small synthetic results.
+
+Each test builds its results dict with the helpers below (numbers chosen here, so every
+expected value is known), then checks the derived numbers in the Markdown tables against
+numpy, the targets' PASS/MISS on both sides of each threshold, the marking of failed and
+time-dilated runs, the plots (valid PNGs) and the command line.
+
+    /usr/bin/python3 -m pytest -q tests/cluster/test_report.py
+"""
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT_PY = ROOT / "bench" / "cluster" / "report.py"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# bench/cluster is no package: load report.py by its path.
+_spec = importlib.util.spec_from_file_location("cluster_report", REPORT_PY)
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+FAMILIES = {"ddp": "ddp", "ddp-fp16": "ddp-hook", "ddp-powersgd-r4": "ddp-hook",
+            "gradcomp-topk": "gradcomp", "plan": "plan", "compute": "compute"}
+# Medians of the target-1 config where every target passes: plan 3.33x DDP, ahead of the
+# fastest hook (400), scaling efficiency 270 / 300 = 0.9.
+MEDIANS = {"ddp": 1000.0, "ddp-fp16": 600.0, "ddp-powersgd-r4": 400.0, "gradcomp-topk": 350.0,
+           "plan": 300.0, "compute": 270.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers that build results
+
+def steps_around(median_ms):
+    """8 step times whose median is exactly median_ms (uneven, so p10/p90 interpolate)."""
+    return [median_ms * f for f in (1.07, 0.96, 1.0, 0.99, 1.03, 1.0, 0.98, 1.01)]
+
+
+def make_run(contender, steps, family=None, predicted=None, **extra):
+    run = {"contender": contender, "label": f"label of {contender}",
+           "family": family or FAMILIES[contender], "status": "ok", "step_ms": list(steps),
+           "wire_bytes_per_step": 153.9e6, "payload_bytes_per_step": 2.5e6,
+           "cpu_ms_per_step": 210.0, "predicted_ms": predicted}
+    run.update(extra)
+    return run
+
+
+def failed_run(contender, error, **extra):
+    run = {"contender": contender, "label": f"label of {contender}",
+           "family": FAMILIES[contender], "status": "failed", "error": error}
+    run.update(extra)
+    return run
+
+
+def replay_config(rate="1gbit", workers=4, dilation=1, profile="resnet50", medians=None,
+                  error=0.05, runs=None):
+    """A replay config; medians override MEDIANS (None drops a contender); every run but
+    compute-only is predicted `error` off its median."""
+    medians = {**MEDIANS, **(medians or {})}
+    if runs is None:
+        runs = [make_run(name, steps_around(ms),
+                         predicted=None if name == "compute" else ms * (1 + error))
+                for name, ms in medians.items() if ms is not None]
+    bps = {"1gbit": 1e9, "10gbit": 1e10, "100mbit": 1e8}[rate]
+    return {"profile": profile, "rate": rate, "rate_bps": bps, "dilation": dilation,
+            "workers": workers, "link_bps": bps / dilation, "measured_link_bps": 0.94 * bps,
+            "compute_ms": 179.78,
+            "plan": {"codecs": ["fp16"], "predicted_ms": 310.0, "buckets": 49,
+                     "summary": "randomk:ratio=0.01|ef x 40, none x 9",
+                     "path": "bench/cluster/results/plans/x.json"},
+            "runs": runs}
+
+
+def fast_config(workers=4, plan=202.0):
+    """A time-dilated 10gbit config where the plan is plan/200 of DDP."""
+    return replay_config(rate="10gbit", workers=workers, dilation=10,
+                         medians={"ddp": 200.0, "plan": plan, "compute": 150.0})
+
+
+def train_entry():
+    return {"rate": "1gbit", "workers": 4, "dilation": 1, "epochs": 3, "target_accuracy": 0.85,
+            "runs": [
+                {"contender": "ddp", "label": "DDP", "family": "ddp", "status": "ok",
+                 "epoch_seconds": [40.1, 80.3, 120.2], "epoch_accuracy": [0.80, 0.86, 0.88],
+                 "wire_bytes_per_step": 1.7e6},
+                {"contender": "plan", "label": "planned", "family": "plan", "status": "ok",
+                 "epoch_seconds": [20.5, 41.0, 61.6], "epoch_accuracy": [0.85, 0.87, 0.89],
+                 "wire_bytes_per_step": 0.2e6},
+                {"contender": "gradcomp-topk", "label": "topk", "family": "gradcomp",
+                 "status": "ok", "epoch_seconds": [18.0, 36.0, 54.0],
+                 "epoch_accuracy": [0.79, 0.83, 0.82], "wire_bytes_per_step": 0.1e6},
+                {"contender": "ddp-fp16", "label": "fp16 hook", "family": "ddp-hook",
+                 "status": "failed", "error": "worker 2 died"}]}
+
+
+def make_results(*replay, train=()):
+    return {"format": "gradcomp-cluster-benchmark", "version": 1,
+            "command": "bench/cluster/run.sh --quick", "started": "2026-11-23T19:30:00Z",
+            "finished": "2026-11-23T20:10:00Z",
+            "machine": {"cores": 2, "kernel": "6.1.0", "torch": "1.13.1", "commit": "abc1234",
+                        "cpu": "Test CPU"},
+            "settings": {"warmup": 2, "steps": 8, "burn": False, "max_real_rate": "1gbit",
+                         "target_accuracy": 0.85},
+            "replay": list(replay), "train": list(train)}
+
+
+def passing_results(**train):
+    return make_results(replay_config(), fast_config(), **train)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers that read the Markdown
+
+def split_row(line):
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+
+
+def table_after(md, *headings):
+    """Rows (dicts by column) of the first table after the headings, found in this order."""
+    lines = md.splitlines()
+    i = 0
+    for heading in headings:
+        i = next(j for j in range(i, len(lines))
+                 if lines[j].startswith("#") and heading in lines[j])
+    i = next(j for j in range(i, len(lines)) if lines[j].startswith("|"))
+    header = split_row(lines[i])
+    rows = []
+    for line in lines[i + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, split_row(line))))
+    return rows
+
+
+def numbers(cell):
+    return [float(x) for x in re.findall(r"[-+]?\d+(?:\.\d+)?", cell)]
+
+
+def statuses(results):
+    return [t["status"] for t in report.evaluate_targets(results)]
+
+
+def render(results, tmp_path):
+    return report.render_markdown(results, [], analysis=tmp_path / "no-analysis.md")
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived numbers in the tables
+
+def test_table_numbers_are_recomputed_from_step_ms(tmp_path):
+    rng = np.random.default_rng(7)
+    runs = [make_run(name, ms * rng.uniform(0.9, 1.2, size=9),
+                     predicted=None if name == "compute" else ms * rng.uniform(0.8, 1.2))
+            for name, ms in MEDIANS.items()]
+    # Precomputed numbers in the input must be ignored.
+    runs[0].update(median_ms=1.0, speedup=99.0)
+    md = render(make_results(replay_config(runs=runs)), tmp_path)
+    rows = table_after(md, "### resnet50 at 1gbit", "#### 4 workers")
+    assert [r["contender"] for r in rows] == [r["label"] for r in runs]
+
+    ddp_median, compute_median = np.median(runs[0]["step_ms"]), np.median(runs[-1]["step_ms"])
+    for row, run in zip(rows, runs):
+        steps = run["step_ms"]
+        median = np.median(steps)
+        p10, p90 = np.percentile(steps, [10, 90])
+        assert numbers(row["median ms"])[0] == pytest.approx(median, abs=0.051)
+        low, high = numbers(row["spread (p10-p90)"].replace("-", " "))
+        assert (low, high) == (pytest.approx(p10, abs=0.051), pytest.approx(p90, abs=0.051))
+        assert numbers(row["vs DDP"])[0] == pytest.approx(ddp_median / median, abs=0.0051)
+        assert numbers(row["scaling eff."])[0] == pytest.approx(compute_median / median,
+                                                                abs=0.0051)
+        if run["predicted_ms"] is None:
+            assert row["error"] == "-"
+        else:
+            error = 100 * (run["predicted_ms"] - median) / median
+            assert numbers(row["error"])[0] == pytest.approx(error, abs=0.051)
+            # A miss of the ±10% target is bold, a hit is not.
+            assert row["error"].startswith("**") == (abs(error) > 10)
+        assert row["wire MB/step"] == "153.9" and row["payload MB/step"] == "2.50"
+
+
+def test_few_steps_show_min_max_spread(tmp_path):
+    runs = [make_run("ddp", [100.0, 130.0, 110.0, 120.0]), make_run("plan", [50.0] * 8)]
+    md = render(make_results(replay_config(runs=runs)), tmp_path)
+    rows = table_after(md, "### resnet50 at 1gbit", "#### 4 workers")
+    assert rows[0]["spread (p10-p90)"] == "100.0-130.0 (min-max)"
+    assert rows[0]["median ms"] == "115.0"
+    assert rows[1]["spread (p10-p90)"] == "50.0-50.0"
+
+
+def test_scaling_efficiency_falls_back_to_profile_compute_and_says_so(tmp_path):
+    md = render(make_results(replay_config(medians={"compute": None})), tmp_path)
+    assert "against the profile's compute time (179.8 ms)" in md
+    rows = table_after(md, "### resnet50 at 1gbit", "#### 4 workers")
+    plan = next(r for r in rows if r["contender"] == "label of plan")
+    assert numbers(plan["scaling eff."])[0] == pytest.approx(179.78 / 300, abs=0.0051)
+    assert "against the profile compute_ms" in report.evaluate_targets(
+        make_results(replay_config(medians={"compute": None})))[0]["detail"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets
+
+def test_all_targets_pass_on_good_results(tmp_path):
+    results = passing_results()
+    assert statuses(results) == ["PASS", "PASS", "PASS"]
+    md = render(results, tmp_path)
+    targets = table_after(md, "## Targets")
+    assert [r["status"] for r in targets] == ["**PASS**"] * 3
+    assert "10 of 10 predictions within ±10%" in targets[2]["numbers"]
+    # The Targets section comes before any result table.
+    assert md.index("## Targets") < md.index("## Replay: resnet50")
+
+
+def test_targets_not_run_without_their_configs():
+    assert statuses(make_results()) == ["NOT RUN"] * 3
+    # Target 1 wants 4 workers without dilation; target 2 only 10gbit.
+    results = make_results(replay_config(workers=8), replay_config(dilation=2))
+    assert statuses(results)[:2] == ["NOT RUN", "NOT RUN"]
+
+
+@pytest.mark.parametrize("medians, status, failing", [
+    # 3x speed-up over DDP (efficiency kept high with compute 300)
+    ({"plan": 1000 / 3.1, "compute": 300.0}, "PASS", None),
+    ({"plan": 1000 / 2.9, "compute": 300.0}, "MISS", "DDP 1000.0 ms: 2.90x"),
+    # ahead of every DDP hook (strictly)
+    ({"ddp-powersgd-r4": 301.0}, "PASS", None),
+    ({"ddp-powersgd-r4": 300.0}, "MISS", "fastest DDP hook"),
+    ({"ddp-fp16": 299.0}, "MISS", "fastest DDP hook"),
+    # scaling efficiency 0.8
+    ({"compute": 0.81 * 300}, "PASS", None),
+    ({"compute": 0.79 * 300}, "MISS", "scaling efficiency 0.79"),
+])
+def test_target_1_thresholds(medians, status, failing):
+    target = report.evaluate_targets(make_results(replay_config(medians=medians)))[0]
+    assert target["status"] == status, target["detail"]
+    if failing:
+        # The condition that failed is the one marked NO.
+        failed = [part for part in target["detail"].split("; ") if part.endswith(": NO")]
+        assert len(failed) == 1
+        assert failing in failed[0]
+
+
+def test_target_1_without_hooks_or_with_failed_plan_is_a_miss():
+    no_hooks = replay_config(medians={"ddp-fp16": None, "ddp-powersgd-r4": None})
+    assert statuses(make_results(no_hooks))[0] == "MISS"
+    config = replay_config()
+    config["runs"] = [r for r in config["runs"] if r["contender"] != "plan"]
+    config["runs"].append(failed_run("plan", "plan file not found"))
+    target = report.evaluate_targets(make_results(config))[0]
+    assert target["status"] == "MISS"
+    assert "plan run failed: plan file not found" in target["detail"]
+
+
+@pytest.mark.parametrize("ratio, status", [(1.02, "PASS"), (1.03, "PASS"), (1.04, "MISS")])
+def test_target_2_threshold(ratio, status):
+    results = make_results(replay_config(), fast_config(plan=200.0 * ratio))
+    target = report.evaluate_targets(results)[1]
+    assert target["status"] == status, target["detail"]
+    assert f"= {ratio:.3f}" in target["detail"]
+
+
+def test_target_2_needs_every_10gbit_config():
+    results = make_results(fast_config(workers=2), fast_config(workers=8, plan=210.0))
+    target = report.evaluate_targets(results)[1]
+    assert target["status"] == "MISS"
+    assert "2 workers (time-dilated x10): plan 202.0 ms / DDP 200.0 ms = 1.010: yes" \
+        in target["detail"]
+    assert "8 workers (time-dilated x10): plan 210.0 ms / DDP 200.0 ms = 1.050: NO" \
+        in target["detail"]
+
+
+@pytest.mark.parametrize("error, status", [(0.09, "PASS"), (-0.09, "PASS"), (0.11, "MISS"),
+                                           (-0.11, "MISS")])
+def test_target_3_threshold(error, status, tmp_path):
+    config = replay_config()
+    plan = next(r for r in config["runs"] if r["contender"] == "plan")
+    plan["predicted_ms"] = 300.0 * (1 + error)
+    results = make_results(config)
+    target = report.evaluate_targets(results)[2]
+    assert target["status"] == status, target["detail"]
+    within = 5 if status == "PASS" else 4
+    assert target["detail"].startswith(f"{within} of 5 predictions within ±10%")
+    md = render(results, tmp_path)
+    if status == "MISS":
+        miss = table_after(md, "## Targets")  # first table: the targets
+        assert miss[2]["status"] == "**MISS**"
+        listed = md.split("Predictions outside the target:")[1]
+        row = split_row(next(l for l in listed.splitlines() if "label of plan" in l))
+        assert row[:4] == ["resnet50 1gbit, 4 workers", "label of plan",
+                           f"{300 * (1 + error):.1f}", "300.0"]
+        assert row[4] == f"{100 * error:+.1f}%"
+    else:
+        assert "Predictions outside the target" not in md
+
+
+# ---------------------------------------------------------------------------------------------
+# Failed runs, dilation, training, analysis
+
+def test_failed_run_is_listed_with_its_error_and_excluded(tmp_path):
+    config = replay_config()
+    # A hook that failed would have been faster than the plan and badly predicted: as it
+    # failed it must neither make target 1 miss nor count among the predictions.
+    config["runs"].append(failed_run("ddp-fp16", "gloo timeout | rank 3", label="fp16 broken",
+                                     step_ms=[10.0] * 8, predicted_ms=1.0))
+    results = make_results(config)
+    targets = report.evaluate_targets(results)
+    assert [t["status"] for t in targets] == ["PASS", "NOT RUN", "PASS"]
+    assert "failed, not compared: fp16 broken" in targets[0]["detail"]
+    assert targets[2]["detail"].startswith("5 of 5")
+    md = render(results, tmp_path)
+    row = next(r for r in table_after(md, "### resnet50 at 1gbit", "#### 4 workers")
+               if r["contender"] == "fp16 broken")
+    assert row["median ms"] == "**failed**: gloo timeout \\| rank 3"
+    assert all(row[c] == "-" for c in report.TABLE_COLUMNS[2:])
+
+
+def test_failed_ddp_leaves_no_ratio(tmp_path):
+    config = replay_config()
+    config["runs"][0] = failed_run("ddp", "out of memory")
+    results = make_results(config)
+    assert statuses(results)[0] == "MISS"
+    assert "DDP run failed: out of memory" in report.evaluate_targets(results)[0]["detail"]
+    rows = table_after(render(results, tmp_path), "### resnet50 at 1gbit", "#### 4 workers")
+    assert [r["vs DDP"] for r in rows] == ["-"] * len(rows)
+
+
+def test_dilated_configs_are_marked_in_tables_and_plots(tmp_path):
+    results = passing_results(train=[train_entry(), {**train_entry(), "rate": "10gbit",
+                                                     "dilation": 10}])
+    md = render(results, tmp_path)
+    note = "(time-dilated x10: encoding CPU cost hidden 10-fold)"
+    assert f"#### 4 workers {note}" in md
+    for row in table_after(md, "### resnet50 at 10gbit", "#### 4 workers"):
+        assert row["contender"].endswith("[time-dilated x10]")
+    for row in table_after(md, "### resnet50 at 1gbit", "#### 4 workers"):
+        assert "dilated" not in row["contender"]
+    assert f"### 10gbit, 4 workers, 3 epochs, target 85.0% {note}" in md
+    for row in table_after(md, "### 10gbit, 4 workers"):
+        assert row["contender"].endswith("[time-dilated x10]")
+
+    fig = report.step_time_figure(results, "resnet50")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert "time-dilated x10" in titles[1] and "dilated" not in titles[0]
+    fig = report.prediction_figure(results, "resnet50")
+    assert any("time-dilated" in t for t in fig.axes[0].get_legend_handles_labels()[1])
+    fig = report.train_figure(results)
+    assert "time-dilated x10" in fig.axes[1].get_title()
+    report.plt.close("all")
+
+
+def test_train_table_time_to_accuracy(tmp_path):
+    md = render(passing_results(train=[train_entry()]), tmp_path)
+    rows = {r["contender"]: r for r in table_after(md, "### 1gbit, 4 workers, 3 epochs")}
+    assert rows["DDP"]["time to 85.0%"] == "80.3 s"  # first epoch at or above 0.85
+    assert rows["planned"]["time to 85.0%"] == "20.5 s"  # exactly 0.85 counts
+    assert rows["topk"]["time to 85.0%"] == "not reached (best 83.0%)"
+    assert rows["topk"]["final accuracy"] == "82.0%" and rows["topk"]["total time"] == "54.0 s"
+    assert rows["planned"]["wire MB/step"] == "0.20"
+    assert rows["fp16 hook"]["time to 85.0%"] == "**failed**: worker 2 died"
+
+
+def test_analysis_is_included_verbatim_or_its_absence_said(tmp_path):
+    text = "We measured *this* | and that.\n\n- a list item\n"
+    path = tmp_path / "analysis.md"
+    path.write_text(text)
+    md = report.render_markdown(passing_results(), [], analysis=path)
+    assert md.endswith("## Analysis\n\n" + text)
+    md = render(passing_results(), tmp_path)
+    assert "No analysis was written" in md.split("## Analysis")[1]
+
+
+def test_header_and_method(tmp_path):
+    md = render(passing_results(), tmp_path)
+    assert md.startswith("# Cluster benchmark: gradcomp against PyTorch DDP and its "
+                         "compression hooks\n")
+    assert "`bench/cluster/run.sh --quick`" in md and "abc1234" in md and "Test CPU" in md
+    assert "2 warm-up steps, then 8 measured steps" in md
+    assert "waiting (sleeping)" in md
+    assert "randomk:ratio=0.01|ef x 40, none x 9" in md
+
+
+# ---------------------------------------------------------------------------------------------
+# Files: plots, write_report, command line
+
+def assert_png(path):
+    data = Path(path).read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 1000, path
+
+
+def test_plots_are_valid_pngs(tmp_path):
+    results = passing_results(train=[train_entry()])
+    results["replay"].append(replay_config(workers=8))
+    written = report.write_plots(results, tmp_path / "img")
+    assert sorted(p.name for p in written) == ["cluster-prediction-resnet50.png",
+                                               "cluster-step-time-resnet50.png",
+                                               "cluster-train.png"]
+    for path in written:
+        assert_png(path)
+
+
+def test_command_line_writes_report_and_plots(tmp_path):
+    source = tmp_path / "cluster-benchmark.json"
+    source.write_text(json.dumps(passing_results()))
+    md_path, img = tmp_path / "docs" / "cluster-benchmark.md", tmp_path / "docs" / "img"
+    done = subprocess.run([sys.executable, str(REPORT_PY), str(source), "--md", str(md_path),
+                           "--img", str(img)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    md = md_path.read_text()
+    for name in ("cluster-step-time-resnet50.png", "cluster-prediction-resnet50.png"):
+        assert f"](img/{name})" in md
+        assert_png(img / name)
+    assert not (img / "cluster-train.png").exists()  # no training results, no plot
+    assert f"wrote {md_path}" in done.stdout
+
+
+def test_load_rejects_other_files(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError, match="not a gradcomp-cluster-benchmark"):
+        report.load(path)
+    path.write_text(json.dumps(passing_results()))
+    assert report.load(path)["replay"][0]["profile"] == "resnet50"

@@ -1,0 +1,142 @@
+"""The benchmark's worker on loopback (no namespaces): every contender runs the replay of a small
+profile with 2 real ranks, and what each reports is checked against what must hold: the bytes
+that crossed the link, the exchanged gradients (identical on every rank; the exact mean where
+the exchange is lossless), the measured step count."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "bench" / "cluster" / "worker.py"
+PYTHON = "/usr/bin/python3"
+sys.path.insert(0, str(ROOT / "bench" / "cluster"))
+import worker  # noqa: E402
+from tiny_profile import PROFILE  # noqa: E402
+
+ELEMENTS = sum(t["elements"] for t in PROFILE["tensors"])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_workers(tmp_path, contender, world=2, extra=(), timeout=120):
+    """Starts `world` workers on loopback; returns their rank JSONs (or fails with the logs)."""
+    profile = tmp_path / "tiny.json"
+    profile.write_text(json.dumps(PROFILE))
+    out = tmp_path / "out"
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+                   GRADCOMP_TIMEOUT="60")
+        log = open(tmp_path / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen(
+            [PYTHON, str(WORKER), "--contender", contender, "--profile", str(profile),
+             "--warmup", "2", "--steps", "3", "--iface", "lo", "--out", str(out), *extra],
+            env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = "\n".join((tmp_path / f"rank{r}.log").read_text()[-3000:] for r in range(world))
+    assert codes == [0] * world, f"exit codes {codes}\n{logs}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def own_grad_sum(rank, seed=0):
+    """The sum of the gradients rank `rank` produces (worker.ReplayModel's, before exchange)."""
+    model = worker.ReplayModel(PROFILE, 1.0, False, seed, rank)
+    return sum(float(g.double().sum()) for g in model.grads)
+
+
+@pytest.mark.parametrize("contender", ["ddp", "gradcomp:none"])
+def test_lossless_exchange_is_the_mean_on_every_rank(tmp_path, contender):
+    ranks = run_workers(tmp_path, contender)
+    mean = (own_grad_sum(0) + own_grad_sum(1)) / 2
+    for r in ranks:
+        assert len(r["step_s"]) == 3
+        assert r["grad_digest"] == ranks[0]["grad_digest"]
+        assert r["grad_sum"] == pytest.approx(mean, rel=1e-5, abs=1e-4)
+        # A ring allreduce of W=2 sends at least half the gradient bytes per rank and step.
+        assert r["tx_bytes_per_step"] >= 4 * ELEMENTS / 2
+
+
+@pytest.mark.parametrize("contender", ["ddp-fp16", "ddp-powersgd:rank=1",
+                                       "gradcomp:topk:ratio=0.01|ef", "gradcomp:powersgd|ef"])
+def test_compressed_contenders_agree_across_ranks(tmp_path, contender):
+    ranks = run_workers(tmp_path, contender)
+    assert ranks[0]["grad_digest"] == ranks[1]["grad_digest"]
+    if contender.startswith("gradcomp:"):
+        # gradcomp counts what it sent: far less than the raw gradient for these codecs.
+        assert 0 < ranks[0]["payload_bytes_per_step"] < 4 * ELEMENTS / 2
+
+
+def test_compute_only_exchanges_nothing(tmp_path):
+    ranks = run_workers(tmp_path, "compute")
+    assert ranks[0]["grad_sum"] == pytest.approx(own_grad_sum(0), rel=1e-6)
+    assert ranks[1]["grad_sum"] == pytest.approx(own_grad_sum(1), rel=1e-6)
+    assert ranks[0]["grad_digest"] != ranks[1]["grad_digest"]
+    # Waiting for the profile's ready times: a step cannot be shorter than forward + backward.
+    assert min(ranks[0]["step_s"]) >= 0.012
+
+
+def test_dilation_stretches_compute(tmp_path):
+    ranks = run_workers(tmp_path, "compute", extra=("--dilation", "5"))
+    assert ranks[0]["compute_s"] == pytest.approx(5 * 0.012)
+    assert min(ranks[0]["step_s"]) >= 5 * 0.012
+
+
+def test_plan_contender_runs_the_plan(tmp_path):
+    plan = tmp_path / "plan.json"
+    profile = tmp_path / "tiny.json"
+    profile.write_text(json.dumps(PROFILE))
+    subprocess.run([str(ROOT / "build" / "bin" / "gradcomp"), "plan", "--profile", str(profile),
+                    "--workers", "2", "--inter", "100mbit", "--codecs",
+                    "fp16,topk:ratio=0.01|ef", "--json", str(plan)], check=True,
+                   capture_output=True)
+    buckets = len(json.loads(plan.read_text())["buckets"])
+    ranks = run_workers(tmp_path, f"plan:{plan}")
+    assert [r["plan_buckets"] for r in ranks] == [buckets, buckets]
+    assert ranks[0]["grad_digest"] == ranks[1]["grad_digest"]
+
+
+def test_probe_measures_a_word_allreduce(tmp_path):
+    ranks = run_workers(tmp_path, "compute", extra=("--workload", "probe"))
+    assert all(0 < r[f"allreduce_{n}_s"] <= r[f"allreduce_{n}_p90_s"]
+               for r in ranks for n in ("word", "4k"))
+
+
+def test_bad_contender_is_named(tmp_path):
+    with pytest.raises(worker.BenchError, match="contender 'ddp-int8' is unknown"):
+        worker.parse_contender("ddp-int8")
+
+
+def test_missing_launch_variables_are_named(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    done = subprocess.run([PYTHON, str(WORKER), "--contender", "ddp", "--profile",
+                           str(ROOT / "profiles" / "resnet50.json"), "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "RANK is not set" in done.stderr
+
+
+def test_profile_shapes_are_torchvision_shapes_for_cnns():
+    profile = json.loads((ROOT / "profiles" / "resnet50.json").read_text())
+    shapes = worker.profile_shapes(profile)
+    by_name = dict(zip((t["name"] for t in profile["tensors"]), shapes))
+    assert by_name["fc.weight"] == (1000, 2048)
+    assert by_name["conv1.weight"] == (64, 3, 7, 7)
+    assert all(torch.Size(s).numel() == t["elements"]
+               for s, t in zip(shapes, profile["tensors"]))

@@ -1,0 +1,15 @@
+"""A small replay profile for the cluster benchmark's tests: fast steps, real exchanges."""
+
+# Six tensors in backward order, two of them large enough to be compressed.
+PROFILE = {
+    "format": "gradcomp-profile", "version": 1, "model": "tiny", "source": "test",
+    "batch_size": 8, "forward_ms": 4.0, "backward_ms": 8.0,
+    "tensors": [
+        {"name": "head.bias", "elements": 10, "ready_ms": 0.5},
+        {"name": "head.weight", "elements": 40960, "ready_ms": 1.0},
+        {"name": "body.1.bias", "elements": 256, "ready_ms": 2.0},
+        {"name": "body.1.weight", "elements": 65536, "ready_ms": 5.0},
+        {"name": "body.0.bias", "elements": 256, "ready_ms": 6.0},
+        {"name": "body.0.weight", "elements": 2048, "ready_ms": 8.0},
+    ],
+}
