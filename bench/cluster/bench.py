@@ -214,19 +214,27 @@ def display_path(path):
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def measure_codec_costs(codecs, out):
-    """Codec costs of this machine, for the planner and the simulator: `gradcomp bench codecs`
-    on buckets of 4M-32M elements (out of cache, as the model's buckets are), fitted by
-    `gradcomp costs --fit`. Measured before any cluster exists, with the machine otherwise idle,
-    undilated."""
+def measure_codec_costs(codecs, workers, out):
+    """Codec costs on this machine with `workers` workers sharing it, for the planner and the
+    simulator: `gradcomp bench codecs` run by that many processes at once (in a training step
+    every rank encodes at the same time, and they share the cores and the memory bus) on
+    buckets of 4M-16M elements (out of cache, as buckets are), fitted by `gradcomp costs
+    --fit` to the first copy's report. Measured outside any cluster and undilated."""
     names = sorted({c.split("|")[0] for c in ["none", *codecs]})
-    report_path, costs_path = out / "codec-bench.json", out / "codec-costs.json"
-    say(f"measuring codec costs on this machine ({', '.join(names)}) ...")
-    gradcomp("bench", "codecs", "--codecs", *names, "--sizes", "22", "24", "25",
-             "--min-time", "0.2", "--json", report_path)
-    gradcomp("costs", "--fit", report_path, "--source",
-             "bench/cluster/bench.py: gradcomp bench codecs, 2^22-2^25 elements, this machine",
-             "--json", costs_path)
+    reports = [out / f"codec-bench-w{workers}-{i}.json" for i in range(workers)]
+    costs_path = out / f"codec-costs-w{workers}.json"
+    say(f"measuring codec costs with {workers} copies at once ({', '.join(names)}) ...")
+    copies = [subprocess.Popen([str(GRADCOMP), "bench", "codecs", "--codecs", *names,
+                                "--sizes", "22", "24", "--min-time", "0.1", "--json", str(r)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for r in reports]
+    for copy in copies:
+        _, err = copy.communicate(timeout=900)
+        if copy.returncode != 0:
+            raise BenchError(f"gradcomp bench codecs failed: {err.strip()}")
+    gradcomp("costs", "--fit", reports[0], "--source",
+             f"bench/cluster/bench.py: gradcomp bench codecs, {workers} copies at once, 2^22 and "
+             "2^24 elements, this machine", "--json", costs_path)
     return costs_path
 
 
@@ -310,13 +318,13 @@ def replay_config(args, profile, rate, workers, names, out, port):
     config_name = f"{Path(profile).stem}-{rate}-w{workers}"
     out_dir = out / "runs" / config_name
     out_dir.mkdir(parents=True, exist_ok=True)
-    cores = os.cpu_count() or 1
-    # Codec costs were measured with the codec alone on a core: W workers share the cores, and
-    # dilation divides every measured time (but not the CPU's) by K.
-    cost_scale = max(1.0, workers / cores) / dilation
+    # The codec costs were measured with W copies sharing the machine; dilation divides every
+    # measured time (but not the CPU's) by K.
+    cost_scale = 1.0 / dilation
     config = {"profile": Path(profile).stem, "rate": rate, "rate_bps": rate_bps,
               "dilation": dilation, "workers": workers, "link_bps": link_bps,
-              "cost_scale": cost_scale, "runs": []}
+              "cost_scale": cost_scale, "codec_costs": display_path(args.costs_path),
+              "runs": []}
     profile_json = json.loads(Path(profile).read_text())
     config["compute_ms"] = profile_json["forward_ms"] + profile_json["backward_ms"]
     say(f"\n== {config_name}: {workers} hosts, links {netns.format_rate(link_bps)}"
@@ -333,7 +341,7 @@ def replay_config(args, profile, rate, workers, names, out, port):
             f"message {latency * 1e6:.0f} us (emulated time)")
         plan_path = out / "plans" / f"{config_name}.json"
         plan_path.parent.mkdir(parents=True, exist_ok=True)
-        model = Model(profile, workers, measured, latency, args.costs, cost_scale, plan_path,
+        model = Model(profile, workers, measured, latency, args.costs_path, cost_scale, plan_path,
                       config["compute_ms"], out_dir / "simulated.json")
         config["plan"] = model.plan(split(args.codecs))
         say(f"   planner: {config['plan']['summary']}; predicted "
@@ -391,7 +399,8 @@ def train_config(args, out, port):
                 config["runs"].append({**row, **failed_row(name, e)})
                 continue
             r0 = ranks[0]
-            row.update(status="ok", epoch_seconds=r0["epoch_seconds"],
+            row.update(status="ok", eval_epochs=r0["eval_epochs"],
+                       epoch_seconds=r0["epoch_seconds"],
                        epoch_accuracy=r0["epoch_accuracy"],
                        wire_bytes_per_step=statistics.fmean(r["tx_bytes_per_step"]
                                                             for r in ranks))
@@ -492,12 +501,15 @@ def run_all(args, names, profiles):
                      "target_accuracy": args.target_accuracy, "codecs": split(args.codecs)},
         "replay": [], "train": [],
     }
-    args.costs = args.costs or measure_codec_costs(split(args.codecs), out)
-    results["settings"]["codec_costs"] = display_path(args.costs)
+    costs = {}  # workers -> codec costs measured with that many copies
     port = 29600
     for profile in profiles:
         for rate in split(args.rates):
             for workers in args.workers:
+                if workers not in costs:
+                    costs[workers] = (Path(args.costs) if args.costs else
+                                      measure_codec_costs(split(args.codecs), workers, out))
+                args.costs_path = costs[workers]
                 runs = [n for n in names if n != "ddp-bf16" or not results["replay"]]
                 results["replay"].append(replay_config(args, profile, rate, workers, runs,
                                                        out, port))

@@ -356,11 +356,14 @@ def replay(args, kind, argument):
     exchange.barrier()
     tx0, rx0 = link_bytes(args.iface)
     cpu0, payload = time.process_time(), 0
-    step_s = []
+    step_s, marks = [], []
     for _ in range(args.steps):
         start = time.perf_counter()
         one_step()
-        step_s.append(time.perf_counter() - start)
+        end = time.perf_counter()
+        step_s.append(end - start)
+        # Machine-wide monotonic times, comparable between ranks: when each phase began.
+        marks.append([start, model.clock.backward_start, end])
         if optimizer is not None:
             payload += optimizer.last_step()["bytes_sent"]
     cpu = time.process_time() - cpu0
@@ -372,7 +375,7 @@ def replay(args, kind, argument):
         "warmup": args.warmup, "step_s": step_s,
         "tx_bytes_per_step": (tx1 - tx0) / n, "rx_bytes_per_step": (rx1 - rx0) / n,
         "payload_bytes_per_step": payload / n if optimizer is not None else None,
-        "cpu_s_per_step": cpu / n,
+        "cpu_s_per_step": cpu / n, "step_marks": marks,
         "compute_s": args.dilation * (profile["forward_ms"] + profile["backward_ms"]) / 1e3,
     }
     if optimizer is not None:
@@ -425,8 +428,10 @@ def train(args, kind, argument):
     schedule = mainjob.make_schedule(sgd, "cosine", total_steps)
     exchange.barrier()
     tx0, _ = link_bytes(args.iface)
+    # Test accuracy every half epoch (not counted as training time), for time to accuracy.
+    eval_every = max(1, steps_per_epoch // 2)
     step, epoch, trained = 0, 0, 0.0
-    epoch_seconds, epoch_accuracy = [], []
+    eval_epochs, eval_seconds, eval_accuracy = [], [], []
     while step < total_steps:
         order = mainjob.shard_indices(len(train_y), rank, world, args.seed, epoch)
         start = time.perf_counter()
@@ -439,15 +444,19 @@ def train(args, kind, argument):
             optimizer.step()
             schedule.step()
             step += 1
-        trained += time.perf_counter() - start
-        epoch_seconds.append(trained)
-        epoch_accuracy.append(mainjob.evaluate(model, test_x, test_y, exchange))
+            if step % eval_every == 0 or step == total_steps:
+                trained += time.perf_counter() - start
+                eval_epochs.append(step / steps_per_epoch)
+                eval_seconds.append(trained)
+                eval_accuracy.append(mainjob.evaluate(model, test_x, test_y, exchange))
+                start = time.perf_counter()
         epoch += 1
     tx1, _ = link_bytes(args.iface)
     return exchange, {
         "workload": "train", "contender": args.contender, "rank": rank, "world": world,
-        "epochs": args.epochs, "steps": step, "epoch_seconds": epoch_seconds,
-        "epoch_accuracy": epoch_accuracy, "tx_bytes_per_step": (tx1 - tx0) / step,
+        "epochs": args.epochs, "steps": step, "eval_epochs": eval_epochs,
+        "epoch_seconds": eval_seconds, "epoch_accuracy": eval_accuracy,
+        "tx_bytes_per_step": (tx1 - tx0) / step,
     }
 
 

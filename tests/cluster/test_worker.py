@@ -140,3 +140,18 @@ def test_profile_shapes_are_torchvision_shapes_for_cnns():
     assert by_name["conv1.weight"] == (64, 3, 7, 7)
     assert all(torch.Size(s).numel() == t["elements"]
                for s, t in zip(shapes, profile["tensors"]))
+
+
+@pytest.mark.parametrize("contender", ["ddp", "gradcomp:topk:ratio=0.01|ef"])
+def test_train_reports_accuracy_over_time(tmp_path, contender):
+    """A few dozen steps of the main job's training: evaluations every half epoch and at the
+    end, cumulative training time, accuracy far above chance (10 classes), the same on both
+    ranks (they hold identical models)."""
+    ranks = run_workers(tmp_path, contender, extra=("--workload", "train", "--epochs", "0.04"))
+    r0 = ranks[0]
+    assert r0["steps"] == round(0.04 * -(-30000 // 32))
+    assert r0["eval_epochs"][-1] == pytest.approx(r0["steps"] / -(-30000 // 32))
+    assert r0["epoch_seconds"] == sorted(r0["epoch_seconds"]) and r0["epoch_seconds"][0] > 0
+    assert r0["epoch_accuracy"][-1] > 0.3
+    assert ranks[1]["epoch_accuracy"] == r0["epoch_accuracy"]
+    assert r0["tx_bytes_per_step"] > 0
