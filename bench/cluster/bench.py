@@ -304,6 +304,9 @@ def replay_row(contender, ranks, dilation):
 def failed_row(contender, error):
     """The error's message without the worker's log, which goes in log_tail."""
     message = str(error).split(". Last lines of ")[0]
+    tail = [line for line in getattr(error, "log_tail", "").splitlines() if line.strip()]
+    if tail:
+        message += f"; its last words: {tail[-1].strip()}"
     return {"contender": contender, "label": label(contender), "family": family(contender),
             "status": "failed", "error": message,
             "log_tail": getattr(error, "log_tail", "")[-2000:]}
