@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "cluster" / "bench.py"
@@ -19,7 +18,7 @@ sys.path.insert(0, str(ROOT / "bench" / "cluster"))
 import netns  # noqa: E402
 import report  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_profile import PROFILE  # noqa: E402
+from cluster_testing import PROFILE, alive  # noqa: E402
 
 
 def bench_argv(tmp_path, *extra):
@@ -115,14 +114,6 @@ def cmdline(pid):
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_stale_namespaces_are_removed_with_a_message(tmp_path):

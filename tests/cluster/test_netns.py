@@ -16,7 +16,9 @@ import pytest
 
 CLUSTER_DIR = Path(__file__).resolve().parents[2] / "bench" / "cluster"
 sys.path.insert(0, str(CLUSTER_DIR))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netns  # noqa: E402
+from cluster_testing import alive  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
@@ -38,14 +40,6 @@ def netns_pids(name):
     done = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, timeout=10)
     assert done.returncode == 0, done.stderr  # the namespace must still exist to be checked
     return done.stdout.split()
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def python_in(cluster, i, code, *args, log=None):

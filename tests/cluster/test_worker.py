@@ -17,7 +17,7 @@ WORKER = ROOT / "bench" / "cluster" / "worker.py"
 PYTHON = "/usr/bin/python3"
 sys.path.insert(0, str(ROOT / "bench" / "cluster"))
 import worker  # noqa: E402
-from tiny_profile import PROFILE  # noqa: E402
+from cluster_testing import PROFILE  # noqa: E402
 
 ELEMENTS = sum(t["elements"] for t in PROFILE["tensors"])
 

@@ -1,4 +1,6 @@
-"""A small replay profile for the cluster benchmark's tests: fast steps, real exchanges."""
+"""What the cluster benchmark's tests share: a small replay profile (fast steps, real
+exchanges) and a process check."""
+import os
 
 # Six tensors in backward order, two of them large enough to be compressed.
 PROFILE = {
@@ -13,3 +15,12 @@ PROFILE = {
         {"name": "body.0.weight", "elements": 2048, "ready_ms": 8.0},
     ],
 }
+
+
+def alive(pid):
+    """Whether process `pid` still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
