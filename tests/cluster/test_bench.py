@@ -72,7 +72,9 @@ def test_small_run_measures_every_contender_and_leaves_nothing(tmp_path):
 def test_a_dead_worker_fails_its_contender_only(tmp_path):
     """Kills rank 1 of the DDP run: that run is reported failed with the signal, the next
     contender still runs, and no namespace or process is left."""
-    argv = bench_argv(tmp_path, "--contenders", "ddp,compute", "--steps", "400")
+    # 1,500 steps of the tiny profile take DDP about 20 s here: far longer than the wait for
+    # the worker below, so the kill lands while it runs (400 steps could end before it).
+    argv = bench_argv(tmp_path, "--contenders", "ddp,compute", "--steps", "1500")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         victim = wait_for_worker(proc.pid, tmp_path / "out" / "runs", "ddp")
@@ -93,17 +95,16 @@ def test_a_dead_worker_fails_its_contender_only(tmp_path):
 
 
 def wait_for_worker(bench_pid, runs_dir, contender, timeout=180):
-    """The pid of rank 1's worker once the contender's run has started and stepped a while."""
+    """The pid of rank 1's worker once the contender's run has started (and had 2 s to step)."""
     host = f"{netns.PREFIX}-{bench_pid}-h1"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        logs = list(runs_dir.glob(f"*/{contender}/rank1.log"))
-        if logs:
-            time.sleep(8)  # into the measured steps
+        if list(runs_dir.glob(f"*/{contender}/rank1.log")):
             pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True,
                                   text=True, timeout=10).stdout.split()
             workers = [int(p) for p in pids if b"worker.py" in cmdline(p)]
             if workers:
+                time.sleep(2)
                 return workers[0]
         time.sleep(0.5)
     raise AssertionError(f"no {contender} worker appeared in {host} within {timeout} s")
