@@ -302,11 +302,12 @@ def replay_row(contender, ranks, dilation):
 
 
 def failed_row(contender, error):
-    """The error's message without the worker's log, which goes in log_tail."""
+    """The error's message without the worker's log, which goes in log_tail (and says it)."""
     message = str(error).split(". Last lines of ")[0]
     tail = [line for line in getattr(error, "log_tail", "").splitlines() if line.strip()]
     if tail:
         message += f"; its last words: {tail[-1].strip()}"
+    say(f"   {label(contender):<32} FAILED: {message}")
     return {"contender": contender, "label": label(contender), "family": family(contender),
             "status": "failed", "error": message,
             "log_tail": getattr(error, "log_tail", "")[-2000:]}
@@ -372,7 +373,6 @@ def run_replay(args, runner, model, name, profile, dilation, config):
     try:
         ranks, seconds = runner.run(name, [*worker_args, "--contender", contender], timeout)
     except netns.ClusterError as e:
-        say(f"   {label(name):<32} FAILED: {first_line(e)}")
         return {**row, **failed_row(name, e)}
     row.update(status="ok", **replay_row(name, ranks, dilation))
     say(f"   {label(name):<32} {statistics.median(row['step_ms']):9.1f} ms/step  "
@@ -398,7 +398,6 @@ def train_config(args, out, port):
                 ranks, seconds = runner.run(name, ["--workload", "train", "--contender", name,
                                                    "--epochs", str(args.train_epochs)], 1800)
             except netns.ClusterError as e:
-                say(f"   {label(name):<32} FAILED: {first_line(e)}")
                 config["runs"].append({**row, **failed_row(name, e)})
                 continue
             r0 = ranks[0]
@@ -417,10 +416,6 @@ def train_config(args, out, port):
 
 def say(text):
     print(text, flush=True)
-
-
-def first_line(error):
-    return str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
 
 
 def machine():
