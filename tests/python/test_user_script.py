@@ -12,7 +12,10 @@ def test_user_script_trains(run_workers, extra):
     # The script takes no --out; it ignores it (argv is only searched for --process-group).
     job = run_workers("user_script.py", *extra).check()
     losses = {}
-    for rank, step, loss in re.findall(r"rank (\d) step (\d+) loss (\S+)", job.stdout):
+    # The ranks share one stdout, so a line may run on into another rank's ("19.9187rank 1 ..."):
+    # the loss is the number, nan or inf right after "loss".
+    number = r"[-+]?(?:nan|inf|[0-9.]+(?:e[-+]?[0-9]+)?)"
+    for rank, step, loss in re.findall(rf"rank (\d) step (\d+) loss ({number})", job.stdout):
         losses[(int(rank), int(step))] = float(loss)
     assert set(losses) == {(r, s) for r in range(2) for s in (0, 29)}, job.describe()
     for rank in range(2):
