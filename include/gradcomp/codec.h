@@ -77,6 +77,10 @@ struct CodecTraits {
   // or values computed from them), so an allreduce route need not OR the header's non-finite
   // flag across ranks. False for codecs that signal them only through the flag.
   bool payload_carries_nonfinite = false;
+  // encode() always returns max_frame_bytes(n): every rank knows every frame's size before the
+  // exchange, so the allgather and two-way routes send no sizes first (one collective, and its
+  // round trips, fewer per bucket). False where the count depends on the data or the step.
+  bool fixed_frame_size = true;
 };
 
 // Where and when a codec call happens; keys the counter-based randomness.

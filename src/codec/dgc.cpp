@@ -45,7 +45,8 @@ class DgcCodec final : public Codec {
     return {.summable = false,
             .payload_type = DType::kNone,
             .bits_per_element = 64 * p_.ratio,  // after warm-up: u32 index + f32 value each
-            .unbiased = false};
+            .unbiased = false,
+            .fixed_frame_size = false};  // the count follows the warm-up schedule
   }
   size_t max_frame_bytes(size_t n) const override {
     return kFrameHeaderBytes + sparse::payload_bytes(max_count(n));

@@ -31,7 +31,7 @@ class ThresholdCodec final : public Codec {
   CodecTraits traits() const override {
     // The count is data-dependent; 64 bits (index + value) per element is the bound.
     return {.summable = false, .payload_type = DType::kNone, .bits_per_element = 64,
-            .unbiased = false};
+            .unbiased = false, .fixed_frame_size = false};
   }
   size_t max_frame_bytes(size_t n) const override {
     return kFrameHeaderBytes + sparse::payload_bytes(n);

@@ -211,6 +211,7 @@ using detail::OptionCache;
 using detail::RouteModel;
 
 constexpr double kSizeWord = sizeof(uint64_t);  // the frame sizes routes exchange first
+                                                // (codecs without a fixed frame size)
 
 // Where the phases of a route go: summed (bucket_times) or listed (bucket).
 struct SumSink {
@@ -272,7 +273,7 @@ EndCosts allreduce_route(const RouteModel& m, const Group& g, Linear pass, doubl
 template <class Sink>
 EndCosts allgather_route(const RouteModel& m, const Group& g, Linear pass, double n, Sink& sink) {
   const double frame = frame_bytes(*m.codec, n);
-  sink("sizes", g.allgather(kSizeWord), kSizeWord);
+  if (!m.traits.fixed_frame_size) sink("sizes", g.allgather(kSizeWord), kSizeWord);
   sink("allgather", g.allgather(frame), frame);
   return {encode_cost(m, m.feedback, pass, n), g.p * m.cost.decode.at(n) + pass.at(n)};
 }
@@ -281,13 +282,14 @@ template <class Sink>
 EndCosts twoway_route(const RouteModel& m, const Group& g, Linear pass, double n, Sink& sink) {
   const double w = g.p, shard = n / w;
   const double frame = frame_bytes(*m.codec, shard);
-  sink("shard sizes", g.alltoall(kSizeWord * w), kSizeWord * w);
+  const bool sizes = !m.traits.fixed_frame_size;
+  if (sizes) sink("shard sizes", g.alltoall(kSizeWord * w), kSizeWord * w);
   sink("shards", g.alltoall(frame * w), frame * w);
   // The server: decode W frames of its shard, finalize, compensate and re-encode it.
   const double server = w * m.cost.decode.at(shard) + pass.at(shard) +
                         encode_cost(m, m.server_feedback, pass, shard);
   sink("server", server, 0);
-  sink("result sizes", g.allgather(kSizeWord), kSizeWord);
+  if (sizes) sink("result sizes", g.allgather(kSizeWord), kSizeWord);
   sink("results", g.allgather(frame), frame);
   const double compensate = m.feedback ? pass.at(n) : 0;
   const double encode = compensate + w * (m.feedback ? m.cost.encode_ef : m.cost.encode).at(shard);

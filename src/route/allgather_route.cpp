@@ -1,6 +1,7 @@
 // allgather: any single-round codec. Every rank receives all W frames and decodes them in rank
-// order into the same sum, so every rank ends with the same bits. Frames may differ in size
-// (top-k, threshold), so the sizes travel first (8 bytes per rank).
+// order into the same sum, so every rank ends with the same bits. Where frames may differ in
+// size (threshold, DGC) the sizes travel first (8 bytes per rank); a codec of fixed frame size
+// needs no such round.
 #include <fmt/format.h>
 
 #include <numeric>
@@ -33,6 +34,8 @@ class AllgatherRoute final : public Route {
   Context context(const StepState& step, uint32_t rank) const {
     return codec_context(env_, bucket_, step, rank, world_size_);
   }
+  // Where frames may differ in size: every rank's size first, checked, into counts_.
+  void exchange_sizes(const Phases& p);
 
   Transport& world_;
   RouteEnv env_;
@@ -43,12 +46,13 @@ class AllgatherRoute final : public Route {
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Feedback> feedback_;
   size_t max_frame_;
+  bool fixed_;  // every frame is max_frame_ bytes: counts_ is known, no size exchange
 
   std::vector<std::byte> frame_;     // this rank's frame
   std::vector<std::byte> gathered_;  // all frames, in rank order
   std::vector<uint64_t> my_size_;    // one element: what the size allgather sends
   std::vector<uint64_t> sizes_;      // every rank's frame size
-  std::vector<size_t> counts_;       // the same, checked, for allgatherv
+  std::vector<size_t> counts_;       // every rank's frame size for allgatherv (checked)
   size_t frame_bytes_ = 0;
   size_t sent_ = 0;
 };
@@ -63,11 +67,12 @@ AllgatherRoute::AllgatherRoute(const RouteConfig& c)
       codec_(make_codec(c.codec)),
       feedback_(make_feedback(c.feedback)),
       max_frame_(codec_->max_frame_bytes(n_)),
+      fixed_(codec_->traits().fixed_frame_size),
       frame_(max_frame_),
       gathered_(max_frame_ * world_size_),
       my_size_(1),
       sizes_(world_size_),
-      counts_(world_size_) {
+      counts_(world_size_, max_frame_) {
   check_codec_fits(kName, *codec_);
 }
 
@@ -78,22 +83,28 @@ void AllgatherRoute::encode(std::span<float> grad, const StepState& step, const 
     const auto x = feedback_->compensate(grad, step_info(step, world_size_));
     frame_bytes_ = codec_->encode(x, frame_, context(step, rank_), feedback_->residual());
     feedback_->commit();
+    if (fixed_) checked_fixed_size(*codec_, frame_bytes_, max_frame_);
   });
 }
 
 void AllgatherRoute::exchange(const StepState&, const Phases& p) {
+  if (!fixed_) exchange_sizes(p);
+  const size_t total = std::accumulate(counts_.begin(), counts_.end(), size_t{0});
+  const auto issued = Clock::now();
+  p.wait(world_.allgatherv(std::span(frame_).first(frame_bytes_),
+                           std::span(gathered_).first(total), counts_),
+         "allgather", issued);
+  sent_ += frame_bytes_;
+}
+
+void AllgatherRoute::exchange_sizes(const Phases& p) {
   my_size_[0] = frame_bytes_;
-  auto issued = Clock::now();
+  const auto issued = Clock::now();
   p.wait(world_.allgather(bytes_of(my_size_), bytes_of(sizes_)), "sizes", issued);
   for (uint32_t r = 0; r < world_size_; ++r) {
     counts_[r] = checked_size(sizes_[r], max_frame_, static_cast<int>(r), "frame size");
   }
-  const size_t total = std::accumulate(counts_.begin(), counts_.end(), size_t{0});
-  issued = Clock::now();
-  p.wait(world_.allgatherv(std::span(frame_).first(frame_bytes_),
-                           std::span(gathered_).first(total), counts_),
-         "allgather", issued);
-  sent_ = sizeof(uint64_t) + frame_bytes_;
+  sent_ += sizeof(uint64_t);
 }
 
 void AllgatherRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {

@@ -22,6 +22,15 @@ size_t checked_size(uint64_t size, size_t max_bytes, int peer, const char* what)
   return static_cast<size_t>(size);
 }
 
+size_t checked_fixed_size(const Codec& codec, size_t bytes, size_t max_bytes) {
+  if (bytes != max_bytes) {
+    throw Error(fmt::format("codec '{}' declares a fixed frame size but encoded {} bytes where "
+                            "max_frame_bytes is {}; peers would read a wrong frame",
+                            codec.spec(), bytes, max_bytes));
+  }
+  return bytes;
+}
+
 void check_length(const char* route, size_t bucket, const char* what, size_t size, size_t n) {
   if (size != n) {
     throw Error(fmt::format("route '{}', bucket {}: {} of {} elements; the bucket has {}", route,

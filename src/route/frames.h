@@ -79,6 +79,11 @@ inline std::span<std::byte> bytes_of(std::vector<uint64_t>& v) {
 // a corrupted or foreign size must not make us read past our buffers.
 size_t checked_size(uint64_t size, size_t max_bytes, int peer, const char* what);
 
+// A frame this rank encoded with a codec of fixed frame size (CodecTraits::fixed_frame_size):
+// its size must be max_bytes, since peers receive that many bytes without being told. Returns
+// it; throws Error naming the codec otherwise (a codec breaking its own declaration).
+size_t checked_fixed_size(const Codec& codec, size_t bytes, size_t max_bytes);
+
 // The versioned state of a route: "GCRS", u32 version, u32 FNV-1a of the route name, u64
 // elements, u32 world size (the ranks the route's own codec sees), u32 part count, then per part
 // a u64 length and its bytes. Parts are the codec and feedback states, in an order each route

@@ -2,10 +2,11 @@
 // The bucket is cut into W contiguous shards; rank s is the server of shard s.
 //   worker:  compensate the whole bucket (worker feedback), encode each shard (its residual goes
 //            into the matching slice of the feedback's residual)
-//   alltoallv: shard s of every rank goes to rank s (sizes first, 8 bytes per pair)
+//   alltoallv: shard s of every rank goes to rank s (sizes first, 8 bytes per pair, unless the
+//            codec's frames have a fixed size)
 //   server:  decode the W frames of its shard in rank order, finalize (mean or majority vote),
 //            compensate with the server feedback, re-encode with residual
-//   allgatherv: every server's frame goes to every rank (sizes first)
+//   allgatherv: every server's frame goes to every rank (sizes first, likewise)
 //   decode:  frame s into out[shard s]; no finalize, the server already aggregated.
 // Each rank sends about 2 compressed copies of the bucket whatever W, as the paper's servers do.
 #include <fmt/format.h>
@@ -57,6 +58,7 @@ class TwowayRoute final : public Route {
   std::vector<Range> shards_;
   std::vector<size_t> max_frames_;  // the largest frame of each shard
   size_t my_max_frame_;             // ... of this rank's shard
+  bool fixed_;  // every frame of shard s is max_frames_[s] bytes: no size exchanges
 
   std::vector<std::byte> sent_frames_;    // this rank's W shard frames, consecutive
   std::vector<uint64_t> send_sizes_;      // their sizes (block j to rank j)
@@ -91,18 +93,19 @@ TwowayRoute::TwowayRoute(const RouteConfig& c)
     max_frames_.push_back(codec_->max_frame_bytes(shards_.back().size()));
   }
   my_max_frame_ = max_frames_[rank_];
+  fixed_ = codec_->traits().fixed_frame_size;
   const size_t all_frames = std::accumulate(max_frames_.begin(), max_frames_.end(), size_t{0});
   sent_frames_.resize(all_frames);
   send_sizes_.resize(world_size_);
   recv_sizes_.resize(world_size_);
   send_counts_.resize(world_size_);
-  recv_counts_.resize(world_size_);
+  recv_counts_.assign(world_size_, my_max_frame_);
   shard_frames_.resize(my_max_frame_ * world_size_);
   shard_sum_.resize(shards_[rank_].size());
   server_frame_.resize(my_max_frame_);
   server_size_.resize(1);
   result_sizes_.resize(world_size_);
-  result_counts_.resize(world_size_);
+  result_counts_ = max_frames_;
   results_.resize(all_frames);
 }
 
@@ -119,7 +122,7 @@ void TwowayRoute::encode(std::span<float> grad, const StepState& step, const Pha
       const size_t bytes =
           codec_->encode(x.subspan(r.begin, r.size()), std::span(sent_frames_).subspan(at),
                          context(step, s, false, rank_), shard_residual);
-      send_counts_[s] = bytes;
+      send_counts_[s] = fixed_ ? checked_fixed_size(*codec_, bytes, max_frames_[s]) : bytes;
       send_sizes_[s] = bytes;
       at += bytes;
     }
@@ -129,10 +132,13 @@ void TwowayRoute::encode(std::span<float> grad, const StepState& step, const Pha
 
 void TwowayRoute::send_shards(const Phases& p) {
   auto issued = Clock::now();
-  p.wait(world_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "shard sizes", issued);
-  for (uint32_t r = 0; r < world_size_; ++r) {
-    recv_counts_[r] = checked_size(recv_sizes_[r], my_max_frame_, static_cast<int>(r),
-                                   "shard frame size");
+  if (!fixed_) {
+    p.wait(world_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "shard sizes", issued);
+    for (uint32_t r = 0; r < world_size_; ++r) {
+      recv_counts_[r] = checked_size(recv_sizes_[r], my_max_frame_, static_cast<int>(r),
+                                     "shard frame size");
+    }
+    sent_ += world_size_ * sizeof(uint64_t);
   }
   const size_t out = std::accumulate(send_counts_.begin(), send_counts_.end(), size_t{0});
   const size_t in = std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t{0});
@@ -140,7 +146,7 @@ void TwowayRoute::send_shards(const Phases& p) {
   p.wait(world_.alltoallv(std::span(sent_frames_).first(out), send_counts_,
                           std::span(shard_frames_).first(in), recv_counts_),
          "shards", issued);
-  sent_ += world_size_ * sizeof(uint64_t) + out;
+  sent_ += out;
 }
 
 void TwowayRoute::serve(const StepState& step, const Phases& p) {
@@ -157,16 +163,20 @@ void TwowayRoute::serve(const StepState& step, const Phases& p) {
     server_size_[0] = server_codec_->encode(x, server_frame_, context(step, rank_, true, rank_),
                                             server_feedback_->residual());
     server_feedback_->commit();
+    if (fixed_) checked_fixed_size(*server_codec_, server_size_[0], my_max_frame_);
   });
 }
 
 void TwowayRoute::gather_results(const Phases& p) {
   auto issued = Clock::now();
-  p.wait(world_.allgather(bytes_of(server_size_), bytes_of(result_sizes_)), "result sizes",
-         issued);
-  for (uint32_t s = 0; s < world_size_; ++s) {
-    result_counts_[s] = checked_size(result_sizes_[s], max_frames_[s], static_cast<int>(s),
-                                     "server frame size");
+  if (!fixed_) {
+    p.wait(world_.allgather(bytes_of(server_size_), bytes_of(result_sizes_)), "result sizes",
+           issued);
+    for (uint32_t s = 0; s < world_size_; ++s) {
+      result_counts_[s] = checked_size(result_sizes_[s], max_frames_[s], static_cast<int>(s),
+                                       "server frame size");
+    }
+    sent_ += sizeof(uint64_t);
   }
   const size_t total = std::accumulate(result_counts_.begin(), result_counts_.end(), size_t{0});
   const size_t mine = static_cast<size_t>(server_size_[0]);
@@ -174,7 +184,7 @@ void TwowayRoute::gather_results(const Phases& p) {
   p.wait(world_.allgatherv(std::span(server_frame_).first(mine),
                            std::span(results_).first(total), result_counts_),
          "results", issued);
-  sent_ += sizeof(uint64_t) + mine;
+  sent_ += mine;
 }
 
 void TwowayRoute::exchange(const StepState& step, const Phases& p) {

@@ -3,6 +3,7 @@
 // independence, summability, and round trip of the aggregate through the reference route.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -265,6 +266,42 @@ TEST_P(SummableCodec, SummedFramesDecodeToTheSumOfDecodes) {
   for (size_t i = 0; i < n; ++i) ASSERT_NEAR(summed[i], expected[i], tol * (1 + std::fabs(expected[i]))) << i;
 }
 
+// Routes receive a fixed-size codec's frames without being told their sizes: any input, any
+// length, any step, every rank must produce exactly max_frame_bytes(n).
+std::vector<std::string> fixed_size_specs() {
+  std::vector<std::string> out;
+  for (const auto& s : kSpecs) {
+    if (make_codec(s)->traits().fixed_frame_size) out.push_back(s);
+  }
+  return out;
+}
+
+TEST(FixedFrameSize, OnlyThresholdAndDgcSendSizes) {
+  std::vector<std::string> sized;
+  for (const auto& s : kSpecs) {
+    if (!make_codec(s)->traits().fixed_frame_size) sized.push_back(Spec::parse(s).name());
+  }
+  EXPECT_EQ(sized, (std::vector<std::string>{"dgc", "threshold"}));
+}
+
+class FixedFrameSize : public CodecContract {};
+
+TEST_P(FixedFrameSize, EncodeWritesTheBoundForEveryInput) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{70001}}) {
+    for (int input = 0; input < 4; ++input) {
+      codec_ = make_codec(GetParam());
+      auto x = gradient(n, n + input);
+      if (input == 1) std::fill(x.begin(), x.end(), 0.0f);
+      if (input == 2 && n > 0) x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+      if (input == 3) std::fill(x.begin(), x.end(), 1e30f);
+      const Context ctx{.seed = 5, .step = static_cast<uint64_t>(input), .rank = 1, .world_size = 4};
+      prepare(x, ctx);
+      EXPECT_EQ(encode(*codec_, x, ctx).size(), codec_->max_frame_bytes(n))
+          << "n " << n << ", input " << input;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecContract, ::testing::ValuesIn(kSpecs),
                          [](const auto& info) {
                            std::string name = Spec::parse(info.param).name();
@@ -272,6 +309,9 @@ INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecContract, ::testing::ValuesIn(kSpecs),
                          });
 
 INSTANTIATE_TEST_SUITE_P(Summable, SummableCodec, ::testing::ValuesIn(summable_specs()),
+                         [](const auto& info) { return Spec::parse(info.param).name(); });
+
+INSTANTIATE_TEST_SUITE_P(Fixed, FixedFrameSize, ::testing::ValuesIn(fixed_size_specs()),
                          [](const auto& info) { return Spec::parse(info.param).name(); });
 
 }  // namespace

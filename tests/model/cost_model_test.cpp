@@ -142,12 +142,17 @@ TEST(Routes, AllgatherDecodesEveryWorkersFrame) {
   const CostModel model(cluster(w, 1), costs());
   const size_t n = 1 << 20;
   const BucketCost b = model.bucket(parse_option("signsgd"), n);
-  EXPECT_EQ(names(b), (std::vector<std::string>{"sizes", "allgather"}));
-  EXPECT_DOUBLE_EQ(b.phases[0].seconds, model.allgather(8));
-  EXPECT_DOUBLE_EQ(b.phases[1].seconds, model.allgather(frame("signsgd", n)));
-  EXPECT_DOUBLE_EQ(b.phases[1].seconds, (w - 1) * kAlpha + (w - 1) * (40 + n / 8.0) * kBeta);
+  // signsgd's frames have a fixed size: no sizes go first.
+  EXPECT_EQ(names(b), (std::vector<std::string>{"allgather"}));
+  EXPECT_DOUBLE_EQ(b.phases[0].seconds, model.allgather(frame("signsgd", n)));
+  EXPECT_DOUBLE_EQ(b.phases[0].seconds, (w - 1) * kAlpha + (w - 1) * (40 + n / 8.0) * kBeta);
   EXPECT_DOUBLE_EQ(b.encode_s, enc(n));
   EXPECT_DOUBLE_EQ(b.decode_s, w * dec(n) + pass(n));
+  // threshold's depend on the data: 8 bytes per rank first.
+  const BucketCost t = model.bucket(parse_option("threshold:tau=0.01|ef|allgather"), n);
+  EXPECT_EQ(names(t), (std::vector<std::string>{"sizes", "allgather"}));
+  EXPECT_DOUBLE_EQ(t.phases[0].seconds, model.allgather(8));
+  EXPECT_DOUBLE_EQ(t.bytes_sent(), 8 + frame("threshold:tau=0.01", n));
 }
 
 TEST(Routes, TwowayShardsServesAndGathers) {
@@ -156,21 +161,27 @@ TEST(Routes, TwowayShardsServesAndGathers) {
   const size_t n = 1 << 20, shard = n / w;
   const double f = frame("topk:ratio=0.01", shard);
   const BucketCost b = model.bucket(parse_option("topk:ratio=0.01|ef|twoway"), n);
-  EXPECT_EQ(names(b), (std::vector<std::string>{"shard sizes", "shards", "server", "result sizes",
-                                                "results"}));
-  EXPECT_DOUBLE_EQ(b.phases[0].seconds, model.alltoall(8.0 * w));
-  EXPECT_DOUBLE_EQ(b.phases[1].seconds, model.alltoall(f * w));
+  // top-k's frames have a fixed size: no sizes go first.
+  EXPECT_EQ(names(b), (std::vector<std::string>{"shards", "server", "results"}));
+  EXPECT_DOUBLE_EQ(b.phases[0].seconds, model.alltoall(f * w));
   // The server decodes W frames of its shard, finalizes, compensates (server feedback = the
   // worker's, ef) and re-encodes.
-  EXPECT_DOUBLE_EQ(b.phases[2].seconds, w * dec(shard) + pass(shard) + pass(shard) + enc_ef(shard));
-  EXPECT_DOUBLE_EQ(b.phases[4].seconds, model.allgather(f));
+  EXPECT_DOUBLE_EQ(b.phases[1].seconds, w * dec(shard) + pass(shard) + pass(shard) + enc_ef(shard));
+  EXPECT_DOUBLE_EQ(b.phases[2].seconds, model.allgather(f));
   EXPECT_DOUBLE_EQ(b.encode_s, pass(n) + w * enc_ef(shard));
   EXPECT_DOUBLE_EQ(b.decode_s, w * dec(shard) + pass(n));
-  EXPECT_DOUBLE_EQ(b.bytes_sent(), 8.0 * w + f * w + 8 + f);
+  EXPECT_DOUBLE_EQ(b.bytes_sent(), f * w + f);
   // Server feedback none: a plain encode on the server.
   const BucketCost plain =
       model.bucket(parse_option("topk:ratio=0.01|ef|twoway:server_feedback=none"), n);
-  EXPECT_DOUBLE_EQ(plain.phases[2].seconds, w * dec(shard) + pass(shard) + enc(shard));
+  EXPECT_DOUBLE_EQ(plain.phases[1].seconds, w * dec(shard) + pass(shard) + enc(shard));
+  // threshold's frame sizes depend on the data: both exchanges send sizes first.
+  const BucketCost t = model.bucket(parse_option("threshold:tau=0.01|ef|twoway"), n);
+  EXPECT_EQ(names(t), (std::vector<std::string>{"shard sizes", "shards", "server", "result sizes",
+                                                "results"}));
+  EXPECT_DOUBLE_EQ(t.phases[0].seconds, model.alltoall(8.0 * w));
+  const double tf = frame("threshold:tau=0.01", shard);
+  EXPECT_DOUBLE_EQ(t.bytes_sent(), 8.0 * w + tf * w + 8 + tf);
 }
 
 TEST(Routes, HierarchicalIntraThenLeadersThenBroadcast) {
@@ -198,8 +209,9 @@ TEST(Routes, HierarchicalIntraThenLeadersThenBroadcast) {
   EXPECT_DOUBLE_EQ(h.encode_s, enc(n));  // the cast to float16 (fp16's encode)
   EXPECT_EQ(h.phases[2].name, "encode");
   EXPECT_DOUBLE_EQ(h.phases[2].seconds, enc(n));  // signsgd's, among leaders
-  EXPECT_EQ(h.phases[3].name, "sizes");
-  EXPECT_DOUBLE_EQ(h.phases[5].seconds, nodes * dec(n) + pass(n));
+  EXPECT_EQ(h.phases[3].name, "allgather");
+  EXPECT_EQ(h.phases[4].name, "decode");
+  EXPECT_DOUBLE_EQ(h.phases[4].seconds, nodes * dec(n) + pass(n));
 }
 
 TEST(Routes, BucketTimesAreTheSums) {

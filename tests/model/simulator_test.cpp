@@ -184,11 +184,12 @@ TEST(Simulator, MultiPhaseBucketsListEachPhase) {
   c.inter = {1e9, 1e-6};
   CodecCosts costs;
   costs.set("none", {});
-  costs.set("topk", {.encode = {0, 1e-9}, .encode_ef = {0, 1e-9}, .decode = {0, 1e-9}});
+  costs.set("threshold", {.encode = {0, 1e-9}, .encode_ef = {0, 1e-9}, .decode = {0, 1e-9}});
   const CostModel model(c, costs);
-  const SimResult r = simulate(profile(), plan({{0, 1, 2}}, parse_option("topk:ratio=0.1")), model,
-                               {}, true);
-  const BucketCost b = model.bucket(parse_option("topk:ratio=0.1"), 4000);
+  // threshold's frames vary in size, so its allgather route has two phases: sizes, then frames.
+  const Option option = parse_option("threshold:tau=0.1");
+  const SimResult r = simulate(profile(), plan({{0, 1, 2}}, option), model, {}, true);
+  const BucketCost b = model.bucket(option, 4000);
   const Span& sizes = span(r, "bucket 0 sizes");
   const Span& frames = span(r, "bucket 0 allgather");
   EXPECT_DOUBLE_EQ(sizes.end_s, frames.start_s);

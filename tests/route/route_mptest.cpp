@@ -367,13 +367,25 @@ TEST(RouteMp, BytesSentCountWhatThisRankHandsOver) {
   EXPECT_EQ(fp16->bytes_sent(), 2 * n);  // the payload; the header is not sent
   const auto gather = make_route({.codec = "fp16", .route = "allgather"}, kBucket, n, flat_env());
   run_step(*gather, grad, step_state(0));
-  EXPECT_EQ(gather->bytes_sent(), 8 + kFrameHeaderBytes + 2 * n);
+  EXPECT_EQ(gather->bytes_sent(), kFrameHeaderBytes + 2 * n);  // fixed frame size: no size word
   const auto twoway = make_route({.codec = "fp16", .route = "twoway"}, kBucket, n, flat_env());
   run_step(*twoway, grad, step_state(0));
-  // W size words and W shard frames, then one size word and this rank's server frame.
+  // W shard frames, then this rank's server frame.
   const auto shard = [&](uint32_t s) { return n * (s + 1) / w - n * s / w; };
-  size_t expected = 8 * w + w * kFrameHeaderBytes + 2 * n + 8 + kFrameHeaderBytes + 2 * shard(my_rank());
-  EXPECT_EQ(twoway->bytes_sent(), expected);
+  EXPECT_EQ(twoway->bytes_sent(), w * kFrameHeaderBytes + 2 * n + kFrameHeaderBytes + 2 * shard(my_rank()));
+  // A codec whose frame size depends on the data sends its sizes first: 8 bytes per rank. This
+  // threshold keeps nothing, so all its frames are as long as an empty one, of any length.
+  const std::string keep_nothing = "threshold:tau=1e30";
+  const auto codec = make_codec(keep_nothing);
+  std::vector<std::byte> frame(codec->max_frame_bytes(n));
+  const size_t empty = codec->encode(grad, frame, {});
+  const auto sized = make_route({.codec = keep_nothing, .route = "allgather"}, kBucket, n, flat_env());
+  run_step(*sized, grad, step_state(0));
+  EXPECT_EQ(sized->bytes_sent(), 8 + empty);
+  const auto sized_twoway = make_route({.codec = keep_nothing, .route = "twoway"}, kBucket, n,
+                                       flat_env());
+  run_step(*sized_twoway, grad, step_state(0));
+  EXPECT_EQ(sized_twoway->bytes_sent(), 8 * w + w * empty + 8 + empty);
 }
 
 }  // namespace
