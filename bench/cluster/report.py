@@ -242,7 +242,7 @@ def target_plan_speedup(results):
         checks.append((False, "no compute bound to compute the scaling efficiency"))
     else:
         checks.append((efficiency >= PLAN_EFFICIENCY,
-                       f"plan scaling efficiency {efficiency:.2f} (against the {source})"))
+                       f"plan scaling efficiency {efficiency:.3f} (against the {source})"))
     status = "PASS" if all(met for met, _ in checks) else "MISS"
     return _target(name, status,
                    "; ".join(f"{text}: {'yes' if met else 'NO'}" for met, text in checks))
