@@ -1,7 +1,7 @@
 // allgather: any single-round codec. Every rank receives all W frames and decodes them in rank
 // order into the same sum, so every rank ends with the same bits. Where frames may differ in
-// size (threshold, DGC) the sizes travel first (8 bytes per rank) and the frames by allgatherv;
-// a codec of fixed frame size needs no such round, and its equal frames go by allgather.
+// size (threshold, DGC) the sizes travel first (8 bytes per rank); a codec of fixed frame size
+// needs no such round.
 #include <fmt/format.h>
 
 #include <numeric>
@@ -88,20 +88,12 @@ void AllgatherRoute::encode(std::span<float> grad, const StepState& step, const 
 }
 
 void AllgatherRoute::exchange(const StepState&, const Phases& p) {
-  if (fixed_) {
-    // Equal frames take the plain allgather: Gloo's keeps two chunks of each ring step in
-    // flight where its allgatherv sends one message per step, which left the link half idle
-    // between two ranks (docs/architecture.md, Route).
-    const auto issued = Clock::now();
-    p.wait(world_.allgather(frame_, gathered_), "allgather", issued);
-  } else {
-    exchange_sizes(p);
-    const size_t total = std::accumulate(counts_.begin(), counts_.end(), size_t{0});
-    const auto issued = Clock::now();
-    p.wait(world_.allgatherv(std::span(frame_).first(frame_bytes_),
-                             std::span(gathered_).first(total), counts_),
-           "allgather", issued);
-  }
+  if (!fixed_) exchange_sizes(p);
+  const size_t total = std::accumulate(counts_.begin(), counts_.end(), size_t{0});
+  const auto issued = Clock::now();
+  p.wait(world_.allgatherv(std::span(frame_).first(frame_bytes_),
+                           std::span(gathered_).first(total), counts_),
+         "allgather", issued);
   sent_ += frame_bytes_;
 }
 
