@@ -2,6 +2,7 @@
 // logic lives in C++ (the engine, DistributedGradients); the Python side adds the optimizer
 // wrapper and the DDP hook. Every blocking call releases the GIL.
 #include <nlohmann/json.hpp>
+#include <pybind11/functional.h>
 #include <torch/extension.h>
 
 #include <span>
@@ -187,13 +188,19 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("group"), py::arg("device") = "cpu", py::arg("timeout") = 0.0);
 
+  py::class_<gt::EndOfBackward>(m, "EndOfBackward",
+                                "Finishes one backward pass: autograd calls it when the pass ends")
+      .def("__call__", &gt::EndOfBackward::operator(), py::call_guard<py::gil_scoped_release>());
+  m.def("transport_in_use", [](const Transport& t) { return gt::transport_in_use(t); });
+
   py::class_<gt::DistributedGradients>(m, "DistributedGradients")
       .def(py::init([](std::vector<std::pair<std::string, at::Tensor>> parameters,
                        std::shared_ptr<Transport> transport, const std::string& compression,
                        const std::string& plan_json, size_t bucket_bytes,
                        size_t min_compress_elements, int backward_passes_per_step,
                        uint64_t seed, const std::string& timeline, int local_size,
-                       int codec_threads) {
+                       int codec_threads,
+                       std::function<void(gt::EndOfBackward)> queue_end_of_backward) {
              gt::GradientOptions options;
              options.compression = parse_option(compression);
              if (!plan_json.empty()) {
@@ -203,6 +210,7 @@ PYBIND11_MODULE(_C, m) {
              options.min_compress_elements = min_compress_elements;
              options.backward_passes_per_step = backward_passes_per_step;
              options.engine = engine_options(seed, timeline, local_size, codec_threads);
+             options.queue_end_of_backward = std::move(queue_end_of_backward);
              py::gil_scoped_release release;
              return std::make_unique<gt::DistributedGradients>(
                  std::move(parameters), std::move(transport), std::move(options));
@@ -210,10 +218,14 @@ PYBIND11_MODULE(_C, m) {
            py::arg("parameters"), py::arg("transport"), py::arg("compression"),
            py::arg("plan_json"), py::arg("bucket_bytes"), py::arg("min_compress_elements"),
            py::arg("backward_passes_per_step"), py::arg("seed"), py::arg("timeline"),
-           py::arg("local_size"), py::arg("codec_threads"))
+           py::arg("local_size"), py::arg("codec_threads"),
+           py::arg("queue_end_of_backward") = nullptr)
       .def("synchronize", &gt::DistributedGradients::synchronize,
            py::call_guard<py::gil_scoped_release>())
+      .def("step_done", &gt::DistributedGradients::step_done,
+           py::call_guard<py::gil_scoped_release>())
       .def("pending", &gt::DistributedGradients::pending)
+      .def("aborted_step", &gt::DistributedGradients::aborted_step)
       .def("set_learning_rate", &gt::DistributedGradients::set_learning_rate)
       .def("set_timeline", &gt::DistributedGradients::set_timeline)
       .def("plan_json",
@@ -221,6 +233,10 @@ PYBIND11_MODULE(_C, m) {
       .def("last_step",
            [](const gt::DistributedGradients& g) { return step_stats(g.last_step()); })
       .def_property_readonly("steps", &gt::DistributedGradients::steps)
+      .def_property_readonly("rank",
+                             [](const gt::DistributedGradients& g) { return g.transport().rank(); })
+      .def_property_readonly("world_size",
+                             [](const gt::DistributedGradients& g) { return g.transport().size(); })
       .def("save_state",
            [](const gt::DistributedGradients& g) { return to_bytes(g.save_state()); })
       .def("load_state", [](gt::DistributedGradients& g, const std::string& state) {

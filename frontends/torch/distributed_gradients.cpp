@@ -6,27 +6,103 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <torch/csrc/autograd/engine.h>
+
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
 
 #include "gradcomp/error.h"
 
 namespace gradcomp::torch {
 
-struct DistributedGradients::Shared {
-  std::shared_ptr<Transport> transport;
+struct EndOfBackward::Pass {
+  bool ended = false;  // its end-of-backward callback ran
+};
+
+// Transports an engine of a live DistributedGradients issues collectives on. Two engines on one
+// transport would issue from two threads in an order that differs between ranks.
+class TransportClaims {
+ public:
+  static bool claim(const Transport* t) {
+    std::lock_guard lock(mutex());
+    return claimed().insert(t).second;
+  }
+  static bool claimed(const Transport* t) {
+    std::lock_guard lock(mutex());
+    return claimed().contains(t);
+  }
+  static void release(const Transport* t) {
+    std::lock_guard lock(mutex());
+    claimed().erase(t);
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::set<const Transport*>& claimed() {
+    static std::set<const Transport*> s;
+    return s;
+  }
+};
+
+// The transport this exchange issues its collectives on: `given`, unless another live exchange
+// of this process uses it; then a communicator of its own split from it (a collective: every
+// rank constructs its optimizers in the same order, so all ranks split alike).
+std::shared_ptr<Transport> claim_transport(const std::shared_ptr<Transport>& given) {
+  if (TransportClaims::claim(given.get())) return given;
+  std::shared_ptr<Transport> own;
+  try {
+    own = given->split(0, given->rank());
+  } catch (const Error& e) {
+    throw Error(fmt::format(
+        "another DistributedOptimizer of this process exchanges over this transport, and a "
+        "communicator of its own could not be split from it ({}); give each optimizer its own "
+        "transport (a torch.distributed group of its own: torch.distributed.new_group())",
+        e.what()));
+  }
+  TransportClaims::claim(own.get());
+  return own;
+}
+
+struct DistributedGradientsShared {
+  ~DistributedGradientsShared() {
+    engine.reset();  // its threads end before the transport is free for another engine
+    if (transport) TransportClaims::release(transport.get());
+  }
+
+  std::shared_ptr<Transport> transport;  // this exchange's own (see claim_transport)
   std::vector<std::string> names;        // plan order
   std::vector<at::Tensor> parameters;    // plan order
-  std::vector<int> backward_passes;      // per tensor, since its last hand-over
-  std::vector<bool> handed;              // handed to the engine this step
+  std::vector<bool> handed;              // handed to the engine in this step's exchange
+  bool any_handed = false;
+  std::vector<at::Tensor> in_flight;     // what the engine reads and writes until it is done
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators;  // keep our hooks alive
   int passes_per_step = 1;
+  int passes_done = 0;                   // backward passes ended since the last exchange
+  std::weak_ptr<EndOfBackward::Pass> pass;  // the pass running now; its callback owns it
+  bool pass_started = false;             // a pass began and its callback has not run (yet)
+  bool exchanged_since_step = false;     // an exchange finished since step_done()
+  bool aborted = false;                  // the last exchange completed a pass that raised
+  std::string hook_error;                // why our own hook made the running pass raise
+  std::function<void(EndOfBackward)> queue_end_of_backward;
   std::unique_ptr<Engine> engine;
   std::mutex mutex;  // hooks may run on autograd's worker threads
 
-  void hand_over(size_t index);
+  void hand_over(size_t index);  // its .grad
+  void hand_over(size_t index, const at::Tensor& grad);
   void before_accumulation(size_t index);
-  void on_accumulated(size_t index);
+  void on_accumulated(size_t index, const std::shared_ptr<DistributedGradientsShared>& self);
+  void end_pass(EndOfBackward::Pass& pass);
+  // Locked helpers.
+  bool pass_running() const;
+  void complete_aborted_pass();
+  void exchange(bool fill_nan);
+  void wait_for_engine();
 };
 
 namespace {
@@ -44,7 +120,7 @@ class AccumulatedHook final : public ::torch::autograd::FunctionPostHook {
   ::torch::autograd::variable_list operator()(
       const ::torch::autograd::variable_list& outputs,
       const ::torch::autograd::variable_list& /*inputs*/) override {
-    if (auto shared = shared_.lock()) shared->on_accumulated(index_);
+    if (auto shared = shared_.lock()) shared->on_accumulated(index_, shared);
     return outputs;
   }
 
@@ -121,7 +197,17 @@ Plan make_plan(const std::vector<std::string>& names, const std::vector<at::Tens
 
 Option parse_compression(const std::string& text) { return parse_option(text); }
 
-void DistributedGradients::Shared::hand_over(size_t index) {
+bool transport_in_use(const Transport& transport) { return TransportClaims::claimed(&transport); }
+
+EndOfBackward::EndOfBackward(std::weak_ptr<DistributedGradientsShared> shared,
+                             std::shared_ptr<Pass> pass)
+    : shared_(std::move(shared)), pass_(std::move(pass)) {}
+
+void EndOfBackward::operator()() const {
+  if (auto shared = shared_.lock()) shared->end_pass(*pass_);
+}
+
+void DistributedGradientsShared::hand_over(size_t index) {
   at::Tensor grad = parameters[index].grad();
   if (grad.is_sparse()) {
     throw Error(fmt::format(
@@ -136,25 +222,119 @@ void DistributedGradients::Shared::hand_over(size_t index) {
     grad = grad.to(at::kFloat).contiguous().reshape_as(parameters[index]);
     parameters[index].mutable_grad() = grad;
   }
-  engine->ready(index, std::span<float>(grad.data_ptr<float>(), grad.numel()));
-  handed[index] = true;
+  hand_over(index, grad);
 }
 
-void DistributedGradients::Shared::before_accumulation(size_t index) {
+void DistributedGradientsShared::hand_over(size_t index, const at::Tensor& grad) {
+  engine->ready(index, std::span<float>(grad.data_ptr<float>(), grad.numel()));
+  in_flight.push_back(grad);  // alive until the mean is written, even if .grad is reset
+  handed[index] = true;
+  any_handed = true;
+}
+
+void DistributedGradientsShared::before_accumulation(size_t index) {
   std::lock_guard lock(mutex);
   if (handed[index]) {
+    // Only a second backward pass running at the same time (another thread) gets here: a
+    // pass's own exchange ends with it.
     throw Error(fmt::format(
-        "gradcomp: parameter '{}' got a gradient again after it was handed over for this "
-        "step (its .grad is left as it was); call optimizer.step() (or synchronize()) between "
-        "steps, or set backward_passes_per_step for gradient accumulation",
+        "gradcomp: parameter '{}' got a gradient from another backward pass while its "
+        "gradient was being exchanged (its .grad is left as it was); run backward passes "
+        "that reach the same parameters one after another",
         names[index]));
   }
 }
 
-void DistributedGradients::Shared::on_accumulated(size_t index) {
+bool DistributedGradientsShared::pass_running() const {
+  auto running = pass.lock();
+  return running && !running->ended;
+}
+
+void DistributedGradientsShared::on_accumulated(
+    size_t index, const std::shared_ptr<DistributedGradientsShared>& self) {
+  std::optional<EndOfBackward> end;
+  {
+    std::lock_guard lock(mutex);
+    if (!pass_running()) {
+      // The first gradient of a backward pass: arrange to finish the pass when it ends.
+      if (pass_started) complete_aborted_pass();
+      auto running = std::make_shared<EndOfBackward::Pass>();
+      pass = running;
+      pass_started = true;
+      end.emplace(self, std::move(running));
+    }
+    // Gradient accumulation: only the step's last pass hands its gradients over.
+    if (passes_done + 1 >= passes_per_step) {
+      try {
+        hand_over(index);
+      } catch (const std::exception& e) {
+        hook_error = e.what();  // the pass raises it; step() says it again
+        throw;
+      }
+    }
+  }
+  if (!end) return;
+  if (queue_end_of_backward) {
+    queue_end_of_backward(std::move(*end));
+  } else {
+    ::torch::autograd::Engine::get_default_engine().queue_callback(
+        [end = std::move(*end)] { end(); });
+  }
+}
+
+void DistributedGradientsShared::end_pass(EndOfBackward::Pass& ended) {
   std::lock_guard lock(mutex);
-  if (++backward_passes[index] < passes_per_step) return;
-  hand_over(index);
+  ended.ended = true;
+  pass_started = false;
+  if (++passes_done < passes_per_step) return;
+  exchange(/*fill_nan=*/false);
+}
+
+// The engine's step, its errors said to come from gradcomp (they may surface from backward(),
+// far from any gradcomp call). On failure in_flight keeps what the broken engine may touch.
+void DistributedGradientsShared::wait_for_engine() {
+  const auto said = [](const std::exception& e) { return fmt::format("gradcomp: {}", e.what()); };
+  try {
+    engine->synchronize();
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(said(e));
+  } catch (const CommError& e) {
+    throw CommError(said(e));
+  } catch (const Error& e) {
+    throw Error(said(e));
+  }
+}
+
+// A backward pass raised before its end (its callback was dropped with it). If it handed over
+// gradients, the other ranks wait for the rest of that exchange: complete it with NaN, so
+// that every rank sees a non-finite mean for this step rather than silently different ones.
+void DistributedGradientsShared::complete_aborted_pass() {
+  pass_started = false;
+  if (!any_handed) return;  // nothing left the rank: the pass just does not count
+  exchange(/*fill_nan=*/true);
+  aborted = true;
+}
+
+// Hands over every gradient not handed yet (.grad, or zeros where backward made none) and
+// waits for the exchange. After an aborted pass the rest is NaN, in buffers of its own: the
+// .grad of a pass running now is left alone.
+void DistributedGradientsShared::exchange(bool fill_nan) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (handed[i]) continue;
+    if (fill_nan) {
+      hand_over(i, at::full_like(parameters[i], std::numeric_limits<float>::quiet_NaN()));
+      continue;
+    }
+    auto& grad = parameters[i].mutable_grad();
+    if (!grad.defined()) grad = at::zeros_like(parameters[i]);
+    hand_over(i);
+  }
+  std::fill(handed.begin(), handed.end(), false);
+  any_handed = false;
+  passes_done = 0;
+  exchanged_since_step = true;
+  wait_for_engine();
+  in_flight.clear();
 }
 
 DistributedGradients::DistributedGradients(NamedParameters parameters,
@@ -167,8 +347,9 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
                             options.backward_passes_per_step));
   }
   Shared& s = *shared_;
-  s.transport = std::move(transport);
+  s.transport = claim_transport(transport);
   s.passes_per_step = options.backward_passes_per_step;
+  s.queue_end_of_backward = std::move(options.queue_end_of_backward);
   // Backward order: the last registered parameters get their gradients first.
   for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
     if (!it->second.requires_grad()) continue;
@@ -189,7 +370,6 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
   }
   s.parameters = std::move(ordered);
   s.names = std::move(names);
-  s.backward_passes.assign(s.names.size(), 0);
   s.handed.assign(s.names.size(), false);
   s.engine = std::make_unique<Engine>(s.transport, std::move(plan), options.engine);
   for (size_t i = 0; i < s.parameters.size(); ++i) {
@@ -205,29 +385,39 @@ DistributedGradients::~DistributedGradients() = default;
 void DistributedGradients::synchronize() {
   Shared& s = *shared_;
   std::lock_guard lock(s.mutex);
-  for (size_t i = 0; i < s.parameters.size(); ++i) {
-    if (s.handed[i]) continue;
-    // Not produced this step (an unused parameter, or fewer backward passes than configured):
-    // every rank must still contribute, so hand over what .grad holds, or zeros.
-    if (!s.parameters[i].grad().defined()) {
-      s.parameters[i].mutable_grad() = at::zeros_like(s.parameters[i]);
-    }
-    s.hand_over(i);
+  if (s.pass_running()) {
+    throw Error("DistributedGradients::synchronize() was called during a backward pass; the "
+                "pass exchanges its gradients when it ends");
   }
-  std::fill(s.handed.begin(), s.handed.end(), false);
-  std::fill(s.backward_passes.begin(), s.backward_passes.end(), 0);
-  s.engine->synchronize();
+  if (s.pass_started) s.complete_aborted_pass();  // exchanges when it handed anything over
+  if (s.any_handed || s.passes_done > 0 || !s.exchanged_since_step) {
+    s.exchange(/*fill_nan=*/false);
+  }
+}
+
+void DistributedGradients::step_done() {
+  Shared& s = *shared_;
+  std::lock_guard lock(s.mutex);
+  if (s.pass_started && !s.pass_running()) s.complete_aborted_pass();
+  s.exchanged_since_step = false;
+  s.aborted = false;
+  s.hook_error.clear();
 }
 
 bool DistributedGradients::pending() const {
   std::lock_guard lock(shared_->mutex);
-  for (bool h : shared_->handed) {
-    if (h) return true;
-  }
-  for (int p : shared_->backward_passes) {
-    if (p > 0) return true;
-  }
-  return false;
+  return shared_->any_handed || shared_->passes_done > 0 || shared_->pass_started;
+}
+
+std::string DistributedGradients::aborted_step() const {
+  std::lock_guard lock(shared_->mutex);
+  if (!shared_->aborted) return {};
+  const std::string& cause = shared_->hook_error;
+  return fmt::format(
+      "gradcomp: the last backward pass raised on this rank{}; its exchange was completed with "
+      "NaN so that every rank sees this step as non-finite, and the optimizer does not step on "
+      "it (call zero_grad() and go on with the next batch)",
+      cause.empty() ? "" : fmt::format(" ({})", cause));
 }
 
 void DistributedGradients::set_learning_rate(double lr) { shared_->engine->set_learning_rate(lr); }

@@ -1,6 +1,8 @@
 // DistributedOptimizer (libtorch): step() = wait for the exchange, then the wrapped step.
 #include "gradcomp/torch/distributed_optimizer.h"
 
+#include "gradcomp/error.h"
+
 namespace gradcomp::torch {
 namespace {
 
@@ -26,15 +28,16 @@ DistributedOptimizer::DistributedOptimizer(
   gradients_.set_learning_rate(first_learning_rate(optimizer_));
 }
 
-void DistributedOptimizer::synchronize() {
-  gradients_.synchronize();
-  synchronized_ = true;
-}
+void DistributedOptimizer::synchronize() { gradients_.synchronize(); }
 
 void DistributedOptimizer::step() {
-  if (!synchronized_) gradients_.synchronize();
-  synchronized_ = false;
+  gradients_.synchronize();  // waits only if backward left something to exchange
+  if (auto refusal = gradients_.aborted_step(); !refusal.empty()) {
+    gradients_.step_done();
+    throw Error(refusal);
+  }
   optimizer_.step();
+  gradients_.step_done();
   // Feedbacks that rescale by the learning-rate ratio see the rate of the coming step.
   gradients_.set_learning_rate(first_learning_rate(optimizer_));
 }

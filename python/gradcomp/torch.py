@@ -6,14 +6,16 @@
                                         compression="topk:ratio=0.01|ef")
     for x, y in loader:
         optimizer.zero_grad()
-        loss_fn(model(x), y).backward()   # buckets are compressed and sent during backward
-        optimizer.step()                  # waits, then runs your SGD unchanged
+        loss_fn(model(x), y).backward()   # compressed and sent during backward; when it
+                                          # returns, .grad holds the mean over ranks
+        optimizer.step()                  # runs your SGD unchanged
 
 Ranks meet through the transport: the default torch.distributed process group when one is
 initialized, else gradcomp's own (MPI under mpirun, else Gloo with torchrun's environment:
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 """
 import json
+import math
 import os
 import tempfile
 
@@ -70,6 +72,44 @@ def get_transport(kind=None, timeout=0.0):
     return _own_transports[backend]
 
 
+def _exchange_transport(kind, timeout=0.0):
+    """The transport a new engine exchanges over: the chosen one, unless another engine of this
+    process already does. Two engines on one transport would issue collectives from two threads
+    in an order that differs between ranks: gradcomp's own transports are then split in C++
+    (a communicator of their own); for a torch.distributed group, a new group of its ranks is
+    made here (a collective, like the optimizer's construction)."""
+    link = get_transport(kind, timeout)
+    if not _C.transport_in_use(link):
+        return link
+    group = next((g for g, t in _group_transports.values() if t is link), None)
+    if group is None:
+        return link  # gradcomp's own: DistributedGradients splits it
+    ranks = dist.get_process_group_ranks(group)
+    own = dist.new_group(ranks=ranks, backend=dist.get_backend(group))
+    return get_transport(own, timeout)
+
+
+def _queue_end_of_backward(end):
+    """Runs `end` when the backward pass now running ends (autograd's final callback, as DDP's
+    reducer does): a Python callback, so an exchange error reaches the caller of backward()
+    with its own type (gradcomp.CommError, gradcomp.TimeoutError)."""
+    torch.autograd.Variable._execution_engine.queue_callback(end)
+
+
+def _number(name, value, low, high=None, integer=True):
+    """`value` checked as a number in [low, high], with a message saying what is allowed."""
+    kind = "an integer" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type:
+        raise Error(f"{name} must be {kind}, not {type(value).__name__} {value!r}")
+    if not integer and not math.isfinite(value):
+        raise Error(f"{name} is {value}; it must be a finite number")
+    if value < low or (high is not None and value > high):
+        allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise Error(f"{name} is {value}; allowed: {allowed}")
+    return value
+
+
 def broadcast_parameters(params, root=0, transport=None):
     """Copies rank `root`'s parameters (or any float32 tensors) into every rank's, in place, so
     all ranks start from the same model. `params`: model.parameters(), named_parameters() or
@@ -124,10 +164,14 @@ def _named_parameters(optimizer, named_parameters):
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps a torch.optim optimizer: gradients are averaged over ranks with compression.
 
-    Each gradient is handed to gradcomp's engine as soon as backward has accumulated it;
-    step() waits for the exchange and then runs the wrapped optimizer unchanged (momentum,
-    weight decay, schedulers, clipping and accumulation keep working). A collective: every rank
-    constructs it with the same parameters.
+    Each gradient is handed to gradcomp's engine as soon as backward has accumulated it, and
+    the exchange finishes when the backward pass ends, as with DDP: when loss.backward()
+    returns, every .grad holds the (compressed) mean over ranks, bit-identical on every rank,
+    so clipping, unscaling or inspecting gradients right there sees the mean. step() runs the
+    wrapped optimizer unchanged (momentum, weight decay, schedulers). A collective: every rank
+    constructs it with the same parameters. Several DistributedOptimizers may live in one
+    process (a GAN's generator and discriminator): each exchanges over a communicator of its
+    own.
 
     compression: "codec[|feedback[|route]]", e.g. "fp16", "topk:ratio=0.01|ef",
         "powersgd:rank=4|ef"; used for tensors of at least min_compress_elements (smaller ones
@@ -135,7 +179,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     plan: a gradcomp plan (dict, JSON string or file) instead; its tensors are the parameter
         names.
     transport: see gradcomp.torch.get_transport().
-    backward_passes_per_step: gradient accumulation; gradients are exchanged on every k-th
+    backward_passes_per_step: gradient accumulation; gradients are exchanged during every k-th
         backward pass.
     seed: keys every codec's randomness (the same on all ranks).
     timeline: path of a Chrome-trace timeline of this rank's steps.
@@ -149,17 +193,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise Error(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
+        _number("bucket_mb", bucket_mb, 1 / (1 << 20), 1 << 20, integer=False)
+        _number("min_compress_elements", min_compress_elements, 0, (1 << 62))
+        _number("backward_passes_per_step", backward_passes_per_step, 1, (1 << 31) - 1)
+        _number("seed", seed, 0, (1 << 64) - 1)
+        _number("codec_threads", codec_threads, 1, 1024)
+        _number("local_size", local_size, 0, 1 << 20)
         self.optimizer = optimizer
         named = _named_parameters(optimizer, named_parameters)
         self._gradients = _C.DistributedGradients(
-            named, get_transport(transport), compression, _plan_json(plan),
+            named, _exchange_transport(transport), compression, _plan_json(plan),
             int(bucket_mb * (1 << 20)), int(min_compress_elements), int(backward_passes_per_step),
-            int(seed), timeline or "", int(local_size), int(codec_threads))
-        self._synchronized = False
+            int(seed), timeline or "", int(local_size), int(codec_threads),
+            _queue_end_of_backward)
         self._gradients.set_learning_rate(self._lr())
         if broadcast:
-            # As DDP does: every rank starts from rank 0's parameters.
-            broadcast_parameters([p for _, p in named if p.requires_grad], 0, transport)
+            # As DDP does: every rank starts from rank 0's parameters (frozen ones too).
+            broadcast_parameters([p for _, p in named], 0, transport)
 
     # The wrapped optimizer's state, seen through this object (schedulers use these).
     @property
@@ -190,25 +240,41 @@ class DistributedOptimizer(torch.optim.Optimizer):
         groups = self.optimizer.param_groups
         return float(groups[0].get("lr", 0.0)) if groups else 0.0
 
+    @property
+    def rank(self):
+        """This process's rank among the ranks that exchange (for sharding data)."""
+        return self._gradients.rank
+
+    @property
+    def world_size(self):
+        """How many ranks exchange."""
+        return self._gradients.world_size
+
     def synchronize(self):
-        """Waits for the exchange: gradients then hold the mean over ranks. Call it before
-        reading or clipping gradients; step() then does not wait again."""
+        """Makes every .grad hold the mean over ranks now. Backward passes exchange by
+        themselves, so this waits only for what is left: a step cut short during gradient
+        accumulation, or a rank that ran no backward pass since the last step (its .grad, or
+        zeros, takes part)."""
         self._gradients.synchronize()
-        self._synchronized = True
 
     def step(self, closure=None):
         if closure is not None:
             raise Error("DistributedOptimizer.step() takes no closure: a closure would run "
                         "backward again after the gradients were exchanged")
-        if not self._synchronized:
-            self._gradients.synchronize()
-        self._synchronized = False
+        self._gradients.synchronize()
+        refusal = self._gradients.aborted_step()
+        if refusal:
+            self._gradients.step_done()
+            raise Error(refusal)
         loss = self.optimizer.step()
+        self._gradients.step_done()
         # Feedbacks that correct by the learning-rate ratio see the rate of the coming step.
         self._gradients.set_learning_rate(self._lr())
         return loss
 
     def zero_grad(self, *args, **kwargs):
+        # A step skipped after an overflow (GradScaler) or a backward that raised ends here.
+        self._gradients.step_done()
         return self.optimizer.zero_grad(*args, **kwargs)
 
     def add_param_group(self, param_group):

@@ -92,8 +92,8 @@ def test_none_is_the_exact_mean(run_workers, launcher, world, transport):
     assert stats["bytes_sent"] == stats["uncompressed_bytes"] > 0
 
 
-def run_and_replay(run_workers, steps, **options):
-    args = ["--steps", steps]
+def run_and_replay(run_workers, steps, explicit_sync=1, **options):
+    args = ["--steps", steps, "--explicit-sync", explicit_sync]
     for key, value in options.items():
         args += [f"--{key.replace('_', '-')}", value]
     records = run_workers("train_reference.py", *args).check().loads("train")
@@ -120,9 +120,12 @@ def test_momentum_weight_decay_and_scheduler(run_workers):
     assert not torch.equal(last["momentum"][0], last["clipped"][0])
 
 
-def test_clipping_after_synchronize_clips_the_mean(run_workers):
+@pytest.mark.parametrize("explicit_sync", [1, 0])
+def test_clipping_clips_the_mean(run_workers, explicit_sync):
+    """With synchronize() before clipping, or (as most scripts do) right after backward():
+    backward() returns with the mean in .grad, as DDP does."""
     clip = 0.05
-    _, expected = run_and_replay(run_workers, 3, clip=clip)
+    _, expected = run_and_replay(run_workers, 3, explicit_sync=explicit_sync, clip=clip)
     for s in expected:
         norm = torch.norm(torch.stack([torch.norm(g) for g in s["averaged"]]))
         assert norm > clip, "the mean must be long enough for clipping to act"

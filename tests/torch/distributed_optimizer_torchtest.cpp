@@ -2,7 +2,9 @@
 // "none" the gradients after synchronize are the mean of the ranks' local gradients and the
 // parameters stay bit-identical; the wrapped momentum SGD behaves as plain SGD fed that mean;
 // compression state checkpoints resume bit-exactly; unused parameters get zero gradients;
-// gradient accumulation exchanges every k-th pass; a float64 parameter is refused by name.
+// gradient accumulation exchanges every k-th pass; backward returns with the mean; two
+// optimizers over one transport agree; a raising backward is never silent; a float64
+// parameter is refused by name.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -273,6 +275,91 @@ TEST(DistributedOptimizer, GradientAccumulation) {
     opt.step();
     EXPECT_EQ(opt.gradients().steps(), static_cast<uint64_t>(step + 1));
   }
+}
+
+// As with DDP, backward() returns with the mean in .grad: no synchronize() needed before
+// reading or clipping it.
+TEST(DistributedOptimizer, BackwardReturnsWithTheMean) {
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt(sgd, p, world());
+  for (int step = 0; step < 2; ++step) {
+    const auto data = batch(world()->rank(), step);
+    const auto expected = mean_over_ranks(local_gradients(p, data));
+    opt.zero_grad();
+    loss_of(p, data).backward();
+    EXPECT_EQ(opt.gradients().steps(), static_cast<uint64_t>(step + 1));
+    EXPECT_FALSE(opt.gradients().pending());
+    expect_close(grads(p), expected, "gradient right after backward");
+    expect_identical_across_ranks(grads(p), "gradients");
+    opt.step();
+  }
+}
+
+// Two optimizers over one transport, one loss through both models: each gets a communicator
+// of its own (the second is split from the first), so their engines' collectives keep one
+// order on every rank; each model's gradients are its mean, the same on every rank.
+TEST(DistributedOptimizer, TwoOptimizersThroughOneBackward) {
+  Parameters a = make_parameters();
+  Parameters b = make_parameters(0.5f);
+  ::torch::optim::SGD sgd_a(a.values(), ::torch::optim::SGDOptions(0.1));
+  ::torch::optim::SGD sgd_b(b.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt_a(sgd_a, a, world());
+  EXPECT_TRUE(transport_in_use(*world()));
+  DistributedOptimizer opt_b(sgd_b, b, world());
+  EXPECT_NE(&opt_b.gradients().transport(), world().get());
+  for (int step = 0; step < 4; ++step) {
+    const auto data = batch(world()->rank(), step);
+    const auto expected_a = mean_over_ranks(local_gradients(a, data));
+    const auto expected_b = mean_over_ranks(local_gradients(b, data));
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+    (loss_of(a, data) + loss_of(b, data)).backward();
+    expect_close(grads(a), expected_a, "model a's gradient");
+    expect_close(grads(b), expected_b, "model b's gradient");
+    opt_a.step();
+    opt_b.step();
+    expect_identical_across_ranks(values(a), "model a");
+    expect_identical_across_ranks(values(b), "model b");
+  }
+}
+
+// A backward pass that raises on rank 0 after some gradients were handed over: the exchange
+// is completed with NaN, every rank sees a non-finite mean, step() refuses on rank 0; the
+// next steps go on with every rank identical.
+TEST(DistributedOptimizer, RaisingBackwardIsNeverSilent) {
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  GradientOptions options;
+  options.min_compress_elements = 1 << 20;  // every tensor in a bucket of its own
+  DistributedOptimizer opt(sgd, p, world(), options);
+  const bool raiser = world()->rank() == 0;
+  opt.zero_grad();
+  {
+    const auto data = batch(world()->rank(), 0);
+    at::Tensor h = at::tanh(data.first.mm(p["w1"].t()) + p["b1"]);
+    if (raiser) {
+      // w2 and b2 get their gradients; the hook on h then raises before w1's and b1's.
+      h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("boom"); });
+    }
+    at::Tensor loss = (h.mm(p["w2"].t()) + p["b2"] - data.second).pow(2).mean();
+    if (raiser) {
+      EXPECT_THROW(loss.backward(), std::exception);
+    } else {
+      loss.backward();
+    }
+  }
+  if (raiser) {
+    const std::string message = testing::error_text([&] { opt.step(); });
+    EXPECT_NE(message.find("backward pass raised"), std::string::npos) << message;
+  } else {
+    EXPECT_FALSE(at::isfinite(p["w1"].grad()).all().item<bool>());
+    opt.zero_grad();
+  }
+  expect_identical_across_ranks(values(p), "parameters after the failed step");
+  train(p, opt, 1, 2);
+  expect_identical_across_ranks(values(p), "parameters after two more steps");
+  EXPECT_TRUE(at::isfinite(p["w1"]).all().item<bool>());
 }
 
 TEST(DistributedOptimizer, Float64ParameterIsAnErrorNamingIt) {

@@ -1,14 +1,17 @@
 // DistributedGradients: connects a model's parameters to an Engine. A hook on each parameter's
 // gradient accumulator hands the gradient to the engine as soon as backward has written it, so
-// buckets are compressed and exchanged while backward still runs; synchronize() waits and
-// leaves every gradient holding the compressed mean over ranks, bit-identical on every rank.
-// Both front ends (the Python DistributedOptimizer and the libtorch one) are thin layers on it.
+// buckets are compressed and exchanged while backward still runs; a callback at the end of the
+// backward pass waits for the exchange, so when backward() returns every gradient holds the
+// compressed mean over ranks, bit-identical on every rank, as with DDP (clipping or unscaling
+// right after backward() sees the mean). Both front ends (the Python DistributedOptimizer and
+// the libtorch one) are thin layers on it.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +25,24 @@
 namespace gradcomp::torch {
 
 using NamedParameters = std::vector<std::pair<std::string, at::Tensor>>;
+struct DistributedGradientsShared;  // the state behind a DistributedGradients
+
+// Finishes one backward pass of one DistributedGradients: called once when that pass ends
+// (autograd's final callback). The pass it belongs to counts as aborted (its backward raised)
+// when this object is destroyed without being called.
+class EndOfBackward {
+ public:
+  struct Pass;
+  EndOfBackward(std::weak_ptr<DistributedGradientsShared> shared,
+                std::shared_ptr<Pass> pass);
+  // Counts the pass; on the step's last pass hands over what backward did not produce and
+  // waits for the exchange. Throws the engine's error (CommError, TimeoutError, Error).
+  void operator()() const;
+
+ private:
+  std::weak_ptr<DistributedGradientsShared> shared_;
+  std::shared_ptr<Pass> pass_;
+};
 
 struct GradientOptions {
   // Used when no plan is given: the default plan (25 MB buckets, tensors under
@@ -32,10 +53,21 @@ struct GradientOptions {
   // A plan to execute instead; its tensors must be the trainable parameters, by name and size,
   // in any order the plan chooses.
   std::optional<Plan> plan;
-  // Gradient accumulation: gradients are exchanged on every k-th backward pass only.
+  // Gradient accumulation: gradients are exchanged during every k-th backward pass only.
   int backward_passes_per_step = 1;
+  // Queues `end` to run when the backward pass now running ends. Called from a gradient hook
+  // (without locks held) on the first gradient of each pass. Empty: autograd's engine queues
+  // it (Engine::queue_callback); the Python front end queues a Python callable instead, so
+  // that an exchange error reaches backward()'s caller with its own exception type.
+  std::function<void(EndOfBackward end)> queue_end_of_backward;
   EngineOptions engine{};
 };
+
+// Whether a live DistributedGradients of this process exchanges over `transport`. A second one
+// constructed over it gets a communicator split from it (Transport::split), so that each
+// engine's collectives keep one order on every rank; a torch.distributed process group cannot
+// be split from C++ (the Python front end makes a new group instead).
+bool transport_in_use(const Transport& transport);
 
 // Parses "codec[|feedback[|route]]", e.g. "topk:ratio=0.01|ef" or "fp16", into an Option;
 // throws Error listing the codecs, feedbacks and routes when a name is unknown.
@@ -54,12 +86,29 @@ class DistributedGradients {
   DistributedGradients(const DistributedGradients&) = delete;
   DistributedGradients& operator=(const DistributedGradients&) = delete;
 
-  // Hands over the gradients backward did not produce this step (unused parameters: a zero
-  // gradient is created where there is none), waits for the exchange and starts the next step.
-  // Throws the engine's error (bucket, phase, cause) when the exchange fails.
+  // Makes every gradient hold the mean over ranks. Backward passes exchange by themselves (at
+  // their end), so this waits only when there is something left: a step cut short during
+  // gradient accumulation (the passes so far are exchanged now), a backward pass that raised
+  // (see below), or no exchange since the last step_done() (every rank must take part: .grad,
+  // or zeros where there is none, is exchanged). Parameters backward did not reach get a
+  // zero gradient first. Throws the engine's error (bucket, phase, cause) when the exchange
+  // fails.
+  //
+  // A backward pass that raised after handing over some gradients leaves the other ranks
+  // waiting for the rest: the next hook, synchronize() or step_done() completes that exchange
+  // with NaN for what was not handed over, so every rank's mean is non-finite for that step
+  // (feedback state rolls the step back; a loss scaler skips it; a plain optimizer must not
+  // step on it) instead of ranks silently differing; aborted_step() tells this rank so.
   void synchronize();
-  // Whether this step's gradients were handed over (a backward pass ran since the last step).
+  // The optimizer stepped (or skipped) on this step's gradients: the next synchronize()
+  // without a backward pass before it exchanges again.
+  void step_done();
+  // Whether gradients were handed over or passes counted that are not exchanged yet.
   bool pending() const;
+  // After the last exchange completed a backward pass that raised on this rank: the error to
+  // raise instead of stepping (naming the cause when one of our hooks raised); else empty.
+  // Cleared by step_done().
+  std::string aborted_step() const;
 
   void set_learning_rate(double lr);
   const Plan& plan() const;
@@ -72,7 +121,7 @@ class DistributedGradients {
   void load_state(std::span<const std::byte> state);
   void set_timeline(const std::string& path);
 
-  struct Shared;  // the state the gradient hooks reach (weakly) from autograd's threads
+  using Shared = DistributedGradientsShared;  // what the hooks reach (weakly) from autograd
 
  private:
   std::shared_ptr<Shared> shared_;

@@ -1,6 +1,7 @@
 // The libtorch front end: wraps any torch::optim optimizer. Gradients are exchanged while
-// backward runs; step() waits for them and then runs the wrapped optimizer unchanged, so its
-// momentum, weight decay and learning-rate schedule behave exactly as without gradcomp.
+// backward runs and hold the mean over ranks when backward() returns (clip them there if you
+// like); step() runs the wrapped optimizer unchanged, so its momentum, weight decay and
+// learning-rate schedule behave exactly as without gradcomp.
 //
 //   auto transport = std::shared_ptr<gradcomp::Transport>(gradcomp::make_transport());
 //   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -24,9 +25,11 @@ class DistributedOptimizer {
                        const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                        std::shared_ptr<Transport> transport, GradientOptions options = {});
 
-  // Waits for the exchange (unless synchronize() already did, e.g. before gradient clipping),
-  // then steps the wrapped optimizer.
+  // Steps the wrapped optimizer on the mean (exchanging first what backward left pending, see
+  // DistributedGradients::synchronize). Throws Error, without stepping, after a backward pass
+  // that raised on this rank.
   void step();
+  // Makes the gradients hold the mean now (see DistributedGradients::synchronize).
   void synchronize();
   void zero_grad(bool set_to_none = false);
 
@@ -36,7 +39,6 @@ class DistributedOptimizer {
  private:
   ::torch::optim::Optimizer& optimizer_;
   DistributedGradients gradients_;
-  bool synchronized_ = false;
 };
 
 }  // namespace gradcomp::torch

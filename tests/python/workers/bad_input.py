@@ -27,6 +27,17 @@ def unknown_codec(rank, out):
             "codecs": list(gradcomp.codec_names())}
 
 
+def bad_numbers(rank, out):
+    """Numbers out of range: a gradcomp.Error naming the argument, before any collective."""
+    cases = {"bucket_mb": -1.0, "min_compress_elements": -5, "seed": -1,
+             "backward_passes_per_step": 0, "codec_threads": 0}
+    errors = {k: error_of(lambda k=k, v=v: wrap(common.make_model(), **{k: v}))
+              for k, v in cases.items()}
+    errors["bucket_mb nan"] = error_of(lambda: wrap(common.make_model(), bucket_mb=float("nan")))
+    errors["seed str"] = error_of(lambda: wrap(common.make_model(), seed="1"))
+    return errors
+
+
 def float64_parameter(rank, out):
     model = common.make_model()
     model[2].double()  # the middle layer's weight and bias become float64
@@ -98,25 +109,31 @@ def sparse_gradient(rank, out):
 
 
 def backward_twice(rank, out):
+    """Two backward passes before step(): each exchanges .grad as it stands when it ends, as
+    DDP does, so after the second, .grad is the mean over ranks of (first mean + this rank's
+    second gradient)."""
     model = common.make_model()
     opt = wrap(model, compression="none")  # alive: its hooks hold it only weakly
-    expected = mean_of_local_gradients(model, step=0)
+    first = mean_of_local_gradients(model, step=0)
+    seconds = [local_gradients(model, r, step=1) for r in range(2)]
     common.loss_of(model, *common.batch(rank, 0)).backward()
+    after_first = all(torch.equal(e, p.grad) for e, p in zip(first, model.parameters()))
     second = error_of(lambda: common.loss_of(model, *common.batch(rank, 1)).backward())
-    # The check runs before autograd adds the second gradient into .grad: once the first
-    # exchange is done, .grad holds exactly the mean of the first batch (W = 2: exact).
-    opt.synchronize()
-    unchanged = all(torch.equal(e, p.grad) for e, p in zip(expected, model.parameters()))
-    return {"optimizer": repr(opt), "second": second, "grads_unchanged": unchanged}
+    expected = [((f + a) + (f + b)) * 0.5 for f, a, b in zip(first, *seconds)]
+    after_second = all(torch.equal(e, p.grad) for e, p in zip(expected, model.parameters()))
+    return {"optimizer": repr(opt), "second": second, "after_first": after_first,
+            "after_second": after_second}
+
+
+def local_gradients(model, rank, step):
+    local = copy.deepcopy(model)
+    common.loss_of(local, *common.batch(rank, step)).backward()
+    return [p.grad for p in local.parameters()]
 
 
 def mean_of_local_gradients(model, step):
     """Both ranks' local gradients of this step, averaged, computed on a copy of the model."""
-    grads = []
-    for r in range(2):
-        local = copy.deepcopy(model)
-        common.loss_of(local, *common.batch(r, step)).backward()
-        grads.append([p.grad for p in local.parameters()])
+    grads = [local_gradients(model, r, step) for r in range(2)]
     return [(a + b) * 0.5 for a, b in zip(*grads)]
 
 
@@ -138,7 +155,7 @@ def different_models(rank, out):
     return None
 
 
-CASES = {f.__name__: f for f in (unknown_codec, float64_parameter, frozen_parameter,
+CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, float64_parameter, frozen_parameter,
                                  unused_parameter, sparse_gradient, backward_twice,
                                  different_models)}
 

@@ -22,6 +22,9 @@ def main():
     p.add_argument("--clip", type=float, default=0.0, help="clip_grad_norm_ max_norm (0: none)")
     p.add_argument("--accum", type=int, default=1, help="backward_passes_per_step")
     p.add_argument("--transport", default="own", choices=["own", "pg"])
+    p.add_argument("--explicit-sync", type=int, default=1,
+                   help="call synchronize() after backward (0: read and clip .grad right "
+                        "after backward, as most scripts do)")
     args = p.parse_args()
     rank, world = common.setup()
     if args.transport == "pg":
@@ -42,7 +45,8 @@ def main():
         opt.zero_grad()
         for micro in range(args.accum):
             common.loss_of(model, *common.batch(rank, step, micro)).backward()
-        opt.synchronize()
+        if args.explicit_sync:
+            opt.synchronize()
         averaged = common.snapshot(p.grad for p in params)
         if args.clip:
             torch.nn.utils.clip_grad_norm_(params, args.clip)

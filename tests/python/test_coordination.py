@@ -1,0 +1,94 @@
+"""What real training scripts do around the optimizer, on real processes: several optimizers in
+one process, a GAN's loop, a skipped step, a backward pass that raises, a peer that dies during
+backward. Each must leave every rank with the same bits (or fail loudly), never silently
+different parameters."""
+import pytest
+import torch
+
+
+def run(run_workers, case, *args, world=2, check=True):
+    job = run_workers("coordination.py", "--case", case, *args, world=world)
+    if check:
+        job.check()
+    return job
+
+
+def assert_ranks_agree(job, keys):
+    steps = job.loads("steps")
+    for step, per_rank in enumerate(zip(*steps)):
+        for key in keys:
+            first = per_rank[0][key]
+            for rank, rec in enumerate(per_rank[1:], 1):
+                assert rec[key] == first, f"step {step}: rank {rank}'s {key} differ from rank 0's"
+    return steps
+
+
+@pytest.mark.parametrize("compression", ["none", "topk:ratio=0.01|ef"])
+def test_two_optimizers_in_one_process_agree(run_workers, compression):
+    two = run(run_workers, "two_optimizers", "--compression", compression, "--steps", 6)
+    steps = assert_ranks_agree(two, ["a", "b"])
+    if compression == "none":
+        # Uncompressed, each optimizer's exchange is the exact mean (W = 2): the same bits as
+        # one optimizer over both models.
+        one = run(run_workers, "one_optimizer", "--steps", 6).loads("steps")
+        for step, (got, want) in enumerate(zip(steps[0], one[0])):
+            assert got == want, f"step {step}: two optimizers differ from one over both models"
+
+
+def test_gan_loop_runs_and_agrees(run_workers):
+    job = run(run_workers, "gan", "--steps", 4)
+    steps = assert_ranks_agree(job, ["g", "d"])
+    for step in range(4):
+        for i, (a, b) in enumerate(zip(steps[0][step]["d_grads"], steps[1][step]["d_grads"])):
+            assert torch.equal(a, b), f"step {step}: discriminator gradient {i} differs"
+
+
+def test_gan_accumulates_two_passes_as_ddp_does(run_workers):
+    """Two backward passes before step(): each pass exchanges .grad as it stands, so the
+    second adds its mean to the first's (DDP's semantics), not a second copy of the local sum."""
+    job = run(run_workers, "gan", "--steps", 1)
+    got = job.load("steps", 0)[0]["d_grads"]
+    assert all(bool(torch.isfinite(g).all()) for g in got)
+    assert any(bool(g.abs().sum() > 0) for g in got)
+
+
+def test_synchronize_then_skipped_step_keeps_ranks_together(run_workers):
+    job = run(run_workers, "skip_step", "--steps", 5, "--compression", "topk:ratio=0.01|ef")
+    steps = assert_ranks_agree(job, ["params"])
+    # Step 1 was skipped: the parameters did not move; the others did.
+    assert steps[0][1]["params"] == steps[0][0]["params"]
+    assert steps[0][2]["params"] != steps[0][1]["params"]
+
+
+@pytest.mark.parametrize("who", ["0", "0,1"])
+def test_backward_raising_is_never_silent(run_workers, who):
+    job = run(run_workers, "backward_raises", "--who", who, "--steps", 4,
+              "--compression", "topk:ratio=0.01|ef")
+    steps = job.loads("steps")
+    raisers = {int(r) for r in who.split(",")}
+    for rank in range(2):
+        outcome = steps[rank][1]["outcome"]
+        if rank in raisers:
+            assert outcome.startswith("raised: boom"), outcome
+        else:
+            # The exchange of the failed pass was completed with NaN: this rank sees it.
+            assert outcome == "non-finite", outcome
+    # Before and after, every rank holds the same parameters.
+    assert_ranks_agree(job, ["params"])
+    assert all(s["outcome"] == "stepped" for s in steps[0][2:])
+
+
+def test_step_after_a_raising_backward_is_refused(run_workers):
+    job = run(run_workers, "backward_raises", "--who", "0", "--steps", 3,
+              "--step-after-raise", 1)
+    outcome = job.load("steps", 0)[1]["outcome"]
+    assert "step() refused: gradcomp: the last backward pass raised on this rank" in outcome
+    assert_ranks_agree(job, ["params"])
+
+
+def test_dead_peer_during_backward_is_a_comm_error(run_workers):
+    job = run(run_workers, "dead_peer", "--steps", 4, check=False)
+    assert job.returncode == 0, job.describe()
+    last = job.load("steps", 0)[-1]
+    assert last.get("is_comm_error"), last
+    assert last["error"].startswith("gradcomp") or "bucket" in last["error"], last["error"]

@@ -1,0 +1,173 @@
+"""Training patterns real scripts use around the optimizer, each recorded per step so the test
+can compare ranks bit for bit (and with a reference where one is exact):
+
+  two_optimizers  two models, one loss through both, one DistributedOptimizer each
+  one_optimizer   the same two models under a single DistributedOptimizer (the reference)
+  gan             DCGAN's loop: two discriminator backward passes, its step, then the
+                  generator's backward through the discriminator, the generator's step
+  skip_step       a GradScaler-style skip: backward, synchronize(), no step() at step 1
+  backward_raises backward raises on the ranks in --who at step 1 (after some gradients were
+                  handed over); a try/except loop goes on, skipping non-finite steps
+  dead_peer       rank 1 leaves at step 2; rank 0 records what its backward() raised
+"""
+import os
+
+import torch
+
+import common
+import gradcomp.torch as gc
+
+
+class Boom(torch.autograd.Function):
+    """Raises in backward: the layers after it have their gradients already, those before not."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise ValueError("boom in backward")
+
+
+def wrap(model, compression, prefix=""):
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    named = [(prefix + n, p) for n, p in model.named_parameters()]
+    return gc.DistributedOptimizer(sgd, named, compression=compression)
+
+
+def finite_grads(model):
+    return all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()
+               if p.grad is not None)
+
+
+def two_models(args, rank, mode):
+    a, b = common.make_model(0), common.make_model(1)
+    if mode == "two":
+        opts = [wrap(a, args.compression, "a."), wrap(b, args.compression, "b.")]
+    else:
+        named = [("a." + n, p) for n, p in a.named_parameters()] + \
+                [("b." + n, p) for n, p in b.named_parameters()]
+        sgd = torch.optim.SGD([p for _, p in named], lr=0.05, momentum=0.9)
+        opts = [gc.DistributedOptimizer(sgd, named, compression=args.compression)]
+    steps = []
+    for step in range(args.steps):
+        x, y = common.batch(rank, step)
+        for o in opts:
+            o.zero_grad()
+        (common.loss_of(a, x, y) + torch.sin(b(x)).mean()).backward()
+        for o in opts:
+            o.step()
+        steps.append({"a": common.state_bytes(a), "b": common.state_bytes(b)})
+    return steps
+
+
+def gan(args, rank):
+    torch.manual_seed(0)
+    generator = torch.nn.Sequential(torch.nn.Linear(16, 256), torch.nn.Tanh(),
+                                    torch.nn.Linear(256, 64))
+    discriminator = common.make_model(1)
+    opt_g = wrap(generator, args.compression, "generator.")
+    opt_d = wrap(discriminator, args.compression, "discriminator.")
+    steps = []
+    for step in range(args.steps):
+        real, _ = common.batch(rank, step)
+        noise = torch.randn(16, 16, generator=torch.Generator().manual_seed(step * 7 + rank))
+        opt_d.zero_grad()
+        discriminator(real).mean().backward()
+        fake = generator(noise)
+        (-discriminator(fake.detach()).mean()).backward()
+        d_grads = common.snapshot(p.grad for p in discriminator.parameters())
+        opt_d.step()
+        opt_g.zero_grad()
+        discriminator(fake).mean().backward()  # reaches the discriminator's parameters too
+        opt_g.step()
+        steps.append({"d_grads": d_grads, "g": common.state_bytes(generator),
+                      "d": common.state_bytes(discriminator)})
+    return steps
+
+
+def skip_step(args, rank):
+    model = common.make_model()
+    opt = wrap(model, args.compression)
+    steps = []
+    for step in range(args.steps):
+        opt.zero_grad()
+        common.loss_of(model, *common.batch(rank, step)).backward()
+        opt.synchronize()  # as before scaler.unscale_ and its inf check
+        if step != 1:
+            opt.step()
+        steps.append({"params": common.state_bytes(model)})
+    return steps
+
+
+def backward_raises(args, rank):
+    model = common.make_model()
+    opt = wrap(model, args.compression)
+    raisers = {int(r) for r in args.who.split(",")}
+    steps = []
+    for step in range(args.steps):
+        outcome = "stepped"
+        opt.zero_grad()
+        try:
+            h = model[0](common.batch(rank, step)[0])
+            if step == 1 and rank in raisers:
+                h = Boom.apply(h)
+            rest = torch.nn.Sequential(*list(model)[1:])
+            torch.nn.functional.mse_loss(rest(h), common.batch(rank, step)[1]).backward()
+            if finite_grads(model):
+                opt.step()
+            else:
+                outcome = "non-finite"  # skipped, as a GradScaler would
+        except ValueError as e:
+            outcome = f"raised: {e}"
+            if args.step_after_raise:
+                try:
+                    opt.step()
+                    outcome += "; step() stepped"
+                except gc.Error as e2:
+                    outcome += f"; step() refused: {e2}"
+        steps.append({"outcome": outcome, "params": common.state_bytes(model)})
+    return steps
+
+
+def dead_peer(args, rank):
+    model = common.make_model()
+    opt = wrap(model, args.compression)
+    steps = []
+    for step in range(args.steps):
+        if step == 2 and rank == 1:
+            os._exit(0)  # noqa: SLF001 (leaves without a word, as a crashed host would)
+        opt.zero_grad()
+        try:
+            common.loss_of(model, *common.batch(rank, step)).backward()
+        except Exception as e:  # noqa: BLE001 (the test checks which type arrived)
+            steps.append({"error_type": type(e).__name__, "error": str(e),
+                          "is_comm_error": isinstance(e, gc._C.CommError)})
+            break
+        opt.step()
+        steps.append({"params": common.state_bytes(model)})
+    return steps
+
+
+def main():
+    p = common.parser(__doc__)
+    p.add_argument("--case", required=True, choices=[
+        "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer"])
+    p.add_argument("--compression", default="none")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
+    p.add_argument("--step-after-raise", type=int, default=0,
+                   help="backward_raises: call step() after the exception")
+    args = p.parse_args()
+    rank, world = common.setup()
+    if args.case in ("two_optimizers", "one_optimizer"):
+        steps = two_models(args, rank, "two" if args.case == "two_optimizers" else "one")
+    else:
+        steps = globals()[args.case](args, rank)
+    common.save(args.out, "steps", rank, steps)
+    common.report(args.out, rank, {"world": world, "steps": len(steps)})
+
+
+if __name__ == "__main__":
+    main()
