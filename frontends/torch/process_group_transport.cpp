@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "gradcomp/error.h"
@@ -26,6 +27,17 @@ at::ScalarType scalar_type(DType type) {
     case DType::kNone: break;
   }
   throw Error("process group: no tensor type for this payload type");
+}
+
+// A group whose collective failed may have a worker thread blocked in a receive from a dead or
+// stopped peer until c10d's own timeout (30 minutes by default); destroying the group joins
+// that thread, so the process could not exit after our (much shorter) timeout. Such a group
+// is kept alive until the process ends; exiting does not wait for its threads.
+void keep_until_exit(c10::intrusive_ptr<c10d::ProcessGroup> group) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<c10::intrusive_ptr<c10d::ProcessGroup>>();  // never freed
+  std::lock_guard lock(mutex);
+  kept->push_back(std::move(group));
 }
 
 class ProcessGroupTransport final : public Transport {
@@ -135,8 +147,10 @@ class ProcessGroupTransport final : public Transport {
       try {
         body();
       } catch (const Error&) {
+        keep_until_exit(group_);
         throw;
       } catch (const std::exception& e) {
+        keep_until_exit(group_);
         const std::string what = e.what();
         const bool timed_out = what.find("imed out") != std::string::npos ||
                                what.find("imeout") != std::string::npos;

@@ -92,3 +92,17 @@ def test_dead_peer_during_backward_is_a_comm_error(run_workers):
     last = job.load("steps", 0)[-1]
     assert last.get("is_comm_error"), last
     assert last["error"].startswith("gradcomp") or "bucket" in last["error"], last["error"]
+
+
+def test_stalled_peer_on_a_process_group_times_out_and_exits(run_workers):
+    """The survivor's collective times out after GRADCOMP_TIMEOUT; c10d's worker thread stays
+    blocked in a receive from the stopped peer (c10d's own timeout is 30 minutes), and the
+    process must still exit: the launcher then stops the job."""
+    job = run_workers("coordination.py", "--case", "stalled_peer", "--steps", 4,
+                      env={"GRADCOMP_TIMEOUT": "5"}, timeout=100)
+    assert job.returncode != 0, job.describe()
+    assert job.seconds < 60, job.describe()
+    assert "rank 0 (pid" in job.stderr and "exited with code 3" in job.stderr, job.describe()
+    last = job.load("steps", 0)[-1]
+    assert last["error_type"] == "TimeoutError", last
+    assert last["error"].startswith("gradcomp: bucket"), last["error"]

@@ -9,8 +9,12 @@ can compare ranks bit for bit (and with a reference where one is exact):
   backward_raises backward raises on the ranks in --who at step 1 (after some gradients were
                   handed over); a try/except loop goes on, skipping non-finite steps
   dead_peer       rank 1 leaves at step 2; rank 0 records what its backward() raised
+  stalled_peer    rank 1 stops itself (SIGSTOP) at step 2 over a torch.distributed group;
+                  rank 0 records the timeout and must then be able to exit
 """
 import os
+import signal
+import sys
 
 import torch
 
@@ -150,10 +154,33 @@ def dead_peer(args, rank):
     return steps
 
 
+def stalled_peer(args, rank):
+    import torch.distributed as dist
+    dist.init_process_group("gloo")  # c10d's own timeout: 30 minutes
+    model = common.make_model()
+    opt = wrap(model, args.compression)
+    steps = []
+    for step in range(args.steps):
+        if step == 2 and rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        opt.zero_grad()
+        try:
+            common.loss_of(model, *common.batch(rank, step)).backward()
+        except Exception as e:  # noqa: BLE001 (the test checks which type arrived)
+            steps.append({"error_type": type(e).__name__, "error": str(e)})
+            common.save(args.out, "steps", rank, steps)
+            common.report(args.out, rank, {"steps": len(steps)})
+            sys.exit(3)  # as an uncaught error would; the interpreter must get out
+        opt.step()
+        steps.append({"params": common.state_bytes(model)})
+    return steps
+
+
 def main():
     p = common.parser(__doc__)
     p.add_argument("--case", required=True, choices=[
-        "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer"])
+        "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer",
+        "stalled_peer"])
     p.add_argument("--compression", default="none")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
