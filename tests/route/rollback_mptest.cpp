@@ -20,6 +20,7 @@
 #include "gradcomp/spec.h"
 #include "route/route.h"
 #include "support/codec_testing.h"
+#include "route/node_split.h"
 #include "support/mp_test.h"
 
 namespace gradcomp::testing {
@@ -33,20 +34,6 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 uint32_t world_size() { return static_cast<uint32_t>(world()->size()); }
 uint32_t my_rank() { return static_cast<uint32_t>(world()->rank()); }
 
-// Nodes of 2 consecutive ranks for the hierarchical route; built once (split is a collective).
-struct Nodes {
-  std::unique_ptr<Transport> intra, leaders;
-};
-const Nodes& nodes() {
-  static const Nodes n = [] {
-    Nodes out;
-    const int rank = world()->rank();
-    out.intra = world()->split(rank / 2, rank);
-    out.leaders = world()->split(rank % 2 == 0 ? 0 : -1, rank);
-    return out;
-  }();
-  return n;
-}
 
 RouteEnv env_for(const Option& option) {
   RouteEnv env{.world = world().get(), .seed = kSeed, .threads = 1};
