@@ -81,6 +81,9 @@ struct CodecTraits {
   // exchange, so the allgather and two-way routes send no sizes first (one collective, and its
   // round trips, fewer per bucket). False where the count depends on the data or the step.
   bool fixed_frame_size = true;
+  // The codec keeps state across steps (save_state is not empty after a step: Signum's
+  // momentum, PowerSGD's warm start), which discard() must take back when a step is skipped.
+  bool stateful = false;
 };
 
 // Where and when a codec call happens; keys the counter-based randomness.
@@ -133,6 +136,12 @@ class Codec {
   // checkpoints. Stateless codecs save nothing.
   virtual std::vector<std::byte> save_state() const { return {}; }
   virtual void load_state(std::span<const std::byte> state);
+
+  // The step's aggregate was not finite (every rank skips the step together): puts the state
+  // back exactly as it was before the step (its first encode_round or encode), so save_state()
+  // gives the bytes it gave then. Called after the step's decode, at most once per step; a
+  // stateful codec throws Error otherwise. Stateless codecs have nothing to take back.
+  virtual void discard() {}
 
   // The frame header fields this codec writes: id, parameter hash, element count.
   FrameExpectation expectation(uint64_t elements, uint8_t round = 0) const;

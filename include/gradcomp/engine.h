@@ -64,10 +64,18 @@ class Engine {
   // Waits until every bucket of the step is written back and starts the next step. Tensors
   // not handed over are an Error naming them. Rethrows the first error of any bucket (with
   // its bucket and phase); after an error the engine is broken and every call throws.
+  // A bucket whose mean holds NaN or Inf (an overflow: a loss scaler skips the step) ends the
+  // step with its codec and feedback state as before it, on every rank; the step counter
+  // still advances.
   void synchronize();
 
   // The learning rate of the coming step, for feedbacks that correct by the lr ratio.
   void set_learning_rate(double lr);
+  // The loss scale the coming step's gradients carry (a GradScaler's scale; default 1). Every
+  // feedback multiplies its memory by the ratio of this scale to the one it was accumulated
+  // under, so the memory stays in the units of the current gradient. Throws Error unless the
+  // scale is finite and above 0. Not saved in checkpoints: set it again after load_state.
+  void set_loss_scale(double scale);
 
   const Plan& plan() const;
   const StepStats& last_step() const;

@@ -3,7 +3,9 @@
 // One step on one bucket:
 //   p = fb.compensate(g, info);            // the vector to compress (g corrected by memory)
 //   n = codec.encode(p, frame, ctx, fb.residual());   // residual <- p - D(C(p)), same pass
-//   fb.commit(p);                           // e.g. momentum-factor masking
+//   fb.commit();                            // e.g. momentum-factor masking
+//   ... the route decodes the aggregate; when it holds NaN or Inf (a loss scaler skips the
+//   step on every rank), fb.discard() puts the memory back as it was before compensate().
 // Kinds: "none"; "ef" (error feedback: e <- p - D(C(p)), with optional decay and
 // learning-rate-ratio correction); "dgc" (momentum correction, momentum-factor masking and
 // local gradient clipping); "nesterov" (momentum before compression, optionally with ef).
@@ -24,6 +26,12 @@ struct StepInfo {
   double lr = 0;       // the learning rate of this step (0: unknown, no lr correction)
   double prev_lr = 0;  // the learning rate of the previous step (0: unknown)
   uint32_t world_size = 1;  // for DGC's local clipping threshold
+  // The loss scale this step's gradient carries (a GradScaler's scale) and the one the memory
+  // was accumulated under (0: unknown, no correction). When both are known and differ, every
+  // feedback multiplies its memory by scale / prev_scale as it applies it, so the memory stays
+  // in the units of the current gradient, as if it were kept unscaled.
+  double scale = 1;
+  double prev_scale = 1;
 };
 
 class Feedback {
@@ -45,6 +53,19 @@ class Feedback {
   // Called after the codec encoded the compensated vector `sent` (the span compensate
   // returned, now overwritten by the residual where they alias).
   virtual void commit() {}
+
+  // The step's aggregate was not finite (every rank skips the step together): puts the memory
+  // back exactly as it was before the last compensate(), so save_state() gives the bytes it gave
+  // then. Called after commit(), at most once per step; otherwise an Error. Feedbacks keep a
+  // second set of buffers for this, so the rollback costs no pass over the data.
+  virtual void discard() = 0;
+
+  // False when the feedback keeps no memory at all (none): a route need not check the
+  // aggregate for a rollback.
+  virtual bool has_memory() const { return true; }
+
+  // Bytes of the buffers this feedback holds, spares for discard() included.
+  virtual size_t memory_bytes() const = 0;
 
   // The whole memory, for checkpoints; load_state(save_state()) restores it bit-exactly.
   virtual std::vector<std::byte> save_state() const = 0;

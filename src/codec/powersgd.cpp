@@ -16,7 +16,8 @@
 // Header aux is 0. Both payloads are summable as float32.
 //
 // State (save_state): "PSGS", u32 version 1, u8 has_q, then when has_q: u64 n, u64 rows,
-// u64 cols, u64 rank, and rank * cols float32 (the warm-start Q, column-major).
+// u64 cols, u64 rank, and rank * cols float32 (the warm-start Q, column-major). round 0 keeps
+// a copy of Q as it was (rank * cols floats, small beside the n of the bucket) for discard().
 #include <fmt/format.h>
 
 #include <cmath>
@@ -109,7 +110,8 @@ class PowerSgdCodec final : public Codec {
             .rounds = 2,
             .bits_per_element = bits,
             .unbiased = false,
-            .payload_carries_nonfinite = true};  // NaN in M spreads through P and Q
+            .payload_carries_nonfinite = true,  // NaN in M spreads through P and Q
+            .stateful = true};
   }
 
   size_t max_frame_bytes(size_t n) const override {
@@ -135,8 +137,17 @@ class PowerSgdCodec final : public Codec {
                          const Context& ctx) const override;
   std::vector<std::byte> save_state() const override;
   void load_state(std::span<const std::byte> state) override;
+  void discard() override;
 
  private:
+  // What discard() puts back: Q as round 0 of the last step found it.
+  struct SavedQ {
+    std::vector<float> q;
+    Shape shape;
+    bool has = false;
+    bool open = false;  // a step began and was not discarded
+  };
+
   Shape shape(uint64_t n) const { return powersgd::make_shape(n, cols_, rank_); }
   void check_round(int round, int last, const char* what) const;
   void ensure_q(const Shape& s, const Context& ctx);
@@ -155,6 +166,7 @@ class PowerSgdCodec final : public Codec {
   Shape p_shape_;
   bool has_p_ = false;
   std::vector<float> scratch_;  // this rank's P (round 0) or Q (last round)
+  SavedQ saved_;
 };
 
 void PowerSgdCodec::check_round(int round, int last, const char* what) const {
@@ -222,6 +234,10 @@ size_t PowerSgdCodec::encode_round(int round, std::span<const float> input,
                                    std::span<std::byte> out, const Context& ctx) {
   check_round(round, 0, "encode_round");
   const Shape s = shape(input.size());
+  saved_.q.assign(q_.begin(), q_.end());  // the step begins: Q as it was, for discard()
+  saved_.shape = q_shape_;
+  saved_.has = has_q_;
+  saved_.open = true;
   ensure_q(s, ctx);
   scratch_.assign(s.rank * s.rows, 0.0f);
   powersgd::multiply_q(input, s, q_.data(), scratch_.data(), ctx.threads);
@@ -331,7 +347,19 @@ std::vector<std::byte> PowerSgdCodec::save_state() const {
   return out;
 }
 
+void PowerSgdCodec::discard() {
+  if (!saved_.open) {
+    throw Error("codec 'powersgd': discard() without a step to take back; call it once per "
+                "step, after decode");
+  }
+  q_.swap(saved_.q);
+  q_shape_ = saved_.shape;
+  has_q_ = saved_.has;
+  saved_.open = false;
+}
+
 void PowerSgdCodec::load_state(std::span<const std::byte> state) {
+  saved_.open = false;  // the loaded state is not a step to take back
   StateReader in(state);
   const auto magic = in.get<uint32_t>();
   const auto version = in.get<uint32_t>();

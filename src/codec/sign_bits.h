@@ -116,19 +116,20 @@ inline void residual(const float* x, size_t n, float neg, float pos, float* out)
   }
 }
 
-// Signum's step: where g[i] is finite, m[i] = fma(beta, m[i], one_minus_beta * g[i]) (a NaN or
-// Inf gradient leaves the momentum as it was, so one overflow cannot poison it for good); bits
-// of the new m; residual[i] = g[i] - (m[i] < 0 ? -1 : 1) when residual is not null (it may
-// alias g). Returns whether any g[i] or new m[i] is NaN or Inf.
-inline bool momentum_pack(const float* g, float* m, size_t n, float beta, float one_minus_beta,
-                          uint8_t* bits, float* residual) {
+// Signum's step: where g[i] is finite, m[i] = fma(beta, m_in[i], one_minus_beta * g[i]), else
+// m[i] = m_in[i] (one overflow cannot poison the momentum for good); m may be m_in (in place)
+// or a separate array (Signum keeps the old momentum for Codec::discard()); bits of the new m;
+// residual[i] = g[i] - (m[i] < 0 ? -1 : 1) when residual is not null (it may alias g). Returns
+// whether any g[i] or new m[i] is NaN or Inf.
+inline bool momentum_pack(const float* g, const float* m_in, float* m, size_t n, float beta,
+                          float one_minus_beta, uint8_t* bits, float* residual) {
   bool bad = false;
   for (size_t i = 0; i < n; i += 8) {
     const size_t count = n - i < 8 ? n - i : 8;
     uint8_t byte = 0;
     for (size_t l = 0; l < count; ++l) {
       const float gv = g[i + l];
-      float mv = m[i + l];
+      float mv = m_in[i + l];
       if (!non_finite(gv)) mv = std::fma(beta, mv, one_minus_beta * gv);
       bad |= non_finite(gv) | non_finite(mv);
       m[i + l] = mv;
@@ -280,8 +281,8 @@ inline void residual(const float* x, size_t n, float neg, float pos, float* out)
 }
 
 template <bool kResidual>
-bool momentum_impl(const float* g, float* m, size_t n, float beta, float one_minus_beta,
-                   uint8_t* bits, float* residual) {
+bool momentum_impl(const float* g, const float* m_in, float* m, size_t n, float beta,
+                   float one_minus_beta, uint8_t* bits, float* residual) {
   const __m512 betav = _mm512_set1_ps(beta), ombv = _mm512_set1_ps(one_minus_beta);
   const __m512 plus = _mm512_set1_ps(1.0f), minus = _mm512_set1_ps(-1.0f);
   const __m512i abs_mask = _mm512_set1_epi32(kAbsMask), inf = _mm512_set1_epi32(kInfBits);
@@ -289,7 +290,7 @@ bool momentum_impl(const float* g, float* m, size_t n, float beta, float one_min
   size_t i = 0;
   auto step = [&](__mmask16 active) {
     const __m512 gv = _mm512_maskz_loadu_ps(active, g + i);
-    __m512 mv = _mm512_maskz_loadu_ps(active, m + i);
+    __m512 mv = _mm512_maskz_loadu_ps(active, m_in + i);
     const __m512i gabs = _mm512_and_si512(_mm512_castps_si512(gv), abs_mask);
     const __mmask16 finite = _mm512_cmplt_epu32_mask(gabs, inf);
     mv = _mm512_mask_fmadd_ps(mv, finite, betav, _mm512_mul_ps(ombv, gv));
@@ -307,11 +308,11 @@ bool momentum_impl(const float* g, float* m, size_t n, float beta, float one_min
   return saw_non_finite(largest);
 }
 
-inline bool momentum_pack(const float* g, float* m, size_t n, float beta, float one_minus_beta,
-                          uint8_t* bits, float* residual) {
+inline bool momentum_pack(const float* g, const float* m_in, float* m, size_t n, float beta,
+                          float one_minus_beta, uint8_t* bits, float* residual) {
   return residual != nullptr
-             ? momentum_impl<true>(g, m, n, beta, one_minus_beta, bits, residual)
-             : momentum_impl<false>(g, m, n, beta, one_minus_beta, bits, nullptr);
+             ? momentum_impl<true>(g, m_in, m, n, beta, one_minus_beta, bits, residual)
+             : momentum_impl<false>(g, m_in, m, n, beta, one_minus_beta, bits, nullptr);
 }
 
 inline void accumulate(const uint8_t* bits, size_t n, float neg, float pos, float* sum) {
@@ -353,9 +354,9 @@ inline SplitSums pack_split_sums(const float* x, size_t n, uint8_t* bits) {
 inline void residual(const float* x, size_t n, float neg, float pos, float* out) {
   fast::residual(x, n, neg, pos, out);
 }
-inline bool momentum_pack(const float* g, float* m, size_t n, float beta, float one_minus_beta,
-                          uint8_t* bits, float* residual) {
-  return fast::momentum_pack(g, m, n, beta, one_minus_beta, bits, residual);
+inline bool momentum_pack(const float* g, const float* m_in, float* m, size_t n, float beta,
+                          float one_minus_beta, uint8_t* bits, float* residual) {
+  return fast::momentum_pack(g, m_in, m, n, beta, one_minus_beta, bits, residual);
 }
 inline void accumulate(const uint8_t* bits, size_t n, float neg, float pos, float* sum) {
   fast::accumulate(bits, n, neg, pos, sum);

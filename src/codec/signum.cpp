@@ -9,7 +9,8 @@
 //
 // Payload: ceil(n/8) bytes of sign bits of m, LSB-first, bit = 1 when m < 0.
 // State (save_state): "SGNM", u32 version 1, u64 n, then n float32 values of m; no bytes
-// before the first encode.
+// before the first encode. encode() writes the new m into a second buffer and swaps, so the old
+// one stays for discard() (a swap back; 2n floats, no pass over the data).
 #include <cstring>
 
 #include "codec/casts_frame.h"
@@ -38,7 +39,7 @@ class SignumCodec final : public Codec {
   // Not shardable: the momentum belongs to the whole bucket and its size is fixed.
   CodecTraits traits() const override {
     return {.shardable = false, .bits_per_element = 1, .unbiased = false,
-            .aggregation = Aggregation::kMajorityVote};
+            .aggregation = Aggregation::kMajorityVote, .stateful = true};
   }
   size_t max_frame_bytes(size_t n) const override {
     return kFrameHeaderBytes + sign_bits::bytes_for(n);
@@ -54,10 +55,11 @@ class SignumCodec final : public Codec {
         n, ctx.threads, 0,
         [&](size_t b, size_t e) {
           return static_cast<int>(sign_bits::momentum_pack(
-              input.data() + b, momentum_.data() + b, e - b, beta_f_, one_minus_beta_f_,
-              bits + b / 8, residual.empty() ? nullptr : residual.data() + b));
+              input.data() + b, momentum_.data() + b, next_.data() + b, e - b, beta_f_,
+              one_minus_beta_f_, bits + b / 8, residual.empty() ? nullptr : residual.data() + b));
         },
         [](int a, int c) { return a | c; }) != 0;
+    momentum_.swap(next_);  // next_ keeps the old momentum for discard()
     write_frame_header({.codec_id = static_cast<uint8_t>(id()),
                         .flags = non_finite ? kFlagNonFinite : uint8_t{0},
                         .param_hash = param_hash(), .elements = n,
@@ -87,6 +89,7 @@ class SignumCodec final : public Codec {
   }
 
   void load_state(std::span<const std::byte> state) override {
+    step_open_ = false;  // the loaded state is not a step to take back
     if (state.empty()) {  // the state of a codec that never encoded
       momentum_.clear();
       has_momentum_ = false;
@@ -98,19 +101,35 @@ class SignumCodec final : public Codec {
     has_momentum_ = true;
   }
 
+  void discard() override {
+    if (!step_open_) {
+      throw Error(fmt::format("codec '{}': discard() without a step to take back; call it once "
+                              "per step, after decode",
+                              kName));
+    }
+    step_open_ = false;
+    momentum_.swap(next_);
+    has_momentum_ = had_momentum_;  // a discarded first step leaves no momentum
+  }
+
  private:
   // Creates the momentum (zeros) on the first encode. A codec instance serves one bucket,
   // whose length never changes: another length means the codec is shared by mistake, and
   // silently restarting the momentum would hide that.
+  // Opens the step discard() may take back.
   void prepare_momentum(size_t n) {
-    if (!has_momentum_) {
-      momentum_.assign(n, 0.0f);
-      has_momentum_ = true;
-    } else if (momentum_.size() != n) {
+    if (has_momentum_ && momentum_.size() != n) {
       throw Error(fmt::format("codec '{}': its momentum holds {} elements but the input has {}; "
                               "a signum codec serves one bucket of a fixed length",
                               kName, momentum_.size(), n));
     }
+    had_momentum_ = has_momentum_;
+    step_open_ = true;
+    if (!has_momentum_) {
+      momentum_.assign(n, 0.0f);
+      has_momentum_ = true;
+    }
+    next_.resize(n);  // allocated once; every element is written before it is read
   }
 
   // Validates a saved state and returns its element count.
@@ -145,7 +164,10 @@ class SignumCodec final : public Codec {
   float beta_f_;
   float one_minus_beta_f_;
   std::vector<float> momentum_;
+  std::vector<float> next_;  // the new momentum during encode; the old one after, for discard()
   bool has_momentum_ = false;
+  bool had_momentum_ = false;  // has_momentum_ before the last encode
+  bool step_open_ = false;     // encode ran and discard() did not since
 };
 
 }  // namespace

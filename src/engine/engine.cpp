@@ -4,6 +4,7 @@
 #include "gradcomp/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -80,6 +81,7 @@ struct Engine::Impl {
   StepState step_state;
   StepStats stats;
   double next_lr = 0;
+  double next_scale = 1;
   Clock::time_point step_start{};
   bool step_started = false;
   double exchange_seconds = 0;
@@ -373,6 +375,8 @@ void Engine::Impl::synchronize() {
   ++step_state.step;
   step_state.prev_lr = step_state.lr;
   step_state.lr = next_lr;
+  step_state.prev_scale = step_state.scale;
+  step_state.scale = next_scale;
   if (timeline) timeline->flush();
   changed.notify_all();
 }
@@ -399,6 +403,17 @@ void Engine::set_learning_rate(double lr) {
   std::lock_guard lock(impl_->mutex);
   impl_->next_lr = lr;
   if (!impl_->step_started) impl_->step_state.lr = lr;  // before the step's first gradient
+}
+
+void Engine::set_loss_scale(double scale) {
+  if (!(scale > 0) || !std::isfinite(scale)) {
+    throw Error(fmt::format("set_loss_scale: {} is not a loss scale; it must be a finite number "
+                            "above 0 (the factor the gradients carry, a GradScaler's scale)",
+                            scale));
+  }
+  std::lock_guard lock(impl_->mutex);
+  impl_->next_scale = scale;
+  if (!impl_->step_started) impl_->step_state.scale = scale;  // before the step's first gradient
 }
 
 const Plan& Engine::plan() const { return impl_->plan; }
@@ -452,6 +467,10 @@ void Engine::load_state(std::span<const std::byte> state) {
   }
   impl_->step_state = loaded.step_state;  // the stage threads keep counting cycles
   impl_->next_lr = loaded.step_state.lr;
+  // Checkpoints keep no loss scale: the coming step's is the one set last, and the scale the
+  // loaded memory was accumulated under is unknown (no correction in the first step).
+  impl_->step_state.scale = impl_->next_scale;
+  impl_->step_state.prev_scale = 0;
 }
 
 void Engine::set_timeline(const std::string& path) {

@@ -4,15 +4,20 @@
 // compensate(g):
 //   clipping (clip > 0): threshold T = clip / sqrt(world_size); with ||g||_2 (summed in double,
 //     fixed order) above T and finite, g' = g * (T / ||g||) (factor rounded to float), else g' = g
-//   momentum correction, u = momentum buffer, v = accumulated velocity, m = momentum:
-//     nesterov=false:  u = fma(m, u, g');  v = v + u
-//     nesterov=true:   u = (u + g') * m;   v = (v + u) + g'   (the DGC reference code's variant)
+//   (the threshold is in unscaled units: it is multiplied by the step's loss scale)
+//   momentum correction, u = momentum buffer, v = accumulated velocity, m = momentum, and
+//   k = scale / prev_scale, the loss-scale ratio (1 when unknown; exact 1 changes no bit):
+//     nesterov=false:  u = fma(m k, u, g');      v = fma(k, v, u)
+//     nesterov=true:   u = fma(k, u, g') * m;    v = fma(k, v, u) + g'   (the DGC reference
+//                                                                           code's variant)
 //   returns v, to be compressed.
 // residual() is a separate buffer r: the codec writes r = v - D(C(v)).
 // commit(): momentum-factor masking, u[i] = 0 wherever r[i] != v[i] (the codec sent something
 //   there), then v <- r (the unsent remainder stays accumulated; a buffer swap).
+// compensate() writes the new u and v into spare buffers and swaps, so the old u and v stay
+// there for discard() (a swap back): five buffers of n floats instead of three.
 // Parameters: momentum in [0, 1) (default 0.9), clip >= 0 (default 0 = off), nesterov (false).
-// State: u and v (format in state_io.h); r is scratch.
+// State: u and v (format in state_io.h); r and the spares are scratch.
 #include <cmath>
 
 #include "feedback/factories.h"
@@ -45,22 +50,29 @@ class DgcFeedback final : public Feedback {
   }
 
   std::span<const float> compensate(std::span<const float> grad, const StepInfo& info) override {
-    memory_.fit(grad.size(), {&u_, &v_, &r_});
+    memory_.fit(grad.size(), {&u_, &v_, &r_, &u_old_, &v_old_});
+    u_.swap(u_old_);  // the new u and v go into the spares; the old ones stay for discard()
+    v_.swap(v_old_);
     const float factor = clip_factor(grad, info);
+    const double k = feedback::loss_scale_ratio(info);
     const auto m = static_cast<float>(momentum_);
+    const auto mk = static_cast<float>(momentum_ * k);
+    const auto kf = static_cast<float>(k);
+    const float* u0 = u_old_.data();
+    const float* v0 = v_old_.data();
     float* u = u_.data();
     float* v = v_.data();
     const float* g = grad.data();
     if (nesterov_) {
       for (size_t i = 0; i < grad.size(); ++i) {
         const float gi = g[i] * factor;
-        u[i] = (u[i] + gi) * m;
-        v[i] = (v[i] + u[i]) + gi;
+        u[i] = std::fma(kf, u0[i], gi) * m;
+        v[i] = std::fma(kf, v0[i], u[i]) + gi;
       }
     } else {
       for (size_t i = 0; i < grad.size(); ++i) {
-        u[i] = std::fma(m, u[i], g[i] * factor);
-        v[i] = v[i] + u[i];
+        u[i] = std::fma(mk, u0[i], g[i] * factor);
+        v[i] = std::fma(kf, v0[i], u[i]);
       }
     }
     pending_ = true;
@@ -79,10 +91,20 @@ class DgcFeedback final : public Feedback {
     pending_ = false;
   }
 
+  void discard() override {
+    memory_.discard_step();
+    u_.swap(u_old_);
+    v_.swap(v_old_);
+    pending_ = false;
+  }
+
+  size_t memory_bytes() const override {
+    return feedback::buffer_bytes({&u_, &v_, &r_, &u_old_, &v_old_});
+  }
+
   std::vector<std::byte> save_state() const override { return memory_.save({&u_, &v_}); }
   void load_state(std::span<const std::byte> state) override {
-    memory_.load(state, {&u_, &v_});
-    r_.assign(u_.size(), 0.0f);
+    memory_.load(state, {&u_, &v_}, {&r_, &u_old_, &v_old_});
     pending_ = false;
   }
 
@@ -91,7 +113,10 @@ class DgcFeedback final : public Feedback {
   // the norm is not finite (NaN/Inf then flows through unchanged).
   float clip_factor(std::span<const float> grad, const StepInfo& info) const {
     if (clip_ <= 0) return 1.0f;
-    const double threshold = clip_ / std::sqrt(static_cast<double>(std::max(info.world_size, 1u)));
+    // The gradient carries the loss scale, so the threshold does too.
+    const double scale = info.scale > 0 ? info.scale : 1.0;
+    const double threshold =
+        scale * clip_ / std::sqrt(static_cast<double>(std::max(info.world_size, 1u)));
     const double norm = l2_norm(grad);
     if (!std::isfinite(norm) || norm <= threshold) return 1.0f;
     return static_cast<float>(threshold / norm);
@@ -100,6 +125,7 @@ class DgcFeedback final : public Feedback {
   double momentum_, clip_;
   bool nesterov_;
   std::vector<float> u_, v_, r_;  // momentum, velocity, residual written by the codec
+  std::vector<float> u_old_, v_old_;  // u and v before the last compensate(), for discard()
   bool pending_ = false;
   feedback::Memory memory_{"dgc", feedback::FeedbackKind::kDgc};
 };

@@ -1,13 +1,16 @@
 // ef: error feedback (Seide et al. 2014; Karimireddy et al. 2019), with the learning-rate
 // correction of dist-EF-SGDM (Zheng et al. 2019; BytePS "corrected_ef").
 //
-//   p = g + alpha * e,  alpha = decay * (lr_correction && prev_lr > 0 && lr > 0 ? prev_lr / lr : 1)
+//   p = g + alpha * e,  alpha = decay * lr ratio * loss-scale ratio, where
+//     lr ratio = prev_lr / lr when lr_correction and both are known, else 1
+//     loss-scale ratio = scale / prev_scale when both are known, else 1
 //   e <- p - D(C(p))    (written by the codec into residual(), in place)
 // alpha is computed in double and rounded to float; p[i] = fma(alpha, e[i], g[i]).
-// One buffer holds e between steps and p after compensate(): residual() aliases the vector to
-// compress, and the codec overwrites it with the new e in the same pass.
+// Two buffers: compensate() reads e from one and writes p into the other, then swaps them, so
+// residual() aliases the vector to compress and the codec overwrites it with the new e, while
+// the spare still holds the old e for discard() (a swap back, no pass over the data).
 // Parameters: decay in [0, 1] (default 1), lr_correction (default false).
-// State: the buffer e (format in state_io.h).
+// State: the buffer e (format in state_io.h); the spare is not state.
 #include <cmath>
 
 #include "feedback/factories.h"
@@ -27,28 +30,40 @@ class ErrorFeedback final : public Feedback {
   }
 
   std::span<const float> compensate(std::span<const float> grad, const StepInfo& info) override {
-    memory_.fit(grad.size(), {&e_});
+    memory_.fit(grad.size(), {&e_, &spare_});
     const auto alpha = static_cast<float>(alpha_for(info));
-    float* e = e_.data();
+    const float* e = e_.data();
+    float* p = spare_.data();
     const float* g = grad.data();
-    for (size_t i = 0; i < grad.size(); ++i) e[i] = std::fma(alpha, e[i], g[i]);
+    for (size_t i = 0; i < grad.size(); ++i) p[i] = std::fma(alpha, e[i], g[i]);
+    e_.swap(spare_);  // e_ holds p, which the codec turns into the new e; spare_ the old e
     return e_;
   }
 
   std::span<float> residual() override { return e_; }
 
+  void discard() override {
+    memory_.discard_step();
+    e_.swap(spare_);
+  }
+
+  size_t memory_bytes() const override { return feedback::buffer_bytes({&e_, &spare_}); }
+
   std::vector<std::byte> save_state() const override { return memory_.save({&e_}); }
-  void load_state(std::span<const std::byte> state) override { memory_.load(state, {&e_}); }
+  void load_state(std::span<const std::byte> state) override {
+    memory_.load(state, {&e_}, {&spare_});
+  }
 
  private:
   double alpha_for(const StepInfo& info) const {
     const bool rescale = lr_correction_ && info.prev_lr > 0 && info.lr > 0;
-    return decay_ * (rescale ? info.prev_lr / info.lr : 1.0);
+    return decay_ * (rescale ? info.prev_lr / info.lr : 1.0) * feedback::loss_scale_ratio(info);
   }
 
   double decay_;
   bool lr_correction_;
-  std::vector<float> e_;  // e between steps; p between compensate() and the codec's encode
+  std::vector<float> e_;      // e between steps; p between compensate() and the codec's encode
+  std::vector<float> spare_;  // the e before the last compensate(), for discard()
   feedback::Memory memory_{"ef", feedback::FeedbackKind::kErrorFeedback};
 };
 

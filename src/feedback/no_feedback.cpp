@@ -1,5 +1,5 @@
-// none: no memory. compensate() returns the gradient itself, there is no residual, and the
-// state is empty.
+// none: no memory. compensate() returns the gradient itself, there is no residual, the state is
+// empty, and discard() has nothing to do.
 #include <fmt/format.h>
 
 #include "feedback/factories.h"
@@ -15,6 +15,9 @@ class NoFeedback final : public Feedback {
     return grad;
   }
   std::span<float> residual() override { return {}; }
+  void discard() override {}  // nothing to take back
+  bool has_memory() const override { return false; }
+  size_t memory_bytes() const override { return 0; }
   std::vector<std::byte> save_state() const override { return {}; }
   void load_state(std::span<const std::byte> state) override {
     if (!state.empty()) {

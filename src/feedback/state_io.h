@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gradcomp/error.h"
+#include "gradcomp/feedback.h"
 
 namespace gradcomp::feedback {
 
@@ -40,7 +41,10 @@ class Memory {
   Memory(std::string name, FeedbackKind kind) : name_(std::move(name)), kind_(kind) {}
 
   // Sizes the buffers (zero-filled) on the first gradient; afterwards insists on the same length.
+  // Called at the start of every step: it opens the step discard_step() may take back.
   void fit(size_t n, const std::vector<std::vector<float>*>& buffers) {
+    step_open_ = true;
+    was_sized_ = sized_;
     if (!sized_) {
       for (auto* b : buffers) b->assign(n, 0.0f);
       n_ = n;
@@ -52,6 +56,21 @@ class Memory {
           fmt::format("feedback '{}': gradient of {} elements, but its memory holds {}; "
                       "use one feedback per bucket (a bucket keeps its length)",
                       name_, n, n_));
+    }
+  }
+
+  // For Feedback::discard(): checks that a step is open and closes it. When that step was the
+  // first, the memory becomes unsized again, so save() writes the state it wrote before it.
+  void discard_step() {
+    if (!step_open_) {
+      throw Error(fmt::format("feedback '{}': discard() without a step to take back; call it "
+                              "once per step, after commit()",
+                              name_));
+    }
+    step_open_ = false;
+    if (!was_sized_) {
+      sized_ = false;
+      n_ = 0;
     }
   }
 
@@ -78,8 +97,10 @@ class Memory {
     return out;
   }
 
-  // Restores the arrays (all of them, or none on an error).
-  void load(std::span<const std::byte> state, const std::vector<std::vector<float>*>& arrays) {
+  // Restores the arrays (all of them, or none on an error); `scratch` buffers (the spares of
+  // discard(), a residual) are sized to match and zeroed, as fit() would.
+  void load(std::span<const std::byte> state, const std::vector<std::vector<float>*>& arrays,
+            const std::vector<std::vector<float>*>& scratch = {}) {
     const Header h = read_header(state);
     check_header(h, arrays.size());
     const size_t body = state.size() - kStateHeaderBytes;
@@ -94,8 +115,10 @@ class Memory {
       if (h.n > 0) std::memcpy(a->data(), p, 4 * h.n);
       p += 4 * h.n;
     }
+    for (auto* b : scratch) b->assign(h.n, 0.0f);
     sized_ = h.sized;
     n_ = h.n;
+    step_open_ = false;  // the loaded memory is not a step to take back
   }
 
  private:
@@ -144,6 +167,23 @@ class Memory {
   FeedbackKind kind_;
   bool sized_ = false;
   size_t n_ = 0;
+  bool step_open_ = false;  // fit() ran and discard_step() did not since
+  bool was_sized_ = false;  // sized_ before the last fit()
 };
+
+// The factor that brings the memory from the loss scale it was accumulated under to this
+// step's (StepInfo::scale): scale / prev_scale, or 1 when either is unknown. A gradient carries
+// the scale, so memory made of earlier gradients carries the earlier one.
+inline double loss_scale_ratio(const StepInfo& info) {
+  const bool known = info.prev_scale > 0 && info.scale > 0;
+  return known ? info.scale / info.prev_scale : 1.0;
+}
+
+// Bytes of float buffers, for Feedback::memory_bytes().
+inline size_t buffer_bytes(const std::vector<const std::vector<float>*>& buffers) {
+  size_t total = 0;
+  for (const auto* b : buffers) total += b->size() * sizeof(float);
+  return total;
+}
 
 }  // namespace gradcomp::feedback

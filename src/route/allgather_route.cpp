@@ -45,6 +45,7 @@ class AllgatherRoute final : public Route {
   uint32_t world_size_;
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Feedback> feedback_;
+  StepKeeper keeper_;
   size_t max_frame_;
   bool fixed_;  // every frame is max_frame_ bytes: counts_ is known, no size exchange
 
@@ -66,6 +67,7 @@ AllgatherRoute::AllgatherRoute(const RouteConfig& c)
       world_size_(static_cast<uint32_t>(world_.size())),
       codec_(make_codec(c.codec)),
       feedback_(make_feedback(c.feedback)),
+      keeper_({feedback_.get()}, {codec_.get()}),
       max_frame_(codec_->max_frame_bytes(n_)),
       fixed_(codec_->traits().fixed_frame_size),
       frame_(max_frame_),
@@ -80,7 +82,7 @@ void AllgatherRoute::encode(std::span<float> grad, const StepState& step, const 
   check_length(kName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   p.run("encode", [&] {
-    const auto x = feedback_->compensate(grad, step_info(step, world_size_));
+    const auto x = feedback_->compensate(grad, keeper_.info(step, world_size_));
     frame_bytes_ = codec_->encode(x, frame_, context(step, rank_), feedback_->residual());
     feedback_->commit();
     if (fixed_) checked_fixed_size(*codec_, frame_bytes_, max_frame_);
@@ -118,11 +120,12 @@ void AllgatherRoute::decode(std::span<float> out, const StepState& step, const P
       at += counts_[r];
     }
     codec_->finalize(out, world_size_);
+    keeper_.finish(out, step);
   });
 }
 
 size_t AllgatherRoute::memory_bytes() const {
-  return frame_.size() + gathered_.size() + feedback_->save_state().size();
+  return frame_.size() + gathered_.size() + feedback_->memory_bytes();
 }
 
 std::vector<std::byte> AllgatherRoute::save_state() const {
@@ -133,6 +136,7 @@ void AllgatherRoute::load_state(std::span<const std::byte> state) {
   const auto parts = load_parts(kName, state, {n_, world_size_}, 2);
   codec_->load_state(parts[0]);
   feedback_->load_state(parts[1]);
+  keeper_.forget();
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ class AllreduceRoute final : public Route {
   uint32_t world_size_;
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Feedback> feedback_;
+  StepKeeper keeper_;
   CodecTraits traits_;
   bool direct_;  // codec none, feedback none: the bucket itself is allreduced
   std::span<float> bucket_data_;  // the direct path: the engine's bucket buffer of this step
@@ -72,6 +73,7 @@ AllreduceRoute::AllreduceRoute(const RouteConfig& c)
       world_size_(static_cast<uint32_t>(world_.size())),
       codec_(make_codec(c.codec)),
       feedback_(make_feedback(c.feedback)),
+      keeper_({feedback_.get()}, {codec_.get()}),
       traits_(codec_->traits()),
       direct_(codec_->id() == CodecId::kNone && feedback_->spec() == "none") {
   check_codec_fits(kName, *codec_);
@@ -92,7 +94,7 @@ void AllreduceRoute::encode(std::span<float> grad, const StepState& step, const 
       bucket_data_ = grad;
       return;
     }
-    const StepInfo info = step_info(step, world_size_);
+    const StepInfo info = keeper_.info(step, world_size_);
     if (traits_.rounds == 1) {  // the whole encoding happens here; grad is read only now
       const auto x = feedback_->compensate(grad, info);
       frame_bytes_ = codec_->encode(x, frame_, context(step), feedback_->residual());
@@ -178,13 +180,12 @@ void AllreduceRoute::decode(std::span<float> out, const StepState& step, const P
     zero(out);
     codec_->decode_accumulate(std::span(frame_).first(frame_bytes_), out, context(step));
     codec_->finalize(out, world_size_);
+    keeper_.finish(out, step);
   });
 }
 
 size_t AllreduceRoute::memory_bytes() const {
-  // The feedback's own buffers are measured by their checkpoint (the interface has no size).
-  return round_frame_.size() + frame_.size() +
-         feedback_->save_state().size();
+  return round_frame_.size() + frame_.size() + feedback_->memory_bytes();
 }
 
 std::vector<std::byte> AllreduceRoute::save_state() const {
@@ -195,6 +196,7 @@ void AllreduceRoute::load_state(std::span<const std::byte> state) {
   const auto parts = load_parts(kName, state, {n_, world_size_}, 2);
   codec_->load_state(parts[0]);
   feedback_->load_state(parts[1]);
+  keeper_.forget();
 }
 
 }  // namespace

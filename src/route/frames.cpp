@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "common/byte_io.h"
 #include "gradcomp/error.h"
 
@@ -12,6 +15,48 @@ constexpr uint32_t kStateMagic = 0x53524347;  // "GCRS" read as little-endian u3
 constexpr uint32_t kStateVersion = 1;
 
 }  // namespace
+
+StepKeeper::StepKeeper(std::vector<Feedback*> feedbacks, std::vector<Codec*> codecs)
+    : feedbacks_(std::move(feedbacks)), codecs_(std::move(codecs)) {
+  stateful_ = std::any_of(feedbacks_.begin(), feedbacks_.end(),
+                          [](const Feedback* f) { return f->has_memory(); }) ||
+              std::any_of(codecs_.begin(), codecs_.end(),
+                          [](const Codec* c) { return c->traits().stateful; });
+}
+
+StepInfo StepKeeper::info(const StepState& step, uint32_t world) const {
+  return {.step = step.step,
+          .lr = step.lr,
+          .prev_lr = kept_ ? kept_lr_ : step.prev_lr,
+          .world_size = world,
+          .scale = step.scale,
+          .prev_scale = kept_ ? kept_scale_ : step.prev_scale};
+}
+
+bool StepKeeper::finish(std::span<const float> aggregate, const StepState& step) {
+  if (!stateful_) return false;
+  if (all_finite(aggregate)) {
+    kept_ = true;
+    kept_lr_ = step.lr;
+    kept_scale_ = step.scale;
+    return false;
+  }
+  for (Feedback* f : feedbacks_) f->discard();
+  for (Codec* c : codecs_) c->discard();
+  return true;
+}
+
+bool all_finite(std::span<const float> x) {
+  // The largest magnitude as bits: NaN and Inf have an all-ones exponent, so they are the
+  // only values at or above +Inf's bits. A max reduction vectorises.
+  uint32_t largest = 0;
+  for (const float v : x) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    largest = std::max(largest, bits & 0x7fffffffu);
+  }
+  return largest < 0x7f800000u;
+}
 
 size_t checked_size(uint64_t size, size_t max_bytes, int peer, const char* what) {
   if (size > max_bytes) {

@@ -1,5 +1,6 @@
-// What the routes share: codec contexts and randomness keys, the feedback step, the header fix
-// after a transport summed payloads, u64 size arrays, and the versioned route state.
+// What the routes share: codec contexts and randomness keys, the feedback step and its
+// rollback, the header fix after a transport summed payloads, u64 size arrays, and the
+// versioned route state.
 #pragma once
 
 #include <cstddef>
@@ -28,9 +29,36 @@ inline Context codec_context(const RouteEnv& env, uint64_t key, const StepState&
           .world_size = world, .threads = env.threads};
 }
 
-inline StepInfo step_info(const StepState& step, uint32_t world) {
-  return {.step = step.step, .lr = step.lr, .prev_lr = step.prev_lr, .world_size = world};
-}
+// The state a route keeps across steps (its feedbacks and stateful codecs) and its rollback.
+// When the aggregate decode wrote holds NaN or Inf, every rank sees it (the aggregate is the
+// same bits everywhere) and a loss scaler skips the step on every rank, so every part of that
+// state goes back to what it was before the step: one overflow must not poison later steps.
+// A route without state never scans its output.
+class StepKeeper {
+ public:
+  StepKeeper(std::vector<Feedback*> feedbacks, std::vector<Codec*> codecs);
+
+  // The feedback's view of `step`. The previous learning rate and loss scale are those of the
+  // last step this route kept (its memory was accumulated under them), not those of a step it
+  // rolled back; the engine's values until this route has kept a step.
+  StepInfo info(const StepState& step, uint32_t world) const;
+  // At the end of decode: keeps the step, or rolls every part back when `aggregate` is not
+  // finite. Returns whether the step was rolled back.
+  bool finish(std::span<const float> aggregate, const StepState& step);
+  // After load_state: the loaded memory's step is the engine's previous one.
+  void forget() { kept_ = false; }
+
+ private:
+  std::vector<Feedback*> feedbacks_;
+  std::vector<Codec*> codecs_;
+  bool stateful_;
+  bool kept_ = false;  // a step was kept since construction or load_state
+  double kept_lr_ = 0;
+  double kept_scale_ = 0;
+};
+
+// True when no element of `x` is NaN or Inf (one read pass, no early exit).
+bool all_finite(std::span<const float> x);
 
 // The randomness key of shard `shard` of bucket `bucket`, worker or server side (two-way route):
 // every stream gets its own key, so the W worker encodes and the server encode of one bucket

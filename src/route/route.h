@@ -12,6 +12,9 @@
 //   exchange()     every collective and the computation between them (the exchange thread)
 //   decode(out)    the aggregate, the mean over ranks, into `out` (the decoder thread)
 // Every rank ends with bit-identical output: all ranks decode the same bytes in the same order.
+// When that aggregate holds NaN or Inf (an overflow a loss scaler will skip), decode rolls
+// every feedback and stateful codec of the route back to where they were before the step, on
+// every rank alike (route/frames.h, StepKeeper); a route without state pays nothing for this.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +46,8 @@ struct StepState {
   uint64_t step = 0;
   double lr = 0;
   double prev_lr = 0;
+  double scale = 1;       // the loss scale this step's gradients carry (Engine::set_loss_scale)
+  double prev_scale = 1;  // that of the previous step (0: unknown, e.g. after load_state)
 };
 
 // Times phases into the timeline and turns failures into errors that name the bucket and the
@@ -83,7 +88,8 @@ class Route {
   virtual void encode(std::span<float> bucket, const StepState& step, const Phases& p) = 0;
   // Stage 2. Blocks until every collective of this bucket finished.
   virtual void exchange(const StepState& step, const Phases& p) = 0;
-  // Stage 3. Writes the mean over ranks into `out` (the bucket's element count).
+  // Stage 3. Writes the mean over ranks into `out` (the bucket's element count); rolls the
+  // route's state back when it is not finite.
   virtual void decode(std::span<float> out, const StepState& step, const Phases& p) = 0;
 
   // Bytes this rank handed to the transport in the last step (all phases).

@@ -55,6 +55,7 @@ class TwowayRoute final : public Route {
   std::unique_ptr<Codec> server_codec_;  // server side (its own object: codecs may keep state)
   std::unique_ptr<Feedback> feedback_;
   std::unique_ptr<Feedback> server_feedback_;
+  StepKeeper keeper_;  // both feedbacks and both codecs: the step is kept or rolled back whole
   std::vector<Range> shards_;
   std::vector<size_t> max_frames_;  // the largest frame of each shard
   size_t my_max_frame_;             // ... of this rank's shard
@@ -86,7 +87,8 @@ TwowayRoute::TwowayRoute(const RouteConfig& c)
       server_codec_(make_codec(c.codec)),
       feedback_(make_feedback(c.feedback)),
       server_feedback_(make_feedback(c.spec.server_feedback.empty() ? c.feedback
-                                                                    : c.spec.server_feedback)) {
+                                                                    : c.spec.server_feedback)),
+      keeper_({feedback_.get(), server_feedback_.get()}, {codec_.get(), server_codec_.get()}) {
   check_codec_fits(kName, *codec_);
   for (uint32_t s = 0; s < world_size_; ++s) {
     shards_.push_back(shard_range(n_, s, world_size_));
@@ -113,7 +115,7 @@ void TwowayRoute::encode(std::span<float> grad, const StepState& step, const Pha
   check_length(kName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   p.run("encode", [&] {
-    const auto x = feedback_->compensate(grad, step_info(step, world_size_));
+    const auto x = feedback_->compensate(grad, keeper_.info(step, world_size_));
     const auto residual = feedback_->residual();
     size_t at = 0;
     for (uint32_t s = 0; s < world_size_; ++s) {
@@ -159,7 +161,7 @@ void TwowayRoute::serve(const StepState& step, const Phases& p) {
       at += recv_counts_[r];
     }
     codec_->finalize(shard_sum_, world_size_);
-    const auto x = server_feedback_->compensate(shard_sum_, step_info(step, world_size_));
+    const auto x = server_feedback_->compensate(shard_sum_, keeper_.info(step, world_size_));
     server_size_[0] = server_codec_->encode(x, server_frame_, context(step, rank_, true, rank_),
                                             server_feedback_->residual());
     server_feedback_->commit();
@@ -204,13 +206,15 @@ void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phas
                                        out.subspan(r.begin, r.size()), context(step, s, true, s));
       at += result_counts_[s];
     }
+    // The whole bucket, not this rank's shard: every rank must decide alike.
+    keeper_.finish(out, step);
   });
 }
 
 size_t TwowayRoute::memory_bytes() const {
   return sent_frames_.size() + shard_frames_.size() + shard_sum_.size() * sizeof(float) +
-         server_frame_.size() + results_.size() + feedback_->save_state().size() +
-         server_feedback_->save_state().size();
+         server_frame_.size() + results_.size() + feedback_->memory_bytes() +
+         server_feedback_->memory_bytes();
 }
 
 std::vector<std::byte> TwowayRoute::save_state() const {
@@ -225,6 +229,7 @@ void TwowayRoute::load_state(std::span<const std::byte> state) {
   server_codec_->load_state(parts[1]);
   feedback_->load_state(parts[2]);
   server_feedback_->load_state(parts[3]);
+  keeper_.forget();
 }
 
 }  // namespace

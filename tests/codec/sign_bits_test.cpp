@@ -111,9 +111,9 @@ TEST_P(SignBitsSimd, ResidualAccumulateAndMomentumMatchScalar) {
   auto ma = testing::gradient(n, 78), mv = ma;
   std::vector<uint8_t> ba(sb::bytes_for(n)), bv(ba.size());
   const bool bad_a =
-      sb::scalar::momentum_pack(x.data(), ma.data(), n, 0.9f, 0.1f, ba.data(), ra.data());
+      sb::scalar::momentum_pack(x.data(), ma.data(), ma.data(), n, 0.9f, 0.1f, ba.data(), ra.data());
   const bool bad_v =
-      sb::avx512::momentum_pack(x.data(), mv.data(), n, 0.9f, 0.1f, bv.data(), rb.data());
+      sb::avx512::momentum_pack(x.data(), mv.data(), mv.data(), n, 0.9f, 0.1f, bv.data(), rb.data());
   EXPECT_EQ(bad_a, bad_v);
   EXPECT_EQ(ba, bv);
   EXPECT_EQ(bits_of(ma), bits_of(mv));
@@ -131,7 +131,7 @@ TEST(SignBits, MomentumSkipsNonFiniteGradients) {
   std::vector<float> g = {1.0f, nan, -inf, -2.0f}, m = {0.5f, 0.5f, -0.5f, 0.25f};
   std::vector<uint8_t> bits(1);
   std::vector<float> r(4);
-  EXPECT_TRUE(sb::momentum_pack(g.data(), m.data(), 4, 0.5f, 0.5f, bits.data(), r.data()));
+  EXPECT_TRUE(sb::momentum_pack(g.data(), m.data(), m.data(), 4, 0.5f, 0.5f, bits.data(), r.data()));
   EXPECT_EQ(m[0], 0.75f);
   EXPECT_EQ(m[1], 0.5f);   // unchanged
   EXPECT_EQ(m[2], -0.5f);  // unchanged

@@ -270,8 +270,10 @@ TEST(Engine, DifferentPlansSeedsAndNodesAreErrors) {
 }
 
 // The engine's buffers (fused buffers, frames, worker and server feedback state) stay within
-// 3x the gradient bytes and do not grow. (With W = 1 the two-way route would hold 3x plus its
-// frames: worker and server residuals and the shard sum each cover the whole bucket.)
+// 4.5x the gradient bytes and do not grow. ef holds e and the spare discard() needs (2x); the
+// two-way route adds its server ef (2/W x) and shard sum (1/W x): 4.05x at W = 2 with top-k's
+// frames. (With W = 1 the two-way route would hold more: worker and server feedback and the
+// shard sum each cover the whole bucket.)
 TEST(Engine, MemoryStaysBoundedOverManySteps) {
   for (const char* route : {"allgather", "twoway"}) {
     SCOPED_TRACE(route);
@@ -289,7 +291,7 @@ TEST(Engine, MemoryStaysBoundedOverManySteps) {
       engine.synchronize();
     }
     EXPECT_EQ(engine.memory_bytes(), after_first);
-    EXPECT_LE(engine.memory_bytes(), 3 * gradient_bytes);
+    EXPECT_LE(engine.memory_bytes(), 9 * gradient_bytes / 2);
   }
 }
 

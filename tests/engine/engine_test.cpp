@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <ctime>
 #include <fstream>
 #include <thread>
@@ -159,6 +161,57 @@ TEST(EngineSingleRank, MemoryDoesNotGrowOver10000Steps) {
   }
   EXPECT_LE(engine.memory_bytes(), 3 * 4 * (1000 + 10));
   EXPECT_EQ(engine.step(), 10'000u);
+}
+
+TEST(EngineSingleRank, LossScaleMustBeFiniteAndPositive) {
+  Engine engine(single_rank(), small_plan());
+  for (const double bad : {0.0, -2.0, std::numeric_limits<double>::infinity(),
+                           std::numeric_limits<double>::quiet_NaN()}) {
+    EXPECT_NE(error_text([&] { engine.set_loss_scale(bad); }).find("is not a loss scale"),
+              std::string::npos)
+        << bad;
+  }
+  engine.set_loss_scale(65536);  // a good one is taken
+}
+
+// One step of the engine over w and b (b uncompressed); returns w's mean.
+std::vector<float> engine_step(Engine& engine, std::vector<float> w, double scale) {
+  std::vector<float> b(10, 1.0f);
+  engine.set_loss_scale(scale);
+  engine.ready("w", w);
+  engine.ready("b", b);
+  engine.synchronize();
+  return w;
+}
+
+// Through the engine: a NaN step leaves the state of every bucket as it was (the step counter
+// still advances), and a scaled run gives the unscaled run's means times the scale.
+TEST(EngineSingleRank, ANonFiniteStepIsRolledBackAndTheLossScaleIsCorrected) {
+  const Option option{.codec = "randomk:ratio=0.1", .feedback = "ef", .route = "allgather"};
+  Engine scaled(single_rank(), small_plan(option));
+  Engine plain(single_rank(), small_plan(option));
+  const double scales[] = {1024, 1024, 512, 4096};
+  for (size_t t = 0; t < std::size(scales); ++t) {
+    auto g = testing::gradient(1000, 70 + t);
+    auto gs = g;
+    for (float& x : gs) x = static_cast<float>(x * scales[t]);
+    const auto a = engine_step(scaled, gs, scales[t]);
+    const auto b = engine_step(plain, g, 1);
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_NEAR(a[i] / scales[t], b[i], 1e-5) << "step " << t << " element " << i;
+    }
+  }
+  const auto before = scaled.save_state();
+  auto bad = testing::gradient(1000, 80);
+  bad[5] = std::numeric_limits<float>::quiet_NaN();
+  const auto out = engine_step(scaled, bad, 4096);
+  EXPECT_TRUE(std::isnan(out[5]));
+  const auto after = scaled.save_state();
+  EXPECT_EQ(scaled.step(), 5u);
+  // Same states but for the step counter (bytes 32..39 of the engine state, state_file.cpp).
+  ASSERT_EQ(after.size(), before.size());
+  EXPECT_TRUE(std::equal(after.begin(), after.begin() + 32, before.begin()));
+  EXPECT_TRUE(std::equal(after.begin() + 40, after.end(), before.begin() + 40));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 
 #include "gradcomp/error.h"
 #include "gradcomp/spec.h"
+#include "route/node_split.h"
 #include "route/route_reference.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
@@ -56,20 +57,6 @@ StepState step_state(uint64_t s) {
 
 RouteEnv flat_env() { return {.world = world().get(), .seed = kSeed, .threads = 1}; }
 
-// Nodes of 2 consecutive ranks; built once (split is a collective every rank calls in order).
-struct Nodes {
-  std::unique_ptr<Transport> intra, leaders;
-};
-const Nodes& nodes() {
-  static const Nodes n = [] {
-    Nodes out;
-    const int rank = world()->rank();
-    out.intra = world()->split(rank / 2, rank);
-    out.leaders = world()->split(rank % 2 == 0 ? 0 : -1, rank);
-    return out;
-  }();
-  return n;
-}
 RouteEnv node_env() {
   RouteEnv env = flat_env();
   env.intra = nodes().intra.get();
