@@ -42,6 +42,7 @@ py::dict step_stats(const StepStats& s) {
   d["uncompressed_bytes"] = s.uncompressed_bytes;
   d["step_seconds"] = s.step_seconds;
   d["exchange_seconds"] = s.exchange_seconds;
+  d["finite"] = s.finite;
   return d;
 }
 

@@ -41,6 +41,8 @@ struct StepStats {
   double step_seconds = 0;       // first ready() to the end of synchronize()
   double exchange_seconds = 0;   // time in the exchange stage: collectives and the work between
                                  // them (the two-way server step, PowerSGD's rounds)
+  bool finite = true;            // every bucket's mean was finite; if not, every feedback and
+                                 // codec state took the step back (a loss scaler skips it)
 };
 
 class Engine {

@@ -21,6 +21,7 @@
 #include "engine/state_file.h"
 #include "gradcomp/error.h"
 #include "gradcomp/timeline.h"
+#include "route/frames.h"
 #include "route/route.h"
 
 namespace gradcomp {
@@ -57,6 +58,7 @@ struct Engine::Impl {
   void open_timeline(const std::string& path);
   void attach_timeline();  // points every bucket's Phases at the current timeline
   void make_routes(bool hierarchical);
+  void settle_step();  // under mutex, every bucket decoded
   void release_after_failure();
   StateOwner owner() const;
 
@@ -66,6 +68,7 @@ struct Engine::Impl {
   std::unique_ptr<Transport> intra, leaders;  // hierarchical routes only
   std::unique_ptr<Timeline> timeline;
   std::vector<LiveBucket> buckets;
+  bool settles_steps = false;  // some route keeps state: every step is kept or taken back whole
   std::vector<TensorSlot> slots;  // per tensor: its bucket and place in the fused buffer
   std::unordered_map<std::string, size_t> index_of;
 
@@ -164,7 +167,18 @@ void Engine::Impl::make_routes(bool hierarchical) {
   buckets.reserve(plan.buckets.size());
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     buckets.emplace_back(plan, b, env, slots, options.timeout);
+    settles_steps = settles_steps || buckets.back().route->stateful();
   }
+}
+
+// A loss scaler skips the whole step when any gradient is not finite, so every stateful route
+// keeps the step, or takes it back, as a whole: one bucket's feedback must not keep a step
+// whose update never happens. The means are the same bits on every rank: all decide alike.
+void Engine::Impl::settle_step() {
+  const bool keep = std::all_of(buckets.begin(), buckets.end(),
+                                [](const LiveBucket& b) { return b.finite; });
+  for (LiveBucket& b : buckets) b.route->settle(keep, step_state);
+  stats.finite = keep;
 }
 
 void Engine::Impl::open_timeline(const std::string& path) {
@@ -312,6 +326,7 @@ void Engine::Impl::decoder_loop() {
       try {
         LiveBucket& bucket = buckets[b];
         bucket.route->decode(bucket.buffer(), step_state, bucket.phases);
+        if (settles_steps) bucket.finite = route::all_finite(bucket.buffer());
         bucket.phases.run("write back", [&] { bucket.give_back(); });
       } catch (...) {
         lock.lock();
@@ -354,6 +369,7 @@ void Engine::Impl::synchronize() {
   });
   throw_if_failed();
   if (!finished) throw Error("synchronize: the engine is shutting down");
+  if (settles_steps) settle_step();
 
   stats.step = step_state.step;
   stats.bytes_sent = 0;

@@ -23,6 +23,8 @@ class AllgatherRoute final : public Route {
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
 
+  bool stateful() const override { return keeper_.stateful(); }
+  void settle(bool keep, const StepState& step) override { keeper_.settle(keep, step); }
   size_t bytes_sent() const override { return sent_; }
   size_t memory_bytes() const override;
   std::vector<std::byte> save_state() const override;
@@ -120,7 +122,6 @@ void AllgatherRoute::decode(std::span<float> out, const StepState& step, const P
       at += counts_[r];
     }
     codec_->finalize(out, world_size_);
-    keeper_.finish(out, step);
   });
 }
 

@@ -25,6 +25,8 @@ class AllreduceRoute final : public Route {
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
 
+  bool stateful() const override { return keeper_.stateful(); }
+  void settle(bool keep, const StepState& step) override { keeper_.settle(keep, step); }
   size_t bytes_sent() const override { return sent_; }
   size_t memory_bytes() const override;
   std::vector<std::byte> save_state() const override;
@@ -180,7 +182,6 @@ void AllreduceRoute::decode(std::span<float> out, const StepState& step, const P
     zero(out);
     codec_->decode_accumulate(std::span(frame_).first(frame_bytes_), out, context(step));
     codec_->finalize(out, world_size_);
-    keeper_.finish(out, step);
   });
 }
 

@@ -33,17 +33,16 @@ StepInfo StepKeeper::info(const StepState& step, uint32_t world) const {
           .prev_scale = kept_ ? kept_scale_ : step.prev_scale};
 }
 
-bool StepKeeper::finish(std::span<const float> aggregate, const StepState& step) {
-  if (!stateful_) return false;
-  if (all_finite(aggregate)) {
+void StepKeeper::settle(bool keep, const StepState& step) {
+  if (!stateful_) return;
+  if (keep) {
     kept_ = true;
     kept_lr_ = step.lr;
     kept_scale_ = step.scale;
-    return false;
+    return;
   }
   for (Feedback* f : feedbacks_) f->discard();
   for (Codec* c : codecs_) c->discard();
-  return true;
 }
 
 bool all_finite(std::span<const float> x) {

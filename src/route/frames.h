@@ -42,9 +42,10 @@ class StepKeeper {
   // last step this route kept (its memory was accumulated under them), not those of a step it
   // rolled back; the engine's values until this route has kept a step.
   StepInfo info(const StepState& step, uint32_t world) const;
-  // At the end of decode: keeps the step, or rolls every part back when `aggregate` is not
-  // finite. Returns whether the step was rolled back.
-  bool finish(std::span<const float> aggregate, const StepState& step);
+  bool stateful() const { return stateful_; }
+  // Keeps the step (its learning rate and loss scale become the memory's), or rolls every
+  // feedback and codec back to what they were before it.
+  void settle(bool keep, const StepState& step);
   // After load_state: the loaded memory's step is the engine's previous one.
   void forget() { kept_ = false; }
 

@@ -29,6 +29,10 @@ class HierarchicalRoute final : public Route {
 
   size_t bytes_sent() const override { return sent_; }
   size_t memory_bytes() const override;
+  bool stateful() const override { return inner_ && inner_->stateful(); }
+  void settle(bool keep, const StepState& step) override {
+    if (inner_) inner_->settle(keep, step);
+  }
   std::vector<std::byte> save_state() const override;
   void load_state(std::span<const std::byte> state) override;
 

@@ -12,9 +12,10 @@
 //   exchange()     every collective and the computation between them (the exchange thread)
 //   decode(out)    the aggregate, the mean over ranks, into `out` (the decoder thread)
 // Every rank ends with bit-identical output: all ranks decode the same bytes in the same order.
-// When that aggregate holds NaN or Inf (an overflow a loss scaler will skip), decode rolls
-// every feedback and stateful codec of the route back to where they were before the step, on
-// every rank alike (route/frames.h, StepKeeper); a route without state pays nothing for this.
+// When the mean of any bucket of a step holds NaN or Inf (an overflow: a loss scaler skips the
+// whole step), the engine settles the step as not kept, and every stateful route rolls its
+// feedbacks and codecs back to where they were before the step, on every rank alike
+// (settle(); route/frames.h, StepKeeper). Without stateful routes the engine pays nothing.
 #pragma once
 
 #include <cstddef>
@@ -91,6 +92,15 @@ class Route {
   // Stage 3. Writes the mean over ranks into `out` (the bucket's element count); rolls the
   // route's state back when it is not finite.
   virtual void decode(std::span<float> out, const StepState& step, const Phases& p) = 0;
+
+  // Whether the route keeps state across steps (feedback memory, codec state such as PowerSGD's
+  // warm start): the engine then settles every step as a whole.
+  virtual bool stateful() const { return false; }
+  // After every bucket of the step was decoded: keeps this step's state, or takes it back to
+  // what it was before the step (keep false: the mean of some bucket of the step is not
+  // finite, so a loss scaler skips the whole step). The engine decides from the means, which
+  // are the same bits on every rank, so every rank decides alike.
+  virtual void settle(bool /*keep*/, const StepState& /*step*/) {}
 
   // Bytes this rank handed to the transport in the last step (all phases).
   virtual size_t bytes_sent() const = 0;

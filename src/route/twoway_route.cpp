@@ -30,6 +30,8 @@ class TwowayRoute final : public Route {
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
 
+  bool stateful() const override { return keeper_.stateful(); }
+  void settle(bool keep, const StepState& step) override { keeper_.settle(keep, step); }
   size_t bytes_sent() const override { return sent_; }
   size_t memory_bytes() const override;
   std::vector<std::byte> save_state() const override;
@@ -206,8 +208,6 @@ void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phas
                                        out.subspan(r.begin, r.size()), context(step, s, true, s));
       at += result_counts_[s];
     }
-    // The whole bucket, not this rank's shard: every rank must decide alike.
-    keeper_.finish(out, step);
   });
 }
 

@@ -214,5 +214,30 @@ TEST(EngineSingleRank, ANonFiniteStepIsRolledBackAndTheLossScaleIsCorrected) {
   EXPECT_TRUE(std::equal(after.begin() + 40, after.end(), before.begin() + 40));
 }
 
+// The step is kept or taken back whole: an overflow in an uncompressed bucket (which keeps no
+// state) also takes back the error feedback of the compressed one, since a loss scaler skips
+// the whole step.
+TEST(EngineSingleRank, AnOverflowInAnyBucketTakesTheWholeStepBack) {
+  Engine engine(single_rank(),
+                small_plan({.codec = "topk:ratio=0.1", .feedback = "ef", .route = "allgather"}));
+  engine_step(engine, testing::gradient(1000, 90), 1);
+  EXPECT_TRUE(engine.last_step().finite);
+  const auto before = engine.save_state();
+  auto w = testing::gradient(1000, 91);
+  std::vector<float> b(10, 1.0f);
+  b[3] = std::numeric_limits<float>::infinity();
+  engine.ready("w", w);
+  engine.ready("b", b);
+  engine.synchronize();
+  EXPECT_FALSE(engine.last_step().finite);
+  for (float x : w) ASSERT_TRUE(std::isfinite(x));  // w's own bucket was finite
+  const auto after = engine.save_state();
+  ASSERT_EQ(after.size(), before.size());
+  EXPECT_TRUE(std::equal(after.begin() + 40, after.end(), before.begin() + 40))
+      << "the compressed bucket kept a step the optimizer skips";
+  engine_step(engine, testing::gradient(1000, 92), 1);
+  EXPECT_TRUE(engine.last_step().finite);
+}
+
 }  // namespace
 }  // namespace gradcomp

@@ -24,6 +24,7 @@
 
 #include "gradcomp/error.h"
 #include "gradcomp/spec.h"
+#include "route/frames.h"
 #include "route/node_split.h"
 #include "route/route_reference.h"
 #include "support/codec_testing.h"
@@ -72,6 +73,7 @@ std::vector<float> run_step(Route& route, const std::vector<float>& grad, const 
   route.encode(buffer, s, p);
   route.exchange(s, p);
   route.decode(buffer, s, p);
+  route.settle(route::all_finite(buffer), s);  // the bucket is the whole step
   return buffer;
 }
 

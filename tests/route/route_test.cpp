@@ -1,5 +1,6 @@
 // Routes in one process: spec parsing and checking (check_route / make_route errors), Phases'
 // error wrapping, and the routes over a real transport of one rank (state checks, lengths).
+#include "route/frames.h"
 #include "route/route.h"
 
 #include <gtest/gtest.h>
@@ -156,6 +157,7 @@ std::vector<float> one_step(Route& route, const std::vector<float>& grad, uint64
   route.encode(buffer, s, p);
   route.exchange(s, p);
   route.decode(buffer, s, p);
+  route.settle(route::all_finite(buffer), s);  // the bucket is the whole step
   return buffer;
 }
 
