@@ -228,6 +228,7 @@ PYBIND11_MODULE(_C, m) {
       .def("pending", &gt::DistributedGradients::pending)
       .def("aborted_step", &gt::DistributedGradients::aborted_step)
       .def("set_learning_rate", &gt::DistributedGradients::set_learning_rate)
+      .def("set_loss_scale", &gt::DistributedGradients::set_loss_scale)
       .def("set_timeline", &gt::DistributedGradients::set_timeline)
       .def("plan_json",
            [](const gt::DistributedGradients& g) { return g.plan().to_json().dump(); })

@@ -263,22 +263,23 @@ void DistributedGradientsShared::on_accumulated(
       pass_started = true;
       end.emplace(self, std::move(running));
     }
-    // Gradient accumulation: only the step's last pass hands its gradients over.
-    if (passes_done + 1 >= passes_per_step) {
-      try {
-        hand_over(index);
-      } catch (const std::exception& e) {
-        hook_error = e.what();  // the pass raises it; step() says it again
-        throw;
-      }
-    }
   }
-  if (!end) return;
-  if (queue_end_of_backward) {
+  // Queued before anything of the pass is handed over: the Python front end sets the loss
+  // scale of the step there. Without our lock held: it may take the GIL.
+  if (end && queue_end_of_backward) {
     queue_end_of_backward(std::move(*end));
-  } else {
+  } else if (end) {
     ::torch::autograd::Engine::get_default_engine().queue_callback(
         [end = std::move(*end)] { end(); });
+  }
+  std::lock_guard lock(mutex);
+  // Gradient accumulation: only the step's last pass hands its gradients over.
+  if (passes_done + 1 < passes_per_step) return;
+  try {
+    hand_over(index);
+  } catch (const std::exception& e) {
+    hook_error = e.what();  // the pass raises it; step() says it again
+    throw;
   }
 }
 
@@ -421,6 +422,7 @@ std::string DistributedGradients::aborted_step() const {
 }
 
 void DistributedGradients::set_learning_rate(double lr) { shared_->engine->set_learning_rate(lr); }
+void DistributedGradients::set_loss_scale(double scale) { shared_->engine->set_loss_scale(scale); }
 const Plan& DistributedGradients::plan() const { return shared_->engine->plan(); }
 const StepStats& DistributedGradients::last_step() const { return shared_->engine->last_step(); }
 uint64_t DistributedGradients::steps() const { return shared_->engine->step(); }

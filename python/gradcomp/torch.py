@@ -96,6 +96,21 @@ def _queue_end_of_backward(end):
     torch.autograd.Variable._execution_engine.queue_callback(end)
 
 
+def _scale_reader(loss_scale):
+    """A function giving the current loss scale: from a GradScaler (or anything with
+    get_scale()), a callable, or a fixed number; None without one."""
+    if loss_scale is None:
+        return None
+    if hasattr(loss_scale, "get_scale"):
+        return lambda: float(loss_scale.get_scale())
+    if callable(loss_scale):
+        return lambda: float(loss_scale())
+    value = _number("loss_scale", loss_scale, 0, integer=False)
+    if value <= 0:
+        raise Error(f"loss_scale is {value}; it must be above 0")
+    return lambda: float(value)
+
+
 def _number(name, value, low, high=None, integer=True):
     """`value` checked as a number in [low, high], with a message saying what is allowed."""
     kind = "an integer" if integer else "a number"
@@ -182,6 +197,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     backward_passes_per_step: gradient accumulation; gradients are exchanged during every k-th
         backward pass.
     seed: keys every codec's randomness (the same on all ranks).
+    loss_scale: under mixed precision, the loss scaler (a torch.cuda.amp.GradScaler, anything
+        with get_scale(), a callable, or a fixed number): read at the start of every backward
+        pass, so error feedback keeps its memory in the units of each step's gradient when the
+        scale changes. A step whose mean is not finite (an overflow the scaler skips) leaves
+        every feedback memory as it was, with or without this.
     timeline: path of a Chrome-trace timeline of this rank's steps.
     broadcast: copy rank 0's parameters to every rank first, as DDP does (a collective).
     """
@@ -189,7 +209,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer, named_parameters=None, compression="none", plan=None,
                  transport=None, backward_passes_per_step=1, seed=0, bucket_mb=25.0,
                  min_compress_elements=16384, timeline=None, codec_threads=1, local_size=0,
-                 broadcast=True):
+                 broadcast=True, loss_scale=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise Error(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
@@ -200,12 +220,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         _number("codec_threads", codec_threads, 1, 1024)
         _number("local_size", local_size, 0, 1 << 20)
         self.optimizer = optimizer
+        self._loss_scale = _scale_reader(loss_scale)
         named = _named_parameters(optimizer, named_parameters)
         self._gradients = _C.DistributedGradients(
             named, _exchange_transport(transport), compression, _plan_json(plan),
             int(bucket_mb * (1 << 20)), int(min_compress_elements), int(backward_passes_per_step),
             int(seed), timeline or "", int(local_size), int(codec_threads),
-            _queue_end_of_backward)
+            self._backward_begins)
         self._gradients.set_learning_rate(self._lr())
         if broadcast:
             # As DDP does: every rank starts from rank 0's parameters (frozen ones too).
@@ -239,6 +260,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _lr(self):
         groups = self.optimizer.param_groups
         return float(groups[0].get("lr", 0.0)) if groups else 0.0
+
+    def _backward_begins(self, end):
+        """Called by the first gradient hook of each backward pass, before it hands anything
+        over: the step's loss scale, then the end-of-backward callback."""
+        if self._loss_scale is not None:
+            self._gradients.set_loss_scale(self._loss_scale())
+        _queue_end_of_backward(end)
 
     @property
     def rank(self):

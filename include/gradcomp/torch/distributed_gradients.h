@@ -111,6 +111,10 @@ class DistributedGradients {
   std::string aborted_step() const;
 
   void set_learning_rate(double lr);
+  // The factor the coming step's gradients carry (a loss scaler's scale; 1 without one): the
+  // feedback memory is kept in the units of each step's gradient (Engine::set_loss_scale).
+  // Between steps, or from queue_end_of_backward (called before the pass hands anything over).
+  void set_loss_scale(double scale);
   const Plan& plan() const;
   const StepStats& last_step() const;
   uint64_t steps() const;
