@@ -128,8 +128,6 @@ void Codec::load_state(std::span<const std::byte> state) {
   }
 }
 
-namespace {
-
 const char* dtype_name(DType type) {
   switch (type) {
     case DType::kF32: return "f32";
@@ -142,6 +140,8 @@ const char* dtype_name(DType type) {
   }
   return "none";
 }
+
+namespace {
 
 // The element types a codec's frames of `round` hold when they are summed (the codecs' traits
 // and round_op, per round). A header does not name its payload type, so without this a reducer
