@@ -80,6 +80,9 @@ TEST(Cli, EmptyListItemsAreRefusedAndNoFlagIsSwallowed) {
   EXPECT_NE(sizes.exit_code, 0);
   EXPECT_NE(sizes.output.find("--sizes: item 1 of ',' is empty"), std::string::npos)
       << sizes.output;
+  // Several arguments still make one list, and the flag after them is not one of them.
+  const Result two = run("bench codecs --codecs none zip --sizes 10");
+  EXPECT_NE(two.output.find("unknown codec 'zip'"), std::string::npos) << two.output;
   const Result cases = run("bench routes --cases ';' --sizes 10");
   EXPECT_NE(cases.exit_code, 0);
   EXPECT_NE(cases.output.find("--cases: item 1"), std::string::npos) << cases.output;

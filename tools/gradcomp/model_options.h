@@ -53,8 +53,8 @@ struct CostFlags {
   model::CodecCosts load() const;
 };
 
-// --bucket-mb: 1 KiB .. 1 TiB, so the bucket size in bytes is a whole, representable number.
-inline constexpr double kMinBucketMb = 1.0 / 1024, kMaxBucketMb = 1 << 20;
+// --bucket-mb: 1 byte (one tensor per bucket) .. 1 TiB, so the size in bytes is representable.
+inline constexpr double kMinBucketMb = 1.0 / (1 << 20), kMaxBucketMb = 1 << 20;
 
 // Sets the bandwidth a sweep varies, as crossover_bandwidth does: the inter-node link, and the
 // intra-node link too when all workers share one node (the flat ring runs on it then).
