@@ -56,6 +56,8 @@ enum class ReduceOp : uint8_t { kSum, kMax };
 enum class Aggregation : uint8_t { kMean, kMajorityVote };
 
 size_t dtype_size(DType type);
+// "f32", "f16", "bf16", "i8", "u8", "i32", or "none": for messages.
+const char* dtype_name(DType type);
 
 struct CodecTraits {
   // Payloads of frames encoded on different ranks add element-wise (as payload_type) into a

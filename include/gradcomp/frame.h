@@ -66,9 +66,12 @@ inline std::span<std::byte> frame_payload(std::span<std::byte> out) {
   return out.subspan(kFrameHeaderBytes);
 }
 
-// For codecs that keep no data in aux: checks that only the non-finite flag may be set, aux is
-// 0, and summands is 1 unless the codec's frames can be summed. Throws FrameError.
-void check_plain_header(const FrameHeader& header, const char* codec, bool summable);
+// For codecs that keep no data in aux: checks that no flag outside `allowed_flags` is set (a
+// codec whose payload carries NaN and Inf itself, such as none, never writes the non-finite
+// flag and passes 0), aux is 0, and summands is 1 unless the codec's frames can be summed.
+// Throws FrameError.
+void check_plain_header(const FrameHeader& header, const char* codec, bool summable,
+                        uint8_t allowed_flags = kFlagNonFinite);
 
 uint32_t crc32(std::span<const std::byte> bytes);
 uint32_t fnv1a32(std::string_view text);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -84,6 +85,11 @@ struct Plan {
   // Throws Error naming the field that is missing or malformed, or an unsupported version.
   static Plan from_json(const nlohmann::json& json);
   void save(const std::string& path) const;
+  // Reads a plan from JSON text (from_json, then validate()). Every error starts with `where`
+  // ("plan"), then the parse position of bad syntax or the path of the offending field:
+  // "plan: buckets[1].codec: unknown codec 'x'; ...".
+  static Plan parse(std::string_view text, std::string_view where = "plan");
+  // parse() of a file's text; errors start with "plan file '<path>'".
   static Plan load(const std::string& path);
 };
 

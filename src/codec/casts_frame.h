@@ -36,8 +36,9 @@ inline void check_buffers(const char* codec, size_t n, std::span<std::byte> out,
 // aux, and summands for codecs whose frames cannot be summed) and the payload length. Returns
 // whether the non-finite flag is set.
 inline bool check_header(const char* codec, const FrameHeader& h, size_t payload_bytes,
-                         size_t expected_payload_bytes, bool summable) {
-  check_plain_header(h, codec, summable);
+                         size_t expected_payload_bytes, bool summable,
+                         uint8_t allowed_flags = kFlagNonFinite) {
+  check_plain_header(h, codec, summable, allowed_flags);
   if (payload_bytes != expected_payload_bytes) {
     throw FrameError(fmt::format("codec '{}': payload is {} bytes; {} elements need exactly {}",
                                  codec, payload_bytes, h.elements, expected_payload_bytes));

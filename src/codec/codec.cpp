@@ -128,6 +128,58 @@ void Codec::load_state(std::span<const std::byte> state) {
   }
 }
 
+const char* dtype_name(DType type) {
+  switch (type) {
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+    case DType::kI8: return "i8";
+    case DType::kU8: return "u8";
+    case DType::kI32: return "i32";
+    case DType::kNone: break;
+  }
+  return "none";
+}
+
+namespace {
+
+// The element types a codec's frames of `round` hold when they are summed (the codecs' traits
+// and round_op, per round). A header does not name its payload type, so without this a reducer
+// given the wrong type would add, say, f16 pairs as f32 without a word. intq's last round holds
+// i8 (bits=8) or u8 (bits=4) codes, and a header alone cannot tell which.
+std::vector<DType> summed_payload_types(CodecId id, uint8_t round) {
+  switch (id) {
+    case CodecId::kNone:
+    case CodecId::kRandomK:
+    case CodecId::kPowerSgd:
+      return {DType::kF32};
+    case CodecId::kFp16: return {DType::kF16};
+    case CodecId::kBf16: return {DType::kBF16};
+    case CodecId::kIntQ:
+      return round == 0 ? std::vector<DType>{DType::kF32} : std::vector<DType>{DType::kI8, DType::kU8};
+    default:
+      return {};
+  }
+}
+
+void check_payload_type(const FrameHeader& header, DType type) {
+  const auto id = static_cast<CodecId>(header.codec_id);
+  const std::vector<DType> allowed = summed_payload_types(id, header.round);
+  if (std::find(allowed.begin(), allowed.end(), type) != allowed.end()) return;
+  std::vector<const char*> names;
+  for (DType t : allowed) names.push_back(dtype_name(t));
+  if (names.empty()) {
+    throw FrameError(fmt::format("frames of codec '{}' are not summable; they cannot be reduced "
+                                 "as {}", codec_name(id), dtype_name(type)));
+  }
+  throw FrameError(fmt::format("frames of codec '{}' (round {}) hold {} payloads; they cannot be "
+                               "reduced as {}",
+                               codec_name(id), header.round, fmt::join(names, " or "),
+                               dtype_name(type)));
+}
+
+}  // namespace
+
 void reduce_frame_into(std::span<std::byte> dst, std::span<const std::byte> src, DType type,
                        ReduceOp op) {
   FrameHeader a = read_frame_header(dst);
@@ -140,6 +192,7 @@ void reduce_frame_into(std::span<std::byte> dst, std::span<const std::byte> src,
         codec_name(static_cast<CodecId>(a.codec_id)), codec_name(static_cast<CodecId>(b.codec_id)),
         a.round, b.round, a.elements, b.elements, a.payload_bytes, b.payload_bytes, a.aux, b.aux));
   }
+  check_payload_type(a, type);
   const size_t width = dtype_size(type);
   if (width == 0 || a.payload_bytes % width != 0) {
     throw FrameError(fmt::format("payload of {} bytes is not an array of {}-byte elements",

@@ -290,7 +290,10 @@ void IntQCodec::absorb_round(int round, std::span<const std::byte> reduced, cons
   check_round(round, 1, "absorb_round");
   if (round == 1) return;  // nothing to keep from the last round
   const FrameHeader peek = read_frame_header(reduced);
-  const auto payload = check_frame(reduced, expectation(peek.elements, 0), nullptr);
+  FrameHeader h;
+  const auto payload = check_frame(reduced, expectation(peek.elements, 0), &h);
+  // Round 0 carries a NaN or Inf as +Inf in its payload: no flag, and aux 0.
+  check_plain_header(h, "intq", /*summable=*/true, /*allowed_flags=*/0);
   if (payload.size() != 4) {
     throw FrameError(
         fmt::format("codec 'intq': round-0 payload is {} bytes, expected one "
@@ -380,6 +383,11 @@ float IntQCodec::checked_scale(const FrameHeader& h, std::span<const std::byte> 
         "codec 'intq': trailer q * summands = {} must be in [1, {}] and a multiple of the {} "
         "summands: the frame is corrupted or was summed beyond the world size bits={} allows",
         trailer, limit, h.summands, bits_));
+  }
+  if ((h.flags & ~kFlagNonFinite) != 0) {
+    throw FrameError(fmt::format("codec 'intq': frame flags 0x{:02x} hold unknown bits; allowed: "
+                                 "0x00 or 0x{:02x} (non-finite)",
+                                 h.flags, kFlagNonFinite));
   }
   const float scale = std::bit_cast<float>(h.aux);
   if (!(h.flags & kFlagNonFinite) && !(std::isfinite(scale) && scale >= 0)) {

@@ -43,7 +43,10 @@ class NoneCodec final : public Codec {
 
   void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
                          const Context&) const override {
-    const auto payload = check_frame(frame, expectation(sum.size()), nullptr);
+    FrameHeader h;
+    const auto payload = check_frame(frame, expectation(sum.size()), &h);
+    // The payload carries NaN and Inf as they are, so no flag is ever written.
+    check_plain_header(h, "none", /*summable=*/true, /*allowed_flags=*/0);
     if (payload.size() != 4 * sum.size()) {
       throw FrameError("none: payload length is not 4 bytes per element");
     }

@@ -247,6 +247,9 @@ size_t PowerSgdCodec::encode_round(int round, std::span<const float> input,
 // The shape of the frame's element count, after checking that the payload holds exactly
 // rank * extent float32 values (extent = rows for round 0, cols for round 1), overflow-safe.
 Shape PowerSgdCodec::checked_shape(const FrameHeader& h, size_t round) const {
+  // Non-finite values travel in the float32 payload (absorb redraws a non-finite Q column), so
+  // no flag is ever written, and aux is 0.
+  check_plain_header(h, "powersgd", /*summable=*/true, /*allowed_flags=*/0);
   const Shape s = shape(h.elements);
   const size_t extent = round == 0 ? s.rows : s.cols;
   size_t values = 0, bytes = 0;

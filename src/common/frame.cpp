@@ -135,11 +135,14 @@ std::span<const std::byte> check_frame(std::span<const std::byte> frame,
   return frame.subspan(kFrameHeaderBytes, h.payload_bytes);
 }
 
-void check_plain_header(const FrameHeader& h, const char* codec, bool summable) {
-  if ((h.flags & ~kFlagNonFinite) != 0) {
-    throw FrameError(fmt::format("codec '{}': frame flags 0x{:02x} hold unknown bits; allowed: "
-                                 "0x00 or 0x{:02x} (non-finite)",
-                                 codec, h.flags, kFlagNonFinite));
+void check_plain_header(const FrameHeader& h, const char* codec, bool summable,
+                        uint8_t allowed_flags) {
+  if ((h.flags & ~allowed_flags) != 0) {
+    throw FrameError(fmt::format("codec '{}': frame flags 0x{:02x} hold unknown bits; allowed: {}",
+                                 codec, h.flags,
+                                 allowed_flags == 0 ? std::string("0x00")
+                                                    : fmt::format("0x00 or 0x{:02x} (non-finite)",
+                                                                  allowed_flags)));
   }
   if (h.aux != 0) {
     throw FrameError(fmt::format("codec '{}': frame aux is 0x{:x}; this codec writes 0", codec,

@@ -37,6 +37,23 @@ std::string join(std::string_view path, std::string_view key) {
   return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
 }
 
+// The ranges of cluster.h, checked wherever a rate or latency enters the model (JSON, flags,
+// parse_rate, validate()); the negated comparisons also refuse NaN.
+void check_rate(double bytes_per_s, std::string_view name) {
+  if (!(bytes_per_s >= kMinBytesPerS && bytes_per_s <= kMaxBytesPerS)) {
+    throw Error(fmt::format("{} = {:.4g} bytes per second is out of range; allowed: 1 kbit/s .. "
+                            "1 Pbit/s ({} .. {} bytes per second)",
+                            name, bytes_per_s, kMinBytesPerS, kMaxBytesPerS));
+  }
+}
+
+void check_latency(double seconds, std::string_view name) {
+  if (!(seconds >= 0 && seconds <= kMaxLatencyS)) {
+    throw Error(fmt::format("{} = {:.4g} seconds is out of range; allowed: 0 .. {} s", name,
+                            seconds, kMaxLatencyS));
+  }
+}
+
 // A misspelt optional field ("per_nod") must be an error, not a silent default.
 void check_keys(const json& object, std::string_view path,
                 std::initializer_list<std::string_view> allowed) {
@@ -60,8 +77,8 @@ int read_count(const json& object, std::string_view path, std::string_view key,
   }
   if (!it->is_number_integer()) field_error(where, "expected an integer >= 1");
   const auto value = it->get<long long>();
-  if (value < 1 || value > (1 << 24)) {
-    field_error(where, fmt::format("{} is out of range; allowed: 1 .. {}", value, 1 << 24));
+  if (value < 1 || value > kMaxWorkers) {
+    field_error(where, fmt::format("{} is out of range; allowed: 1 .. {}", value, kMaxWorkers));
   }
   return static_cast<int>(value);
 }
@@ -92,26 +109,14 @@ Link read_link(const json& object, std::string_view key) {
                                             "a duration such as \"10us\" or a number of seconds",
                                             parse_duration)};
   // Named here by the JSON field; validate() names the struct's.
-  if (!(out.bytes_per_s > 0) || !std::isfinite(out.bytes_per_s)) {
-    field_error(join(key, "bandwidth"), fmt::format("{} bytes per second must be > 0", out.bytes_per_s));
-  }
-  if (!(out.latency_s >= 0) || !std::isfinite(out.latency_s)) {
-    field_error(join(key, "latency"), fmt::format("{} seconds must be >= 0", out.latency_s));
-  }
+  check_rate(out.bytes_per_s, fmt::format("cluster: {}", join(key, "bandwidth")));
+  check_latency(out.latency_s, fmt::format("cluster: {}", join(key, "latency")));
   return out;
 }
 
 void check_link(const Link& link, std::string_view name) {
-  if (!(link.bytes_per_s > 0) || !std::isfinite(link.bytes_per_s)) {
-    throw Error(fmt::format("cluster: {}.bytes_per_s = {} must be > 0 and finite (the link's "
-                            "bandwidth in bytes per second)",
-                            name, link.bytes_per_s));
-  }
-  if (!(link.latency_s >= 0) || !std::isfinite(link.latency_s)) {
-    throw Error(fmt::format("cluster: {}.latency_s = {} must be >= 0 and finite (seconds per "
-                            "message)",
-                            name, link.latency_s));
-  }
+  check_rate(link.bytes_per_s, fmt::format("cluster: {}.bytes_per_s", name));
+  check_latency(link.latency_s, fmt::format("cluster: {}.latency_s", name));
 }
 
 // ---- units
@@ -178,8 +183,9 @@ double parse_with_units(const std::string& text, const Unit (&units)[N], std::st
 }  // namespace
 
 void Cluster::validate() const {
-  if (workers < 1) {
-    throw Error(fmt::format("cluster: workers = {} must be >= 1", workers));
+  if (workers < 1 || workers > kMaxWorkers) {
+    throw Error(fmt::format("cluster: workers = {} must be >= 1 and at most {}", workers,
+                            kMaxWorkers));
   }
   if (per_node < 1 || per_node > workers || workers % per_node != 0) {
     throw Error(fmt::format("cluster: per_node = {} must divide workers = {} (nodes of equal "
@@ -219,11 +225,15 @@ json Cluster::to_json() const {
 }
 
 double parse_rate(const std::string& text) {
-  return parse_with_units(text, kRateUnits, "rate", kRateForms, false);
+  const double bytes_per_s = parse_with_units(text, kRateUnits, "rate", kRateForms, false);
+  check_rate(bytes_per_s, fmt::format("rate '{}'", text));
+  return bytes_per_s;
 }
 
 double parse_duration(const std::string& text) {
-  return parse_with_units(text, kTimeUnits, "duration", kTimeForms, true);
+  const double seconds = parse_with_units(text, kTimeUnits, "duration", kTimeForms, true);
+  check_latency(seconds, fmt::format("duration '{}'", text));
+  return seconds;
 }
 
 std::string format_rate(double bytes_per_s) {

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
 #include "gradcomp/error.h"
 #include "gradcomp/model/cost_model.h"
 #include "gradcomp/spec.h"
@@ -30,9 +31,11 @@ using nlohmann::json;
 
 double read_coefficient(const json& line, const std::string& path, const char* key) {
   const auto it = line.find(key);
-  if (it == line.end()) field_error(path + "." + key, "missing; expected a number >= 0 (seconds)");
-  if (!it->is_number() || !(it->get<double>() >= 0) || !std::isfinite(it->get<double>())) {
-    field_error(path + "." + key, "expected a finite number >= 0 (seconds)");
+  // An hour per call or per element is far beyond any codec, and keeps modelled times finite.
+  constexpr std::string_view kExpected = "a number of seconds in 0 .. 3600";
+  if (it == line.end()) field_error(path + "." + key, fmt::format("missing; expected {}", kExpected));
+  if (!it->is_number() || !(it->get<double>() >= 0 && it->get<double>() <= 3600)) {
+    field_error(path + "." + key, fmt::format("{} is not allowed; expected {}", it->dump(), kExpected));
   }
   return it->get<double>();
 }
@@ -177,13 +180,8 @@ CodecCosts CodecCosts::shipped() {
                             "directory that holds codec-costs.json",
                             path));
   }
-  try {
-    return from_json(json::parse(in));
-  } catch (const json::parse_error& e) {
-    throw Error(fmt::format("codec costs: '{}' is not valid JSON: {}", path, e.what()));
-  } catch (const Error& e) {
-    throw Error(fmt::format("{} (in '{}')", e.what(), path));
-  }
+  const json root = read_json_file(path, "codec costs file");
+  return with_context(fmt::format("codec costs file '{}'", path), [&] { return from_json(root); });
 }
 
 const CodecCost& CodecCosts::of(const std::string& codec_name) const {

@@ -7,10 +7,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -19,6 +17,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "common/json_text.h"
 #include "gradcomp/error.h"
 
 #ifndef GRADCOMP_PROFILES_DIR
@@ -119,9 +118,15 @@ ProfileTensor read_tensor(const json& value, const std::string& path) {
 
 // ---- Validation of the struct (also for profiles built in code).
 
+// A step of more than a day is a unit mistake (seconds written as milliseconds, or worse), and
+// the bound keeps every time the simulator adds up finite.
+constexpr double kMaxSeconds = 86400;
+
 void check_time(double seconds, const std::string& path) {
-  if (!std::isfinite(seconds) || seconds < 0) {
-    throw Error(fmt::format("{} must be a non-negative number of milliseconds", path));
+  if (!(seconds >= 0 && seconds <= kMaxSeconds)) {  // also refuses NaN
+    throw Error(fmt::format("{} must be a non-negative number of milliseconds up to {:.0f} (a "
+                            "day), not {}",
+                            path, kMaxSeconds * 1e3, seconds * 1e3));
   }
 }
 
@@ -158,25 +163,10 @@ bool looks_like_path(const std::string& text) {
          (text.size() >= 5 && text.compare(text.size() - 5, 5, ".json") == 0);
 }
 
-json read_json_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error(fmt::format("cannot open profile '{}': {}", path.string(), std::strerror(errno)));
-  }
-  try {
-    return json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw Error(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
-}
-
 Profile read_profile_file(const fs::path& path) {
-  const json root = read_json_file(path);
-  try {
-    return Profile::from_json(root);
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: {}", path.string(), e.what()));
-  }
+  const json root = read_json_file(path.string(), "profile");
+  return with_context(fmt::format("profile '{}'", path.string()),
+                      [&] { return Profile::from_json(root); });
 }
 
 // A listing must not fail on an unrelated or broken file (profiles/ also holds codec costs).

@@ -7,10 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <initializer_list>
 #include <limits>
-#include <sstream>
 #include <string_view>
 #include <unistd.h>
 #include <unordered_map>
@@ -21,6 +19,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
 #include "gradcomp/feedback.h"
+#include "common/json_text.h"
 #include "route/route.h"
 
 namespace gradcomp {
@@ -205,26 +204,13 @@ void validate_membership(const Plan& plan) {
   }
 }
 
-// Runs `check` and prefixes its error with `path`, keeping the error's type (a bad spec stays a
-// SpecError).
-template <class F>
-void with_path(const std::string& path, F&& check) {
-  try {
-    check();
-  } catch (const SpecError& e) {
-    throw SpecError(fmt::format("{}: {}", path, e.what()));
-  } catch (const Error& e) {
-    throw Error(fmt::format("{}: {}", path, e.what()));
-  }
-}
-
 void validate_option(const Option& option, size_t b) {
   const std::string path = fmt::format("buckets[{}]", b);
-  with_path(path + ".codec", [&] { make_codec(option.codec); });
-  with_path(path + ".feedback", [&] { make_feedback(option.feedback); });
+  with_context(path + ".codec", [&] { make_codec(option.codec); });
+  with_context(path + ".feedback", [&] { make_feedback(option.feedback); });
   // check_route re-checks codec and feedback, which passed above, so what it reports is about
   // the route spec or whether this codec can travel over it.
-  with_path(path + ".route", [&] { check_route(option); });
+  with_context(path + ".route", [&] { check_route(option); });
 }
 
 std::string errno_text() { return std::strerror(errno); }
@@ -331,22 +317,26 @@ void Plan::save(const std::string& path) const {
   }
 }
 
+namespace {
+
+// Both ways of reading a plan validate it too: what a reader hands over is ready for the engine,
+// and every problem is reported with where the plan came from.
+Plan read_plan(const json& root, std::string_view where) {
+  return with_context(where, [&] {
+    Plan plan = Plan::from_json(root);
+    plan.validate();
+    return plan;
+  });
+}
+
+}  // namespace
+
+Plan Plan::parse(std::string_view text, std::string_view where) {
+  return read_plan(parse_json_text(text, where), where);
+}
+
 Plan Plan::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open plan file '{}': {}", path, errno_text()));
-  std::ostringstream text;
-  text << in.rdbuf();
-  json root;
-  try {
-    root = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    throw Error(fmt::format("plan file '{}' is not valid JSON: {}", path, e.what()));
-  }
-  try {
-    return from_json(root);
-  } catch (const Error& e) {
-    throw Error(fmt::format("plan file '{}': {}", path, e.what()));
-  }
+  return read_plan(read_json_file(path, "plan file"), fmt::format("plan file '{}'", path));
 }
 
 }  // namespace gradcomp

@@ -22,6 +22,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -34,6 +35,8 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <thread>
+#include <utility>
 
 #include "gradcomp/error.h"
 #include "transport/backends.h"
@@ -133,6 +136,20 @@ std::shared_ptr<TcpStoreServer> serve_store(int port) {
   return server;
 }
 
+// Gloo's FileStore can tell whether a key exists without waiting, but keeps it protected.
+class FileStore final : public gloo::rendezvous::FileStore {
+ public:
+  using gloo::rendezvous::FileStore::FileStore;
+  bool has(const std::string& key) { return check({key}); }
+};
+
+// Whether `key` exists now, without waiting: both stores gradcomp opens can tell.
+bool store_has(Store& store, const std::string& key) {
+  if (auto* tcp = dynamic_cast<TcpStore*>(&store)) return tcp->check({key});
+  if (auto* file = dynamic_cast<FileStore*>(&store)) return file->has(key);
+  throw Error("gloo: internal error: the rendezvous store cannot be asked for a key");
+}
+
 std::shared_ptr<Store> open_store(const StoreSpec& spec, int rank, Milliseconds timeout) {
   if (!spec.path.empty()) {
     std::error_code error;
@@ -141,7 +158,7 @@ std::shared_ptr<Store> open_store(const StoreSpec& spec, int rank, Milliseconds 
       throw Error(fmt::format("gloo: the file store directory '{}' cannot be created{}{}",
                               spec.path, error ? ": " : "", error.message()));
     }
-    return std::make_shared<gloo::rendezvous::FileStore>(spec.path);
+    return std::make_shared<FileStore>(spec.path);
   }
   auto server = rank == 0 ? serve_store(spec.port) : nullptr;
   return std::make_shared<TcpStore>(spec.host, spec.port, timeout, std::move(server));
@@ -162,6 +179,8 @@ class PrefixedStore final : public Store {
     return base_.get(full(key));
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  bool has(const std::string& key) { return store_has(base_, full(key)); }
+  const std::string& where() const { return where_; }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
     std::vector<std::string> full_keys;
     for (const auto& key : keys) full_keys.push_back(full(key));
@@ -181,6 +200,125 @@ class PrefixedStore final : public Store {
   std::string prefix_, where_;
   Milliseconds timeout_;
 };
+
+// ---- the world check: before Gloo connects, every process claims its rank ------------------
+//
+// Gloo's own rendezvous has no answer for ranks started inconsistently: a world-size mismatch
+// ends in an address-size enforce ("136 vs 272") and a duplicate RANK in a timeout. So every
+// process first publishes "world/rank/<r>" = "<world size> <host>:<pid>" and reads every other
+// rank's claim, polling (the stores cannot wait for one of several keys) until all are there.
+// A claim with another world size, or a second claim of its own rank (found already there, or
+// replacing its own later), is an Error; the process that finds it also publishes the message
+// as "world/abort", so every other rank waiting here fails with it at once, not at the timeout.
+// A surplus process that claims a rank only after the others finished this check fails alone.
+
+struct Claim {
+  int size = 0;
+  std::string process;  // host:pid
+};
+
+std::string this_process() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  return fmt::format("{}:{}", host, ::getpid());
+}
+
+Claim parse_claim(const std::vector<char>& data) {
+  const std::string text(data.begin(), data.end());
+  const size_t space = text.find(' ');
+  Claim claim;
+  claim.size = std::atoi(text.substr(0, space).c_str());
+  claim.process = space == std::string::npos ? "?" : text.substr(space + 1);
+  return claim;
+}
+
+// False when a FileStore's rename failed: Gloo's FileStore writes every key through one
+// temporary name, so two processes setting the same key at once make one of them fail. Here
+// that happens only to keys that more than one process writes on purpose (the abort) or by
+// mistake (a duplicate rank's claim), and the key then holds the other writer's value.
+bool try_set(PrefixedStore& store, const std::string& key, const std::string& text) {
+  try {
+    store.set(key, std::vector<char>(text.begin(), text.end()));
+    return true;
+  } catch (const gloo::EnforceNotMet&) {  // FileStore's failed rename; our TcpStore never throws it
+    return false;
+  }
+}
+
+[[noreturn]] void abort_world(PrefixedStore& store, const std::string& message) {
+  try_set(store, "world/abort", message);  // a concurrent abort may win: either message is true
+  throw Error(message);
+}
+
+void check_claim(PrefixedStore& store, int rank, int size, int other_rank, const Claim& other) {
+  if (other.size == size) return;
+  const bool mine_first = rank < other_rank;
+  abort_world(store, fmt::format("gloo: ranks disagree on the world size (rank {}: {}, rank {}: "
+                                 "{}); start every rank with the same WORLD_SIZE",
+                                 mine_first ? rank : other_rank, mine_first ? size : other.size,
+                                 mine_first ? other_rank : rank, mine_first ? other.size : size));
+}
+
+[[noreturn]] void duplicate_rank(PrefixedStore& store, int rank, int size, const Claim& mine,
+                                 const Claim& other) {
+  abort_world(store, fmt::format("gloo: rank {} is claimed by two processes ({} and {}); every "
+                                 "process needs its own RANK in 0..{} (a file store directory "
+                                 "must also be fresh for each run)",
+                                 rank, other.process, mine.process, size - 1));
+}
+
+void claim_rank(PrefixedStore& store, int rank, int size, Milliseconds timeout) {
+  const Claim mine{size, this_process()};
+  const std::string slot = fmt::format("world/rank/{}", rank);
+  if (store.has(slot)) duplicate_rank(store, rank, size, mine, parse_claim(store.get(slot)));
+  if (!try_set(store, slot, fmt::format("{} {}", size, mine.process))) {
+    duplicate_rank(store, rank, size, mine, parse_claim(store.get(slot)));
+  }
+
+  std::vector<bool> seen(static_cast<size_t>(size), false);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (store.has("world/abort")) {
+      const auto message = store.get("world/abort");
+      throw Error(std::string(message.begin(), message.end()));
+    }
+    std::vector<int> missing;
+    for (int q = 0; q < size; ++q) {
+      const std::string key = fmt::format("world/rank/{}", q);
+      if (!seen[q] && store.has(key)) {
+        check_claim(store, rank, size, q, parse_claim(store.get(key)));
+        seen[q] = true;
+      }
+      if (!seen[q]) missing.push_back(q);
+    }
+    // A later claim of our rank replaces ours: whoever finds its own claim gone reports both.
+    const Claim own = parse_claim(store.get(slot));
+    if (own.process != mine.process) duplicate_rank(store, rank, size, mine, own);
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw TimeoutError(fmt::format(
+          "gloo: rendezvous through {} did not complete within {} s: rank{} {} of {} never "
+          "started; did every rank start, with the same WORLD_SIZE?",
+          store.where(), seconds(timeout), missing.size() == 1 ? "" : "s",
+          fmt::join(missing, ", "), size));
+    }
+    // Polling a store on the rendezvous path only, at a rate that costs nothing.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void check_world(PrefixedStore& store, int rank, int size, Milliseconds timeout) {
+  try {
+    claim_rank(store, rank, size, timeout);
+  } catch (const TimeoutError&) {
+    throw;
+  } catch (const Error&) {
+    // Rank 0 serves the TCP store, which ends with its process: stay a few polls longer, so
+    // the ranks still waiting read the abort message rather than a lost connection.
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    throw;
+  }
+}
 
 // A connected context over `store` under `prefix`: this rank of `size`.
 std::shared_ptr<gloo::Context> connect(Store& store, const std::string& prefix,
@@ -558,6 +696,8 @@ std::unique_ptr<Transport> make_gloo_transport(const TransportOptions& options,
       gloo::transport::tcp::attr attr;
       attr.hostname = address;
       shared.device = gloo::transport::tcp::CreateDevice(attr);
+      PrefixedStore world(*shared.store, prefix, where, timeout);
+      check_world(world, launch.rank, launch.world_size, timeout);
       context = connect(*shared.store, prefix, where, shared.device, launch.rank, launch.world_size,
                         timeout);
     } catch (const Error&) {

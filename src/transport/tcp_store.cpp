@@ -24,7 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kSet = 'S', kGet = 'G', kWait = 'W', kReply = 'R';
+constexpr char kSet = 'S', kGet = 'G', kWait = 'W', kCheck = 'C', kReply = 'R';
 // Rendezvous data is a few hundred bytes per rank: anything far larger is not our protocol.
 constexpr uint32_t kMaxString = 64u << 20;
 constexpr uint32_t kMaxStrings = 1u << 20;
@@ -152,8 +152,15 @@ struct TcpStoreServer::State {
   // Answers `m` into c.out; false when its keys are missing (it stays pending).
   bool answer(Connection& c, const Message& m) {
     const bool known = (m.op == kSet && m.strings.size() == 2) ||
-                       (m.op == kGet && m.strings.size() == 1) || m.op == kWait;
+                       (m.op == kGet && m.strings.size() == 1) || m.op == kWait ||
+                       m.op == kCheck;
     if (!known) throw Error("rendezvous store: unknown request");
+    if (m.op == kCheck) {  // answered at once, never pending
+      const bool all = std::all_of(m.strings.begin(), m.strings.end(),
+                                   [&](const std::string& key) { return data.contains(key); });
+      c.out += encode(kReply, {all ? "1" : "0"});
+      return true;
+    }
     if (m.op == kSet && m.strings.size() == 2) {
       data[m.strings[0]] = m.strings[1];
       c.out += encode(kReply, {});
@@ -421,7 +428,8 @@ std::vector<std::string> TcpStore::request(char op, const std::vector<std::strin
                     "did every rank start (WORLD_SIZE, GRADCOMP_TIMEOUT)?",
                     host_, port_, what, seconds(timeout)));
   }
-  return op == kGet ? std::vector<std::string>{std::move(reply)} : std::vector<std::string>{};
+  return op == kGet || op == kCheck ? std::vector<std::string>{std::move(reply)}
+                                     : std::vector<std::string>{};
 }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data) {
@@ -432,6 +440,12 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
 std::vector<char> TcpStore::get(const std::string& key) {
   auto reply = request(kGet, {key}, timeout_, fmt::format("waiting for key '{}'", key));
   return std::vector<char>(reply[0].begin(), reply[0].end());
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  return request(kCheck, keys, timeout_, fmt::format("checking key{} '{}'",
+                                                     keys.size() == 1 ? "" : "s",
+                                                     fmt::join(keys, "', '")))[0] == "1";
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }

@@ -138,6 +138,48 @@ TEST_P(CodecContract, RejectsWrongLengthAndForeignFrames) {
   EXPECT_THROW(codec_->decode_accumulate(flipped, sum, ctx), FrameError);
 }
 
+// A decoder refuses header flags and aux values its encoder never writes: unknown flag bits
+// always, the non-finite flag when the payload carries NaN and Inf itself, and any aux when
+// the codec keeps nothing there (its frames of two different inputs both have aux 0).
+TEST_P(CodecContract, RejectsFlagsAndAuxItNeverWrites) {
+  const auto x = gradient(300, 5), y = gradient(300, 6);
+  Context ctx;
+  prepare(x, ctx);
+  const auto frame = encode(*codec_, x, ctx);
+  const FrameHeader h = read_frame_header(frame);
+  const auto forged = [&](uint8_t flags, uint32_t aux) {
+    auto f = frame;
+    FrameHeader g = h;
+    g.flags = flags;
+    g.aux = aux;
+    write_frame_header(g, f);
+    return f;
+  };
+  std::vector<float> sum(x.size(), 0.0f);
+  for (int bit = 1; bit < 8; ++bit) {
+    const auto flags = static_cast<uint8_t>(h.flags | (1u << bit));
+    EXPECT_THROW(codec_->decode_accumulate(forged(flags, h.aux), sum, ctx), FrameError)
+        << "flags 0x" << std::hex << int{flags};
+  }
+  if (codec_->traits().payload_carries_nonfinite) {
+    EXPECT_EQ(h.flags, 0);
+    EXPECT_THROW(codec_->decode_accumulate(forged(kFlagNonFinite, h.aux), sum, ctx), FrameError);
+  }
+  auto other = make_codec(GetParam());
+  for (int r = 0; r + 1 < other->traits().rounds; ++r) {
+    std::vector<std::byte> f(other->max_round_bytes(r, y.size()));
+    f.resize(other->encode_round(r, y, f, ctx));
+    other->absorb_round(r, f, ctx);
+  }
+  if (h.aux == 0 && read_frame_header(encode(*other, y, ctx)).aux == 0) {
+    for (uint32_t aux : {1u, 0x5u, 0x80000000u}) {
+      EXPECT_THROW(codec_->decode_accumulate(forged(h.flags, aux), sum, ctx), FrameError)
+          << "aux 0x" << std::hex << aux;
+    }
+  }
+  EXPECT_EQ(sum, std::vector<float>(x.size(), 0.0f)) << "a rejected frame must not touch the sum";
+}
+
 TEST_P(CodecContract, SameSeedSameBytesOnAnyThreadCount) {
   const auto x = gradient(300000, 5);
   Context one{.seed = 42, .bucket = 3, .step = 9, .rank = 1, .world_size = 4, .threads = 1};

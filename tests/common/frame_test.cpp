@@ -117,5 +117,26 @@ TEST(Frame, ReduceFrameIntoAddsPayloadsAndSummands) {
   EXPECT_THROW(reduce_frame_into(fa, other, DType::kF32, ReduceOp::kSum), FrameError);
 }
 
+// A header does not name its payload type: the reducer knows each codec's, and refuses another
+// (an f16 frame of 4 elements is 8 bytes, which would also pass as two f32 values).
+TEST(Frame, ReduceFrameIntoRefusesAnotherPayloadType) {
+  auto half = make_codec("fp16");
+  auto fa = testing::encode(*half, std::vector<float>{1, 2, 3, 4});
+  const auto fb = testing::encode(*half, std::vector<float>{1, 2, 3, 4});
+  EXPECT_EQ(testing::error_text([&] { reduce_frame_into(fa, fb, DType::kF32, ReduceOp::kSum); }),
+            "frames of codec 'fp16' (round 0) hold f16 payloads; they cannot be reduced as f32");
+  EXPECT_THROW(reduce_frame_into(fa, fb, DType::kBF16, ReduceOp::kSum), FrameError);
+  EXPECT_EQ(read_frame_header(fa).summands, 1u);  // nothing was added
+  EXPECT_NO_THROW(reduce_frame_into(fa, fb, DType::kF16, ReduceOp::kSum));
+
+  auto none = make_codec("none");
+  auto fn = testing::encode(*none, std::vector<float>{1, 2});
+  EXPECT_THROW(reduce_frame_into(fn, fn, DType::kF16, ReduceOp::kSum), FrameError);
+  auto top = make_codec("topk:ratio=0.5");
+  auto ft = testing::encode(*top, std::vector<float>{1, 2, 3, 4});
+  EXPECT_EQ(testing::error_text([&] { reduce_frame_into(ft, ft, DType::kF32, ReduceOp::kSum); }),
+            "frames of codec 'topk' are not summable; they cannot be reduced as f32");
+}
+
 }  // namespace
 }  // namespace gradcomp

@@ -45,8 +45,10 @@ void prepare_rounds(Codec& codec, size_t n, const Context& ctx) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   Codec& codec = *codecs()[data[0] % codecs().size()];
-  std::vector<std::byte> frame(size - 2);
-  std::memcpy(frame.data(), data + 2, frame.size());
+  // Copied by range, not memcpy: for an input of 2 bytes the vector is empty and its data() may
+  // be null, and memcpy to or from a null pointer is undefined even for 0 bytes.
+  const auto* bytes = reinterpret_cast<const std::byte*>(data);
+  std::vector<std::byte> frame(bytes + 2, bytes + size);
   if ((data[1] & 1) && frame.size() >= kFrameHeaderBytes) {
     const uint32_t crc = crc32(std::span(frame).first(36));
     std::memcpy(frame.data() + 36, &crc, 4);

@@ -1,13 +1,31 @@
-// Writes a seed corpus for frame_fuzz: valid frames of every fuzzed codec, a few sizes each.
+// Writes a seed corpus for frame_fuzz: valid frames of every fuzzed codec, a few sizes each, and
+// for each codec the same frame with header flags and aux it never writes (resealed by the
+// fuzzer, byte 1 bit 0), so every decoder's header checks are reached from the start.
 // Usage: frame_fuzz_seeds DIR
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "fuzz_codecs.h"
 #include "gradcomp/codec.h"
+#include "gradcomp/frame.h"
 #include "gradcomp/random.h"
+
+namespace {
+
+// One seed: the codec index, the mode byte (fuzz_codecs.h), the frame.
+void write_seed(const std::string& path, char codec, char mode, const std::vector<std::byte>& frame) {
+  std::ofstream out(path, std::ios::binary);
+  const char prefix[2] = {codec, mode};
+  out.write(prefix, 2);
+  out.write(reinterpret_cast<const char*>(frame.data()), static_cast<std::streamsize>(frame.size()));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace gradcomp;
@@ -31,11 +49,20 @@ int main(int argc, char** argv) {
       }
       std::vector<std::byte> frame(codec->max_frame_bytes(n));
       frame.resize(codec->encode(x, frame, ctx));
-      std::ofstream out(std::string(argv[1]) + "/" + std::to_string(c) + "_" + std::to_string(n),
-                        std::ios::binary);
-      const char prefix[2] = {static_cast<char>(c), 0};
-      out.write(prefix, 2);
-      out.write(reinterpret_cast<const char*>(frame.data()), static_cast<std::streamsize>(frame.size()));
+      const std::string name = std::string(argv[1]) + "/" + std::to_string(c) + "_" + std::to_string(n);
+      write_seed(name, static_cast<char>(c), 0, frame);
+      if (n != 64) continue;
+      const FrameHeader h = read_frame_header(frame);
+      const std::pair<uint8_t, uint32_t> forged[] = {
+          {h.flags | 0x02, h.aux}, {h.flags ^ kFlagNonFinite, h.aux}, {h.flags, h.aux ^ 0x5}};
+      for (size_t v = 0; v < std::size(forged); ++v) {
+        FrameHeader g = h;
+        g.flags = forged[v].first;
+        g.aux = forged[v].second;
+        auto f = frame;
+        write_frame_header(g, f);
+        write_seed(name + "_header" + std::to_string(v), static_cast<char>(c), 1, f);
+      }
     }
   }
   return 0;

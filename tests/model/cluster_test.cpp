@@ -85,7 +85,7 @@ TEST(Cluster, BadClustersNameTheField) {
   json j = good_json();
   j["inter"]["bandwidth"] = 0;
   EXPECT_TRUE(contains(from_json_error(j), "inter.bandwidth"));
-  EXPECT_TRUE(contains(from_json_error(j), "> 0"));
+  EXPECT_TRUE(contains(from_json_error(j), "is out of range; allowed: 1 kbit/s .. 1 Pbit/s"));
 
   j = good_json();
   j["intra"]["bandwidth"] = "0gbit";
@@ -110,7 +110,7 @@ TEST(Cluster, BadClustersNameTheField) {
   j = good_json();
   j["inter"]["latency"] = -1e-6;
   EXPECT_TRUE(contains(from_json_error(j), "inter.latency"));
-  EXPECT_TRUE(contains(from_json_error(j), ">= 0"));
+  EXPECT_TRUE(contains(from_json_error(j), "is out of range; allowed: 0 .. 60 s"));
 
   j = good_json();
   j["inter"]["latency"] = "-5us";
@@ -130,13 +130,45 @@ TEST(Cluster, BadClustersNameTheField) {
   EXPECT_TRUE(contains(from_json_error(j), "unknown field 'worker'"));
 }
 
+// Finite but absurd values once made the model print "inf ms": every rate and latency, from
+// JSON, from text or set in code, is checked against the same finite range.
+TEST(Cluster, AbsurdValuesAreOutOfRange) {
+  json j = good_json();
+  j["inter"]["latency"] = "1e308s";
+  EXPECT_EQ(from_json_error(j), "cluster: inter.latency: duration '1e308s' = 1e+308 seconds is "
+                                "out of range; allowed: 0 .. 60 s");
+  j["inter"]["latency"] = 1e308;
+  EXPECT_EQ(from_json_error(j),
+            "cluster: inter.latency = 1e+308 seconds is out of range; allowed: 0 .. 60 s");
+  j = good_json();
+  j["intra"]["bandwidth"] = 1e300;
+  EXPECT_TRUE(contains(from_json_error(j), "cluster: intra.bandwidth = 1e+300 bytes per second "
+                                           "is out of range; allowed: 1 kbit/s .. 1 Pbit/s"));
+  j = good_json();
+  j["workers"] = (1 << 20) + 8;
+  EXPECT_TRUE(contains(from_json_error(j), "workers: 1048584 is out of range; allowed: 1 .. "));
+  EXPECT_TRUE(contains(error_text([] { parse_rate("1e-9bit"); }), "out of range"));
+  EXPECT_TRUE(contains(error_text([] { parse_duration("61s"); }), "allowed: 0 .. 60 s"));
+  EXPECT_NO_THROW(parse_rate("1kbit"));
+  EXPECT_NO_THROW(parse_rate("1000tbit"));
+  EXPECT_NO_THROW(parse_duration("60s"));
+
+  Cluster c;
+  c.inter.latency_s = std::nan("");
+  EXPECT_TRUE(contains(error_text([&] { c.validate(); }), "inter.latency_s = nan seconds"));
+  c = Cluster{};
+  c.workers = kMaxWorkers + 1;
+  EXPECT_TRUE(contains(error_text([&] { c.validate(); }), "must be >= 1 and at most 1048576"));
+}
+
 TEST(Cluster, ValidateNamesTheStructField) {
   Cluster c;
   c.workers = 8;
   c.per_node = 8;
   EXPECT_NO_THROW(c.validate());
   c.inter.bytes_per_s = 0;
-  EXPECT_TRUE(contains(error_text([&] { c.validate(); }), "inter.bytes_per_s = 0 must be > 0"));
+  EXPECT_TRUE(contains(error_text([&] { c.validate(); }),
+                       "inter.bytes_per_s = 0 bytes per second is out of range"));
   c = Cluster{};
   c.intra.latency_s = -1;
   EXPECT_TRUE(contains(error_text([&] { c.validate(); }), "intra.latency_s"));

@@ -263,6 +263,10 @@ TEST(CodecCosts, JsonRoundTripAndFieldErrors) {
   EXPECT_TRUE(contains(error(R"({"topk": {"encode": {"a": -1, "b": 0}, "decode": {"a": 0, "b": 0}}})"),
                        "topk.encode.a"));
   EXPECT_TRUE(contains(error(R"({"topk": {"encode": {"a": 0, "b": 0}}})"), "topk.decode: missing"));
+  // Finite but absurd: an hour per call or per element is the most the model accepts.
+  EXPECT_TRUE(contains(error(R"({"topk": {"encode": {"a": 0, "b": 1e308}, "decode": {"a": 0, "b": 0}}})"),
+                       "codec costs: topk.encode.b: 1e+308 is not allowed; expected a number of "
+                       "seconds in 0 .. 3600"));
   EXPECT_TRUE(contains(error_text([&] { c.of("zip"); }), "no entry for codec 'zip'"));
 }
 

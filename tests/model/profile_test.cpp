@@ -290,7 +290,20 @@ TEST(Profile, ValidateChecksProfilesBuiltInCode) {
   p = sample_profile();
   p.forward_s = std::nan("");
   EXPECT_EQ(error_text([&] { p.validate(); }),
-            "forward_ms must be a non-negative number of milliseconds");
+            "forward_ms must be a non-negative number of milliseconds up to 86400000 (a day), "
+            "not nan");
+}
+
+// A time of 1e308 ms is finite, but every sum the simulator makes of it is not.
+TEST(Profile, TimesBeyondADayAreRefused) {
+  json j = sample_json();
+  j["backward_ms"] = 1e308;
+  EXPECT_EQ(error_text([&] { Profile::from_json(j); }),
+            "backward_ms must be a non-negative number of milliseconds up to 86400000 (a day), "
+            "not 1e+308");
+  j = sample_json();
+  j["tensors"][0]["ready_ms"] = 86400001;
+  EXPECT_TRUE(contains(error_text([&] { Profile::from_json(j); }), "tensors[0].ready_ms must be"));
 }
 
 }  // namespace

@@ -145,13 +145,32 @@ TEST(Plan, FileErrorsNameTheFile) {
   const auto path = temp_path("broken.json");
   std::ofstream(path) << "{\"format\": ";
   EXPECT_EQ(error_text([&] { Plan::load(path.string()); })
-                .find("plan file '" + path.string() + "' is not valid JSON: "),
+                .find("plan file '" + path.string() + "': not valid JSON: parse error at line 1, column "),
             0u);
   std::ofstream(path) << R"({"format": "gradcomp-plan", "version": 2})";
   EXPECT_EQ(error_text([&] { Plan::load(path.string()); }),
             "plan file '" + path.string() +
                 "': version 2 is not supported; this gradcomp reads version 1");
   std::filesystem::remove_all(path.parent_path());
+}
+
+// The Python front end hands plans over as JSON text: every error says it is about the plan, where
+// the syntax broke, or which field is wrong; never a bare nlohmann message.
+TEST(Plan, ParseErrorsSayWhereAndWhichField) {
+  expect_same(Plan::parse(sample_plan().to_json().dump()), sample_plan());
+  const std::string syntax = error_text([] { Plan::parse("{\"format\": \n  ]"); });
+  EXPECT_EQ(syntax.find("plan: not valid JSON: parse error at line 2, column 3: "), 0u) << syntax;
+  EXPECT_EQ(syntax.find("json.exception"), std::string::npos) << syntax;
+
+  json j = sample_plan().to_json();
+  j["buckets"][1]["codec"] = 5;
+  EXPECT_EQ(error_text([&] { Plan::parse(j.dump()); }), "plan: buckets[1].codec: expected a string");
+  j = sample_plan().to_json();
+  j["buckets"][0]["codec"] = "nosuch";
+  EXPECT_THROW(Plan::parse(j.dump()), SpecError);  // validated, and still a SpecError
+  EXPECT_EQ(error_text([&] { Plan::parse(j.dump(), "plan 'mine'"); })
+                .find("plan 'mine': buckets[0].codec: unknown codec 'nosuch'"),
+            0u);
 }
 
 TEST(Plan, HashIsStableAndCanonical) {

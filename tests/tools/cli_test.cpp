@@ -64,4 +64,39 @@ TEST(Cli, BadOptionIsRejected) {
   EXPECT_NE(r.output.find("--sizes"), std::string::npos) << r.output;
 }
 
+// CLI11 drops empty list items, so an empty list once took the next flag as its value
+// ("unknown codec '--sizes'"). Every list option now refuses an empty list or item by name.
+TEST(Cli, EmptyListItemsAreRefusedAndNoFlagIsSwallowed) {
+  for (const char* args : {"bench codecs --codecs ';' --sizes 10",
+                           "bench codecs --codecs 'none;;fp16' --sizes 10",
+                           "bench codecs --codecs '' --sizes 10"}) {
+    const Result r = run(args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find("--codecs: item "), std::string::npos) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("is empty"), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find("unknown codec"), std::string::npos) << args << ": " << r.output;
+  }
+  const Result sizes = run("bench codecs --sizes , --codecs none");
+  EXPECT_NE(sizes.exit_code, 0);
+  EXPECT_NE(sizes.output.find("--sizes: item 1 of ',' is empty"), std::string::npos)
+      << sizes.output;
+  // Several arguments still make one list, and the flag after them is not one of them.
+  const Result two = run("bench codecs --codecs none zip --sizes 10");
+  EXPECT_NE(two.output.find("unknown codec 'zip'"), std::string::npos) << two.output;
+  const Result cases = run("bench routes --cases ';' --sizes 10");
+  EXPECT_NE(cases.exit_code, 0);
+  EXPECT_NE(cases.output.find("--cases: item 1"), std::string::npos) << cases.output;
+}
+
+TEST(Cli, NumberOptionsMustBeFinite) {
+  for (const char* value : {"nan", "inf", "-1"}) {
+    const Result r = run(std::string("bench codecs --codecs none --sizes 10 --min-time ") + value);
+    EXPECT_NE(r.exit_code, 0) << value;
+    EXPECT_NE(r.output.find("--min-time: " + std::string(value) + " is not allowed; allowed: "
+                            "a finite number in 0 .. 60"),
+              std::string::npos)
+        << r.output;
+  }
+}
+
 }  // namespace

@@ -125,6 +125,23 @@ TEST(Launch, SigtermIsForwardedAndNothingIsLeftBehind) {
   std::filesystem::remove(pids);
 }
 
+// CLI::Range and CLI::PositiveNumber let NaN (and PositiveNumber inf) through.
+TEST(Launch, NumberOptionsMustBeFiniteAndInRange) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--notice nan", "--notice: nan is not allowed; allowed: a finite number in 0 .. 3600"},
+      {"--grace nan", "--grace: nan is not allowed"},
+      {"--grace 1e9", "--grace: 1e9 is not allowed"},
+      {"--timeout inf", "--timeout: inf is not allowed"},
+      {"--timeout nan", "--timeout: nan is not allowed"},
+      {"--master-port 70000", "--master-port"},
+  };
+  for (const auto& [option, message] : cases) {
+    const Result r = run(std::string("launch -n 1 ") + option + " -- true");
+    EXPECT_NE(r.exit_code, 0) << option;
+    EXPECT_NE(r.output.find(message), std::string::npos) << option << ": " << r.output;
+  }
+}
+
 TEST(Launch, MissingCommandIsAClearError) {
   const Result r = run("launch -n 2 -- /nonexistent/program");
   EXPECT_EQ(r.exit_code, 127) << r.output;

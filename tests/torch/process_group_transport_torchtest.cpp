@@ -98,19 +98,6 @@ std::vector<std::byte> elements(DType type, size_t n, uint64_t seed) {
   return {data, data + n * dtype_size(type)};
 }
 
-const char* type_name(DType type) {
-  switch (type) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
-    case DType::kI32: return "i32";
-    case DType::kNone: break;
-  }
-  return "none";
-}
-
 // ---- collectives -----------------------------------------------------------------------------
 
 TEST(ProcessGroupTransport, DescribesTheGroup) {
@@ -166,7 +153,7 @@ TEST(ProcessGroupTransport, AllreduceOfEveryTypeMatchesGradcompsTransport) {
                      DType::kI32}) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
       for (size_t n : {size_t{1}, size_t{1001}, size_t{70000}}) {
-        const std::string what = fmt::format("{} {} of {} elements", type_name(type),
+        const std::string what = fmt::format("{} {} of {} elements", dtype_name(type),
                                              op == ReduceOp::kSum ? "sum" : "max", n);
         const auto input = elements(type, n, n);
         auto ours = input;

@@ -5,6 +5,9 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
@@ -316,6 +319,73 @@ TEST(GlooFault, HealthyRanksRunEveryCollective) {
       },
       30s);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(exit_code(status[r]), kOk) << "rank " << r;
+}
+
+// ---- ranks started inconsistently: found by gradcomp's own rendezvous, on every rank, fast.
+
+// A port no one listens on now (the kernel's choice), for a TCP store of this test alone.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One process's attempt to join as `rank` of `world`: kOk when it fails with `expected` in its
+// message well before the timeout, kSucceeded when it connects, else kWrong or kTooSlow.
+int join_fails_with(const std::string& store, int rank, int world, const std::string& expected) {
+  TransportOptions options;
+  options.backend = "gloo";
+  options.rank = rank;
+  options.world_size = world;
+  options.store = store;
+  options.hostname = "127.0.0.1";
+  options.timeout = kTimeout;
+  const auto start = Clock::now();
+  try {
+    make_transport(options);
+    return kSucceeded;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "rank %d of %d: %s\n", rank, world, e.what());
+    if (std::string(e.what()).find(expected) == std::string::npos) return kWrong;
+    return Clock::now() - start < kTimeout / 2 ? kOk : kTooSlow;
+  }
+}
+
+TEST(GlooRendezvous, WorldSizeMismatchIsReportedOnEveryRank) {
+  const std::string expected = "ranks disagree on the world size (rank 0: 2, rank 1: 3)";
+  const std::string tcp = "tcp://127.0.0.1:" + std::to_string(free_port());
+  TempDir dir;
+  for (const std::string& store : {tcp, "file:" + dir.path()}) {
+    const auto status = run_ranks(
+        2, [&](int rank) { return join_fails_with(store, rank, rank == 0 ? 2 : 3, expected); },
+        20s);
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(exit_code(status[r]), kOk) << store << " rank " << r;
+  }
+}
+
+TEST(GlooRendezvous, DuplicateRankIsReportedOnEveryProcess) {
+  // Three processes of a world of 3, two of them RANK=1 (and no rank 2): before, one waited
+  // out the timeout and the others reported a port in use or a timeout.
+  const std::string expected = "rank 1 is claimed by two processes";
+  const std::string tcp = "tcp://127.0.0.1:" + std::to_string(free_port());
+  TempDir dir;
+  for (const std::string& store : {tcp, "file:" + dir.path()}) {
+    const std::string message = expected;
+    const auto status = run_ranks(
+        3,
+        [&](int process) {
+          const int rank = process == 0 ? 0 : 1;
+          return join_fails_with(store, rank, 3, message);
+        },
+        20s);
+    for (int p = 0; p < 3; ++p) EXPECT_EQ(exit_code(status[p]), kOk) << store << " process " << p;
+  }
 }
 
 TEST(GlooFault, MissingRendezvousNamesTheVariables) {

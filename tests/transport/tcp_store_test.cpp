@@ -35,6 +35,20 @@ TEST(TcpStore, SetGetWaitAcrossClients) {
   b.wait({"x", "empty", "big"});
 }
 
+// CHECK never waits: the world check polls with it while ranks join.
+TEST(TcpStore, CheckAnswersAtOnce) {
+  auto server = std::make_shared<TcpStoreServer>(0);
+  TcpStore a("127.0.0.1", server->port(), 5000ms, server);
+  TcpStore b("127.0.0.1", server->port(), 5000ms);
+  const auto start = Clock::now();
+  EXPECT_FALSE(b.check({"x"}));
+  a.set("x", bytes("1"));
+  EXPECT_TRUE(b.check({"x"}));
+  EXPECT_FALSE(b.check({"x", "y"}));
+  EXPECT_LT(Clock::now() - start, 2000ms);
+  EXPECT_EQ(text(b.get("x")), "1");  // the connection is still in step
+}
+
 TEST(TcpStore, GetAndWaitBlockUntilAnotherClientSets) {
   auto server = std::make_shared<TcpStoreServer>(0);
   std::vector<std::thread> waiters;

@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
 #include "gradcomp/error.h"
 #include "model_commands.h"
 #include "model_options.h"
@@ -41,21 +42,11 @@ void print_costs(const model::CodecCosts& costs) {
   }
 }
 
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(fmt::format("cannot read '{}'", path));
-  try {
-    return json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw Error(fmt::format("'{}' is not valid JSON: {}", path, e.what()));
-  }
-}
-
 // Several bench runs as one: per codec spec and size, the best (fastest) of the runs, as the
 // bench itself keeps the best of repeated calls (the runs that other load disturbed least).
 // A bench report, checked enough to merge: an object with a "results" array.
 json read_bench(const std::string& path) {
-  json bench = read_json(path);
+  json bench = read_json_file(path, "codec bench report");
   if (!bench.is_object() || !bench.contains("results") || !bench["results"].is_array()) {
     throw Error(fmt::format("'{}' is not a `gradcomp bench codecs --json` report (no \"results\" "
                             "array)", path));

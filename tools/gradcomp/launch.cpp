@@ -1,5 +1,7 @@
 #include "launch.h"
 
+#include "cli_checks.h"
+
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -283,14 +285,14 @@ void add_launch_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--timeout", options->timeout_seconds,
                   "Collective timeout in seconds for the ranks (sets GRADCOMP_TIMEOUT)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_range(1e-3, 7 * 86400.0));
   cmd->add_option("--notice", options->notice_seconds,
                   "Seconds the other ranks get to end on their own after one fails")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(finite_range(0, 3600))
       ->capture_default_str();
   cmd->add_option("--grace", options->grace_seconds,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(finite_range(0, 3600))
       ->capture_default_str();
   cmd->add_option("command", options->command, "The command every rank runs (after --)")
       ->required();

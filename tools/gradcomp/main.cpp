@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "bench_codecs.h"
+#include "cli_checks.h"
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "launch.h"
@@ -53,13 +54,11 @@ void add_bench_routes(CLI::App& bench, int& exit_code, const char* argv0) {
       ->check(CLI::Range(1, 256));
   routes->add_option("--transport", options.transport, "mpi or gloo (default: from the launcher)")
       ->check(CLI::IsMember({"mpi", "gloo"}));
-  routes->add_option("--cases", options.cases,
-                     "Cases 'codec|feedback|route' separated by ';' (default: every route with "
-                     "representative codecs)")
-      ->delimiter(';');
-  routes->add_option("--sizes", options.log2_sizes, "log2 of the bucket sizes in elements")
-      ->check(CLI::Range(0, 27))
-      ->delimiter(',');
+  gradcomp::tools::add_list_option(*routes, "--cases", options.cases,
+                  "Cases 'codec|feedback|route' (default: every route with representative codecs)",
+                  ';');
+  gradcomp::tools::add_list_option(*routes, "--sizes", options.log2_sizes, "log2 of the bucket sizes in elements",
+                  ',', CLI::Range(0, 27));
   routes->add_option("--repeats", options.repeats, "Measured exchanges per case (median)")
       ->check(CLI::Range(1, 1000));
   routes->add_option("--local-size", options.local_size,
@@ -84,15 +83,13 @@ int run(int argc, char** argv) {
   auto* codecs = bench->add_subcommand(
       "codecs", "Encode and decode-accumulate throughput of every codec on one core, with "
                 "memcpy and a pure read of the same bytes as the physical limit");
-  codecs->add_option("--codecs", options.specs,
-                     "Codec specs to measure (default: every codec, recommended settings)")
-      ->delimiter(';');
-  codecs->add_option("--sizes", options.log2_sizes, "log2 of the element counts")
-      ->check(CLI::Range(0, 28))
-      ->delimiter(',');
+  gradcomp::tools::add_list_option(*codecs, "--codecs", options.specs,
+                  "Codec specs to measure (default: every codec, recommended settings)", ';');
+  gradcomp::tools::add_list_option(*codecs, "--sizes", options.log2_sizes, "log2 of the element counts", ',',
+                  CLI::Range(0, 28));
   codecs->add_option("--min-time", options.min_seconds,
                      "Seconds to repeat each measurement for (the best call counts)")
-      ->check(CLI::Range(0.0, 60.0));
+      ->check(gradcomp::tools::finite_range(0, 60));
   codecs->add_option("--json", options.json_path, "Also write the results as JSON to this file");
   int exit_code = 0;
   codecs->callback([&] { exit_code = gradcomp::tools::bench_codecs(options); });

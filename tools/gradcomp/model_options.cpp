@@ -6,6 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/json_text.h"
+#include "cli_checks.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp::tools {
@@ -20,9 +22,15 @@ std::vector<std::string> split_specs(const std::vector<std::string>& texts) {
       const bool continues = piece.find('=') != std::string::npos &&
                              piece.find(':') == std::string::npos && !specs.empty() &&
                              text[begin - 1] == ',';
+      if (piece.empty()) {
+        // "--codecs ','" is a mistake, not a request for the default list.
+        throw Error(fmt::format("--codecs: '{}' has an empty item; give specs separated by ',' "
+                                "or ';', such as 'fp16,topk:ratio=0.01'",
+                                text));
+      }
       if (continues) {
         specs.back() += "," + piece;
-      } else if (!piece.empty()) {
+      } else {
         specs.push_back(piece);
       }
       begin = end + 1;
@@ -37,7 +45,7 @@ void ClusterFlags::add_to(CLI::App& command) {
                      "\"25gbit\", \"latency\": \"10us\"}, \"intra\": {...}}; flags override it")
       ->check(CLI::ExistingFile);
   per_node_flag_ = command.add_option("--per-node", per_node_, "Workers per node (default 1)")
-                       ->check(CLI::Range(1, 1 << 20));
+                       ->check(CLI::Range(1, model::kMaxWorkers));
   inter_flag_ = command.add_option("--inter", inter_,
                                    "Inter-node bandwidth per node: 25gbit, 100mbit, 3GB/s (default "
                                    "25gbit)");
@@ -51,13 +59,9 @@ void ClusterFlags::add_to(CLI::App& command) {
 model::Cluster ClusterFlags::cluster(std::optional<int> workers) const {
   model::Cluster c;
   if (!file_.empty()) {
-    std::ifstream in(file_);
-    if (!in) throw Error(fmt::format("cannot read the cluster file '{}'", file_));
-    try {
-      c = model::Cluster::from_json(nlohmann::json::parse(in));
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(fmt::format("cluster file '{}' is not valid JSON: {}", file_, e.what()));
-    }
+    const nlohmann::json root = read_json_file(file_, "cluster file");
+    c = with_context(fmt::format("cluster file '{}'", file_),
+                     [&] { return model::Cluster::from_json(root); });
   }
   // Without a file the flags' defaults apply; with one, only the flags given.
   const auto use = [&](const CLI::Option* flag) { return file_.empty() || flag->count() > 0; };
@@ -92,7 +96,7 @@ void CostFlags::add_to(CLI::App& command) {
       ->check(CLI::ExistingFile);
   command.add_option("--cost-scale", scale,
                      "Multiply every codec cost by this (a device this many times slower)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_range(1e-6, 1e6));
 }
 
 model::CodecCosts CostFlags::load() const {
@@ -100,13 +104,9 @@ model::CodecCosts CostFlags::load() const {
   if (file.empty()) {
     costs = model::CodecCosts::shipped();
   } else {
-    std::ifstream in(file);
-    if (!in) throw Error(fmt::format("cannot read the codec costs file '{}'", file));
-    try {
-      costs = model::CodecCosts::from_json(nlohmann::json::parse(in));
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(fmt::format("codec costs file '{}' is not valid JSON: {}", file, e.what()));
-    }
+    const nlohmann::json root = read_json_file(file, "codec costs file");
+    costs = with_context(fmt::format("codec costs file '{}'", file),
+                         [&] { return model::CodecCosts::from_json(root); });
   }
   return scale == 1 ? costs : costs.scaled(scale);
 }

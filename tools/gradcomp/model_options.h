@@ -20,7 +20,7 @@ namespace gradcomp::tools {
 
 // "fp16,powersgd:rank=4,cols=8,topk:ratio=0.01" -> {"fp16", "powersgd:rank=4,cols=8",
 // "topk:ratio=0.01"}: a piece with '=' but no ':' continues the parameters of the spec before
-// it (a codec name never holds '='); ';' separates too.
+// it (a codec name never holds '='); ';' separates too. An empty item is an Error naming --codecs.
 std::vector<std::string> split_specs(const std::vector<std::string>& texts);
 
 // The cluster flags: --cluster FILE, --per-node, --inter, --intra, --inter-latency,
@@ -52,6 +52,9 @@ struct CostFlags {
   void add_to(CLI::App& command);
   model::CodecCosts load() const;
 };
+
+// --bucket-mb: 1 byte (one tensor per bucket) .. 1 TiB, so the size in bytes is representable.
+inline constexpr double kMinBucketMb = 1.0 / (1 << 20), kMaxBucketMb = 1 << 20;
 
 // Sets the bandwidth a sweep varies, as crossover_bandwidth does: the inter-node link, and the
 // intra-node link too when all workers share one node (the flat ring runs on it then).

@@ -9,6 +9,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
+#include "cli_checks.h"
 #include "model_options.h"
 
 namespace gradcomp::tools {
@@ -111,15 +112,14 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   plan->add_option("--profile", flags.profile, "A shipped profile name or a profile JSON path")
       ->required();
   plan->add_option("--workers", flags.workers, "Workers (data-parallel ranks)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, model::kMaxWorkers));
   flags.cluster.add_to(*plan);
   flags.costs.add_to(*plan);
   plan->add_option("--codecs", flags.codecs,
                    "Allowed compression, 'codec[|feedback[|route]]' separated by ',' (none is "
-                   "always allowed)")
-      ->delimiter(',');
+                   "always allowed)");
   plan->add_option("--lambda", flags.lambda, "Compute slow-down while communicating (>= 1)")
-      ->check(CLI::Range(1.0, 10.0));
+      ->check(finite_range(1, 10));
   plan->add_flag("--one-lossy-step", flags.one_lossy_step,
                  "At most one lossy compression per tensor (no two-way, no fp16 inside nodes)");
   plan->add_flag("--no-caller-encoding", flags.no_caller_encoding,

@@ -11,6 +11,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/model/profile.h"
 #include "gradcomp/model/simulator.h"
+#include "cli_checks.h"
 #include "model_commands.h"
 #include "model_options.h"
 
@@ -186,17 +187,15 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
                   "Default plans, one per option 'codec[|feedback[|route]]' (default none)")
       ->excludes(plan);
   o.workers_flag = cmd->add_option("--workers", o.workers, "Workers (default 8, or the cluster file's)")
-                       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--sweep-workers", o.sweep_workers, "Worker counts to sweep")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--sweep-bandwidth", o.sweep_bandwidth,
-                  "Network bandwidths to sweep (the inter-node link; all links on one node)")
-      ->delimiter(',');
+                       ->check(CLI::Range(1, model::kMaxWorkers));
+  add_list_option(*cmd, "--sweep-workers", o.sweep_workers, "Worker counts to sweep", ',',
+                  CLI::Range(1, model::kMaxWorkers));
+  add_list_option(*cmd, "--sweep-bandwidth", o.sweep_bandwidth,
+                  "Network bandwidths to sweep (the inter-node link; all links on one node)", ',');
   cmd->add_option("--lambda", o.lambda, "Compute slow-down while communicating (default 1.05)")
-      ->check(CLI::Range(1.0, 10.0));
+      ->check(finite_range(1, 10));
   cmd->add_option("--bucket-mb", o.bucket_mb, "Default plan: bucket size in MiB (default 25)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_range(kMinBucketMb, kMaxBucketMb));
   cmd->add_option("--min-compress", o.min_compress,
                   "Default plan: tensors under this many elements stay uncompressed (default 16384)");
   cmd->add_option("--encode-on", o.encode_on, "Default plan: engine or caller (default engine)")

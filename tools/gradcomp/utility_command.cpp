@@ -11,6 +11,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/model/profile.h"
 #include "gradcomp/model/utility_model.h"
+#include "cli_checks.h"
 #include "model_commands.h"
 #include "model_options.h"
 
@@ -175,23 +176,23 @@ void add_utility_command(CLI::App& app, int& exit_code) {
                  "the bandwidth below which each method pays");
   cmd->add_option("--profile", o.profile, "Model profile: a shipped name (resnet50) or a JSON path")
       ->required();
-  o.workers_flag = cmd->add_option("--workers", o.workers,
-                                   "Worker counts (default 8,16,32,64, or the cluster file's)")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--bandwidths", o.bandwidths,
-                  "Network bandwidths per node (default 1gbit,2gbit,5gbit,10gbit,25gbit,40gbit,100gbit)")
-      ->delimiter(',');
+  o.workers_flag = add_list_option(*cmd, "--workers", o.workers,
+                                   "Worker counts (default 8,16,32,64, or the cluster file's)",
+                                   ',', CLI::Range(1, model::kMaxWorkers));
+  add_list_option(*cmd, "--bandwidths", o.bandwidths,
+                  "Network bandwidths per node (default 1gbit,2gbit,5gbit,10gbit,25gbit,40gbit,"
+                  "100gbit)",
+                  ',');
   cmd->add_option("--codecs", o.codecs,
                   "Methods: codec specs, or codec|feedback|route with route allreduce or "
                   "allgather (default fp16,powersgd:rank=4,topk:ratio=0.01,signsgd)");
   cmd->add_option("--lambda", o.lambda, "Compute slow-down while communicating (default 1.05)")
-      ->check(CLI::Range(1.0, 10.0));
+      ->check(finite_range(1, 10));
   cmd->add_option("--tail", o.tail, "overlapped (the paper's form) or strict (the last bucket "
                                     "waits for backward)")
       ->check(CLI::IsMember({"overlapped", "strict"}));
   cmd->add_option("--bucket-mb", o.bucket_mb, "DDP bucket cap in MiB (default 25)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_range(kMinBucketMb, kMaxBucketMb));
   cmd->add_option("--json", o.json_path, "Also write the results as JSON to this file");
   o.cluster.add_to(*cmd);
   o.costs.add_to(*cmd);

@@ -9,6 +9,13 @@
 
 namespace gradcomp::model {
 
+// What the model accepts: wide enough for any real network (a modem to beyond a NIC), narrow
+// enough that every time it computes stays finite (a latency of 1e308 s would make inf ms).
+inline constexpr int kMaxWorkers = 1 << 20;
+inline constexpr double kMinBytesPerS = 1e3 / 8;   // 1 kbit/s
+inline constexpr double kMaxBytesPerS = 1e15 / 8;  // 1 Pbit/s
+inline constexpr double kMaxLatencyS = 60;
+
 struct Link {
   double bytes_per_s = 0;  // > 0
   double latency_s = 0;    // alpha: per message (per ring step)
@@ -23,17 +30,17 @@ struct Cluster {
   int nodes() const { return workers / per_node; }
   bool operator==(const Cluster&) const = default;
 
-  // Throws Error naming the field: workers < 1, per_node not dividing workers, a bandwidth
-  // <= 0, a negative latency, a missing field.
+  // Throws Error naming the field: workers outside 1 .. kMaxWorkers, per_node not dividing
+  // workers, a bandwidth outside 1 kbit/s .. 1 Pbit/s, a latency outside 0 .. 60 s.
   void validate() const;
   static Cluster from_json(const nlohmann::json& json);
   nlohmann::json to_json() const;
 };
 
 // "25gbit", "100mbit", "1.5gbit", "10gbps" (bits per second), "3GB/s" (bytes): bytes per
-// second. Throws Error saying what forms are allowed.
+// second. Throws Error saying what forms and values (1 kbit/s .. 1 Pbit/s) are allowed.
 double parse_rate(const std::string& text);
-// "10us", "1.5ms", "0": seconds.
+// "10us", "1.5ms", "0": seconds, at most kMaxLatencyS.
 double parse_duration(const std::string& text);
 // For printing: "25 Gbit/s", "10 us".
 std::string format_rate(double bytes_per_s);
