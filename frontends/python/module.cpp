@@ -67,7 +67,7 @@ class PyEngine {
  public:
   PyEngine(std::shared_ptr<Transport> transport, const std::string& plan_json, uint64_t seed,
            const std::string& timeline, int local_size, int codec_threads)
-      : engine_(std::move(transport), Plan::from_json(nlohmann::json::parse(plan_json)),
+      : engine_(std::move(transport), Plan::parse(plan_json),
                 engine_options(seed, timeline, local_size, codec_threads)) {}
   void ready(size_t index, const at::Tensor& grad) {
     tensors_.push_back(grad);  // kept alive until synchronize() has written into it
@@ -134,9 +134,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("tensors"), py::arg("compression"), py::arg("bucket_bytes"),
       py::arg("min_compress_elements"));
   m.def("validate_plan", [](const std::string& json) {
-    Plan plan = Plan::from_json(nlohmann::json::parse(json));
-    plan.validate();
-    return plan.to_json().dump();
+    return Plan::parse(json).to_json().dump();  // the error says where (parse position, field)
   });
 
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
@@ -205,7 +203,7 @@ PYBIND11_MODULE(_C, m) {
              gt::GradientOptions options;
              options.compression = parse_option(compression);
              if (!plan_json.empty()) {
-               options.plan = Plan::from_json(nlohmann::json::parse(plan_json));
+               options.plan = Plan::parse(plan_json);
              }
              options.bucket_bytes = bucket_bytes;
              options.min_compress_elements = min_compress_elements;

@@ -5,7 +5,7 @@ import torch
 import reference as ref
 
 # Cases that leave the ranks able to go on share one job.
-SHARED = ["unknown_codec", "bad_numbers", "float64_parameter", "frozen_parameter", "unused_parameter"]
+SHARED = ["unknown_codec", "bad_numbers", "bad_plan", "float64_parameter", "frozen_parameter", "unused_parameter"]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,12 @@ def test_numbers_out_of_range_are_named(shared):
             assert_error(errors[name], name, "allowed")
         assert_error(errors["bucket_mb nan"], "bucket_mb", "finite")
         assert_error(errors["seed str"], "seed", "integer")
+
+
+def test_bad_plans_say_where(shared):
+    for report in shared.reports():
+        assert_error(report["bad_plan"]["syntax"], "plan", "not valid JSON", "line 1")
+        assert_error(report["bad_plan"]["codec"], "buckets[0].codec", "nosuch")
 
 
 def test_float64_parameter_is_named(shared):

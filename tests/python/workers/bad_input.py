@@ -38,6 +38,15 @@ def bad_numbers(rank, out):
     return errors
 
 
+def bad_plan(rank, out):
+    """A plan string that is not JSON, and one with an unknown codec: where and which field."""
+    return {"syntax": error_of(lambda: wrap(common.make_model(), plan='{"format": "gradcomp-plan",')),
+            "codec": error_of(lambda: wrap(common.make_model(), plan={
+                "format": "gradcomp-plan", "version": 1,
+                "tensors": [{"name": "0.weight", "elements": 16384}],
+                "buckets": [{"tensors": [0], "codec": "nosuch"}]}))}
+
+
 def float64_parameter(rank, out):
     model = common.make_model()
     model[2].double()  # the middle layer's weight and bias become float64
@@ -155,7 +164,7 @@ def different_models(rank, out):
     return None
 
 
-CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, float64_parameter, frozen_parameter,
+CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, bad_plan, float64_parameter, frozen_parameter,
                                  unused_parameter, sparse_gradient, backward_twice,
                                  different_models)}
 
