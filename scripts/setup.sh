@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what gradcomp needs from Debian (apt-get update only when something is missing, so
 # running it again does nothing) and builds gradcomp (Release) in build/.
-# Usage: scripts/setup.sh            (run as root, or with sudo available)
+# Usage: scripts/setup.sh [target...]   (run as root, or with sudo available)
+#   no target: everything, tests included (scripts/test.sh); with targets: only those and what
+#   they need (scripts/run_main.sh builds the command-line tool and the Python module only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,13 +31,29 @@ done
 sudo=""
 [[ $(id -u) -eq 0 ]] || sudo=sudo
 if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
+  echo "setup: installing ${#missing[@]} Debian packages (a few minutes the first time): ${missing[*]}"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # One line of progress; the whole log if it fails.
+  log=$(mktemp)
+  if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" 2>&1 | tee "$log" | { grep -E '^(Unpacking|Setting up) ' || true; } |
+      awk '{printf "\rsetup: %-70.70s", $0} END {print ""}'; then
+    tail -n 40 "$log"
+    echo "setup: apt-get install failed (the lines above say why)"
+    exit 1
+  fi
+  rm -f "$log"
 fi
 
+echo "setup: configuring (CMake, Release, build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_PYTHON=/usr/bin/python3 >/dev/null
-cmake --build build
+if (($#)); then
+  echo "setup: building $* (ninja shows [done/total])"
+  cmake --build build --target "$@"
+else
+  echo "setup: building everything, tests included (ninja shows [done/total])"
+  cmake --build build
+fi
 
 # `import gradcomp` for Debian's python3 (the one with torch): a .pth file naming python/.
 site=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')
