@@ -327,11 +327,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise Error("this state_dict has no gradcomp state (it was saved from the wrapped "
                         "optimizer, not from DistributedOptimizer); load it into the wrapped "
                         "optimizer before wrapping to start compression afresh")
+        if not isinstance(ours, dict) or ours.get("version") != 1:
+            version = ours.get("version") if isinstance(ours, dict) else type(ours).__name__
+            raise Error(f"the state_dict's gradcomp state has version {version!r}; this "
+                        "gradcomp reads version 1")
         if ours.get("plan") != self._gradients.plan_json():
             raise Error("the state_dict was saved with a different plan (other parameters, "
                         "compression or bucket settings); resume with the same settings")
+        # All or nothing: if the wrapped optimizer refuses its part, the compression state
+        # loaded just before is put back (the engine state carries a checksum, so it is
+        # checked before anything changes).
+        previous = self._gradients.save_state()
         self._gradients.load_state(ours["state"])
-        self.optimizer.load_state_dict(state)
+        try:
+            self.optimizer.load_state_dict(state)
+        except Exception:
+            self._gradients.load_state(previous)
+            raise
 
     @property
     def plan(self):

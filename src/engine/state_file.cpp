@@ -1,6 +1,8 @@
 // Layout (little-endian): "GCEN", u32 version, u64 plan hash, u64 seed, u32 rank, u32 world
 // size, u64 step, f64 lr, f64 prev_lr, u64 bucket count, then per bucket u64 length and that
-// many bytes of route state.
+// many bytes of route state; version 3 ends with the CRC-32 of everything before it, so a
+// flipped byte of a residual is an error, not a silently different run (version 2, without
+// it, still loads).
 #include "engine/state_file.h"
 
 #include <cstring>
@@ -9,12 +11,14 @@
 
 #include "common/byte_io.h"
 #include "gradcomp/error.h"
+#include "gradcomp/frame.h"
 
 namespace gradcomp {
 namespace {
 
 constexpr char kMagic[4] = {'G', 'C', 'E', 'N'};
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersionWithoutChecksum = 2;
 
 }  // namespace
 
@@ -35,8 +39,26 @@ std::vector<std::byte> write_engine_state(const StateOwner& owner, const StepSta
     put(out, static_cast<uint64_t>(r.size()));
     put_bytes(out, r.data(), r.size());
   }
+  put(out, crc32(out));
   return out;
 }
+
+namespace {
+
+// The bytes before the checksum of a version-3 state, after checking it.
+std::span<const std::byte> checked_body(std::span<const std::byte> bytes) {
+  if (bytes.size() < 12) throw Error("engine state: truncated (shorter than its header)");
+  const auto body = bytes.first(bytes.size() - 4);
+  uint32_t stored;
+  std::memcpy(&stored, bytes.data() + body.size(), sizeof stored);
+  if (stored != crc32(body)) {
+    throw Error("engine state: checksum mismatch: the state was changed or truncated after it "
+                "was saved (load the file this rank saved, unaltered)");
+  }
+  return body;
+}
+
+}  // namespace
 
 EngineState read_engine_state(std::span<const std::byte> bytes, const StateOwner& owner,
                               size_t buckets) {
@@ -44,9 +66,14 @@ EngineState read_engine_state(std::span<const std::byte> bytes, const StateOwner
   if (bytes.size() < 4 || std::memcmp(in.take(4, "magic").data(), kMagic, 4) != 0) {
     throw Error("engine state: not a gradcomp engine state (no GCEN magic)");
   }
-  if (const auto version = in.get<uint32_t>("version"); version != kVersion) {
-    throw Error(fmt::format("engine state version {} is not supported; this gradcomp reads {}",
-                            version, kVersion));
+  const auto version = in.get<uint32_t>("version");
+  if (version != kVersion && version != kVersionWithoutChecksum) {
+    throw Error(fmt::format("engine state version {} is not supported; this gradcomp reads {} "
+                            "and {}", version, kVersionWithoutChecksum, kVersion));
+  }
+  if (version == kVersion) {
+    in = ByteReader("engine state", checked_body(bytes));
+    in.take(8, "magic and version");
   }
   if (const auto hash = in.get<uint64_t>("plan hash"); hash != owner.plan_hash) {
     throw Error(fmt::format("engine state belongs to another plan (hash {:016x}, this engine's "

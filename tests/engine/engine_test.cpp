@@ -208,10 +208,11 @@ TEST(EngineSingleRank, ANonFiniteStepIsRolledBackAndTheLossScaleIsCorrected) {
   EXPECT_TRUE(std::isnan(out[5]));
   const auto after = scaled.save_state();
   EXPECT_EQ(scaled.step(), 5u);
-  // Same states but for the step counter (bytes 32..39 of the engine state, state_file.cpp).
+  // Same states but for the step counter (bytes 32..39 of the engine state, state_file.cpp)
+  // and the checksum that ends it.
   ASSERT_EQ(after.size(), before.size());
   EXPECT_TRUE(std::equal(after.begin(), after.begin() + 32, before.begin()));
-  EXPECT_TRUE(std::equal(after.begin() + 40, after.end(), before.begin() + 40));
+  EXPECT_TRUE(std::equal(after.begin() + 40, after.end() - 4, before.begin() + 40));
 }
 
 // The step is kept or taken back whole: an overflow in an uncompressed bucket (which keeps no
@@ -233,10 +234,26 @@ TEST(EngineSingleRank, AnOverflowInAnyBucketTakesTheWholeStepBack) {
   for (float x : w) ASSERT_TRUE(std::isfinite(x));  // w's own bucket was finite
   const auto after = engine.save_state();
   ASSERT_EQ(after.size(), before.size());
-  EXPECT_TRUE(std::equal(after.begin() + 40, after.end(), before.begin() + 40))
+  EXPECT_TRUE(std::equal(after.begin() + 40, after.end() - 4, before.begin() + 40))
       << "the compressed bucket kept a step the optimizer skips";
   engine_step(engine, testing::gradient(1000, 92), 1);
   EXPECT_TRUE(engine.last_step().finite);
+}
+
+// A flipped byte anywhere in a saved state (a residual's, say) is an error, and the engine keeps
+// its own state: a checkpoint that changed on disk never resumes silently differently.
+TEST(EngineSingleRank, AStateWithAFlippedByteIsRefused) {
+  Engine engine(single_rank(), small_plan({.codec = "topk:ratio=0.1", .feedback = "ef",
+                                           .route = "allgather"}));
+  engine_step(engine, testing::gradient(1000, 3), 1);
+  const auto state = engine.save_state();
+  for (size_t at : {size_t{60}, state.size() / 2, state.size() - 9}) {
+    auto flipped = state;
+    flipped[at] ^= std::byte{0x10};
+    const std::string message = error_text([&] { engine.load_state(flipped); });
+    EXPECT_NE(message.find("checksum"), std::string::npos) << "byte " << at << ": " << message;
+  }
+  EXPECT_EQ(engine.save_state(), state);
 }
 
 }  // namespace

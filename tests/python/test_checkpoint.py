@@ -52,13 +52,16 @@ def test_resume_without_compression_state_differs(runs):
 def test_wrong_checkpoints_are_refused(runs):
     for rank, report in enumerate(runs[2].reports()):
         r = report["errors"]
-        for case in ("other_rank", "no_gradcomp", "other_plan"):
+        for case in ("other_rank", "no_gradcomp", "other_plan", "version_99", "flipped_byte"):
             assert r[case] is not None, f"rank {rank}: loading {case} did not fail"
             kind, message, is_gradcomp_error = r[case]
             assert is_gradcomp_error, f"rank {rank}, {case}: {kind}: {message}"
         assert "rank" in r["other_rank"][1], r["other_rank"][1]
         assert "plan" in r["other_plan"][1], r["other_plan"][1]
         assert "gradcomp" in r["no_gradcomp"][1], r["no_gradcomp"][1]
+        assert "99" in r["version_99"][1], r["version_99"][1]
+        assert "checksum" in r["flipped_byte"][1], r["flipped_byte"][1]
+        assert r["optimizer_refuses"] is not None, "the broken optimizer state loaded"
         assert r["unchanged"], f"rank {rank}: a failed load changed the compression state"
         assert r["own"] is None, f"rank {rank}: its own checkpoint did not load: {r['own']}"
         assert r["own_loaded"]

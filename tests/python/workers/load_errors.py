@@ -33,6 +33,15 @@ def check(rank, world, prefix, compression, other_compression):
         "no_gradcomp": attempt(lambda: opt.load_state_dict(
             {k: v for k, v in own.items() if k != "gradcomp"})),
     }
+    future = dict(own, gradcomp=dict(own["gradcomp"], version=99))
+    results["version_99"] = attempt(lambda: opt.load_state_dict(future))
+    flipped = bytearray(own["gradcomp"]["state"])
+    flipped[len(flipped) // 2] ^= 0x10  # a byte of a residual
+    results["flipped_byte"] = attempt(lambda: opt.load_state_dict(
+        dict(own, gradcomp=dict(own["gradcomp"], state=bytes(flipped)))))
+    # The wrapped optimizer refuses its part (another parameter count): nothing changes.
+    broken = dict(own, param_groups=[dict(own["param_groups"][0], params=[0])])
+    results["optimizer_refuses"] = attempt(lambda: opt.load_state_dict(broken))
     # A failed load changes nothing; the right one still loads afterwards.
     results["unchanged"] = opt.state_dict()["gradcomp"]["state"] == before
     results["own"] = attempt(lambda: opt.load_state_dict(own))
