@@ -18,6 +18,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -228,6 +229,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             int(seed), timeline or "", int(local_size), int(codec_threads),
             self._backward_begins)
         self._gradients.set_learning_rate(self._lr())
+        self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements)
         if broadcast:
             # As DDP does: every rank starts from rank 0's parameters (frozen ones too).
             broadcast_parameters([p for _, p in named], 0, transport)
@@ -260,6 +262,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _lr(self):
         groups = self.optimizer.param_groups
         return float(groups[0].get("lr", 0.0)) if groups else 0.0
+
+    def _warn_if_nothing_is_compressed(self, compression, plan, min_compress_elements):
+        """A small model under the default plan is never compressed: say so once, rather than
+        let the user believe it is."""
+        if plan is not None or _C.parse_option(compression)[0] == "none":
+            return
+        if any(b["codec"] != "none" for b in self.plan["buckets"]):
+            return
+        warnings.warn(
+            f"gradcomp: compression '{compression}' applies to tensors of at least "
+            f"min_compress_elements={min_compress_elements} elements, and no parameter is that "
+            "large: every gradient is exchanged uncompressed (lower min_compress_elements to "
+            "compress this model)", stacklevel=3)
 
     def _backward_begins(self, end):
         """Called by the first gradient hook of each backward pass, before it hands anything

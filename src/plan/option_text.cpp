@@ -41,11 +41,14 @@ Option parse_option(const std::string& text) {
   } else {
     option.route = codec->traits().summable ? "allreduce" : "allgather";
   }
-  // The feedback and route names are checked with the whole option (SpecError lists them).
-  Plan probe;
-  probe.tensors = {{"probe", 1}};
-  probe.buckets = {{{0}, option}};
-  probe.validate();
+  // The feedback and route are checked with the whole option; what is wrong is said of the
+  // text the user wrote (SpecError, listing what is available), not of a plan's bucket.
+  try {
+    make_feedback(option.feedback);
+    check_route(option);
+  } catch (const Error& e) {
+    throw SpecError(fmt::format("compression '{}': {}", text, e.what()));
+  }
   return option;
 }
 

@@ -5,7 +5,7 @@ import torch
 import reference as ref
 
 # Cases that leave the ranks able to go on share one job.
-SHARED = ["unknown_codec", "bad_numbers", "bad_plan", "float64_parameter", "frozen_parameter", "unused_parameter"]
+SHARED = ["unknown_codec", "bad_numbers", "bad_plan", "route_and_small_model", "float64_parameter", "frozen_parameter", "unused_parameter"]
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,21 @@ def test_unknown_codec_lists_the_codecs(shared):
         assert r["error"][0] == "SpecError", r["error"]
         assert_error(r["error"], "zip", *r["codecs"])
         assert len(r["codecs"]) >= 17
+
+
+def test_a_route_that_cannot_carry_the_codec_is_a_spec_error(shared):
+    for report in shared.reports():
+        r = report["route_and_small_model"]["route"]
+        assert r[0] == "SpecError", r
+        assert_error(r, "compression 'topk:ratio=0.01|ef|allreduce'", "not summable")
+        assert "buckets[" not in r[1], r[1]
+
+
+def test_a_model_too_small_to_compress_warns(shared):
+    for report in shared.reports():
+        r = report["route_and_small_model"]
+        assert any("min_compress_elements" in m for m in r["small"]), r["small"]
+        assert not r["large"], r["large"]
 
 
 def test_numbers_out_of_range_are_named(shared):

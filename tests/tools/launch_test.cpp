@@ -41,6 +41,15 @@ TEST(Launch, GivesEveryRankTorchrunsEnvironment) {
   }
 }
 
+// torchrun's spelling of the rank count works too, so a torchrun command line carries over.
+TEST(Launch, AcceptsTorchrunsNprocPerNode) {
+  for (const char* flag : {"--nproc_per_node 2", "--nproc_per_node=2", "--nproc-per-node 2"}) {
+    const Result r = run(std::string("launch ") + flag + " -- sh -c 'echo size $WORLD_SIZE'");
+    ASSERT_EQ(r.exit_code, 0) << flag << ": " << r.output;
+    EXPECT_NE(r.output.find("size 2"), std::string::npos) << flag << ": " << r.output;
+  }
+}
+
 TEST(Launch, DefaultsAndInheritedVariables) {
   const Result r = run("launch -n 1 -- sh -c 'echo $MASTER_ADDR:$MASTER_PORT $HOME'");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -275,7 +275,8 @@ void add_launch_command(CLI::App& app, int& exit_code) {
       "Start N local ranks of a command with torchrun's environment (RANK, WORLD_SIZE, "
       "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT); if one fails, stop "
       "the others. Usage: gradcomp launch -n N [options] -- command args...");
-  cmd->add_option("-n,--nproc", options->ranks, "Number of ranks")
+  cmd->add_option("-n,--nproc,--nproc-per-node,--nproc_per_node", options->ranks,
+                  "Number of ranks (torchrun's --nproc_per_node is accepted too)")
       ->required()
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--master-addr", options->master_addr, "Address of rank 0's rendezvous store")

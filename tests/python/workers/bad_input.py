@@ -38,6 +38,22 @@ def bad_numbers(rank, out):
     return errors
 
 
+def route_and_small_model(rank, out):
+    """A route that cannot carry the codec is a SpecError about the text the user wrote; a
+    model too small to compress under the default plan warns."""
+    import warnings
+    route = error_of(lambda: wrap(common.make_model(), compression="topk:ratio=0.01|ef|allreduce"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wrap(torch.nn.Linear(4, 4), compression="topk:ratio=0.01|ef")
+        small = [str(w.message) for w in caught]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wrap(common.make_model(), compression="topk:ratio=0.01|ef")
+        large = [str(w.message) for w in caught]
+    return {"route": route, "small": small, "large": large}
+
+
 def bad_plan(rank, out):
     """A plan string that is not JSON, and one with an unknown codec: where and which field."""
     return {"syntax": error_of(lambda: wrap(common.make_model(), plan='{"format": "gradcomp-plan",')),
@@ -164,7 +180,7 @@ def different_models(rank, out):
     return None
 
 
-CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, bad_plan, float64_parameter, frozen_parameter,
+CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, bad_plan, route_and_small_model, float64_parameter, frozen_parameter,
                                  unused_parameter, sparse_gradient, backward_twice,
                                  different_models)}
 
