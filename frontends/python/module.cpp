@@ -239,6 +239,17 @@ PYBIND11_MODULE(_C, m) {
                              [](const gt::DistributedGradients& g) { return g.transport().size(); })
       .def("save_state",
            [](const gt::DistributedGradients& g) { return to_bytes(g.save_state()); })
+      .def("save_all_states",
+           [](const gt::DistributedGradients& g) {
+             std::vector<std::vector<std::byte>> states;
+             {
+               py::gil_scoped_release release;
+               states = g.save_all_states();
+             }
+             py::list out;
+             for (const auto& s : states) out.append(to_bytes(s));
+             return out;
+           })
       .def("load_state", [](gt::DistributedGradients& g, const std::string& state) {
         g.load_state(as_span(state));
       });

@@ -324,24 +324,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
         raise Error("DistributedOptimizer: parameter groups cannot be added after construction "
                     "(the exchange plan is fixed); add them to the optimizer before wrapping it")
 
-    def state_dict(self):
-        """The wrapped optimizer's state_dict plus this rank's compression state (feedback
-        residuals, PowerSGD factors, momenta, step counters). Every rank saves its own."""
+    def state_dict(self, all_ranks=False):
+        """The wrapped optimizer's state_dict plus the compression state (feedback residuals,
+        PowerSGD factors, momenta, step counters) under "gradcomp". Error feedback is per rank:
+        by default this rank's own (every rank saves its own file). all_ranks=True gathers
+        every rank's (a collective: every rank calls it), so that rank 0 alone may save one
+        file that every rank resumes from."""
         state = dict(self.optimizer.state_dict())
-        state["gradcomp"] = {
-            "version": 1,
-            "state": self._gradients.save_state(),
-            "plan": self._gradients.plan_json(),
-        }
+        ours = {"version": 1, "plan": self._gradients.plan_json()}
+        if all_ranks:
+            ours["states"] = self._gradients.save_all_states()
+        else:
+            ours["state"] = self._gradients.save_state()
+        state["gradcomp"] = ours
         return state
 
     def load_state_dict(self, state_dict):
+        """Loads a state_dict of state_dict(), this rank's or all ranks' (then this rank's
+        part is taken). A plain optimizer state_dict (without "gradcomp") loads into the
+        wrapped optimizer and compression starts afresh, with a warning. All or nothing."""
         state = dict(state_dict)
         ours = state.pop("gradcomp", None)
         if ours is None:
-            raise Error("this state_dict has no gradcomp state (it was saved from the wrapped "
-                        "optimizer, not from DistributedOptimizer); load it into the wrapped "
-                        "optimizer before wrapping to start compression afresh")
+            warnings.warn("gradcomp: this state_dict has no compression state (it was saved "
+                          "from the wrapped optimizer); the optimizer's state is loaded and "
+                          "compression starts afresh (error-feedback memory empty)",
+                          stacklevel=2)
+            self.optimizer.load_state_dict(state)
+            return
         if not isinstance(ours, dict) or ours.get("version") != 1:
             version = ours.get("version") if isinstance(ours, dict) else type(ours).__name__
             raise Error(f"the state_dict's gradcomp state has version {version!r}; this "
@@ -349,16 +359,26 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if ours.get("plan") != self._gradients.plan_json():
             raise Error("the state_dict was saved with a different plan (other parameters, "
                         "compression or bucket settings); resume with the same settings")
+        mine = self._own_state(ours)
         # All or nothing: if the wrapped optimizer refuses its part, the compression state
         # loaded just before is put back (the engine state carries a checksum, so it is
         # checked before anything changes).
         previous = self._gradients.save_state()
-        self._gradients.load_state(ours["state"])
+        self._gradients.load_state(mine)
         try:
             self.optimizer.load_state_dict(state)
         except Exception:
             self._gradients.load_state(previous)
             raise
+
+    def _own_state(self, ours):
+        if "states" not in ours:
+            return ours["state"]
+        states = ours["states"]
+        if len(states) != self.world_size:
+            raise Error(f"the state_dict holds the compression state of {len(states)} ranks; "
+                        f"this job has {self.world_size}: resume with the same world size")
+        return states[self.rank]
 
     @property
     def plan(self):

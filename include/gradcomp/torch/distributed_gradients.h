@@ -122,6 +122,9 @@ class DistributedGradients {
 
   // Compression state of this rank (feedback residuals, PowerSGD factors, momenta, counters).
   std::vector<std::byte> save_state() const;
+  // Every rank's save_state(), indexed by rank, on every rank: a collective between steps, so
+  // that one rank may write a checkpoint that every rank resumes from.
+  std::vector<std::vector<std::byte>> save_all_states() const;
   void load_state(std::span<const std::byte> state);
   void set_timeline(const std::string& path);
 

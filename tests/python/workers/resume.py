@@ -12,13 +12,14 @@ import gradcomp.torch as gc
 import load_errors
 
 
-def train(rank, compression, begin, end, load=None, save=None, model_only=False):
+def train(rank, compression, begin, end, load=None, save=None, model_only=False,
+          one_file=False):
     model = common.make_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=compression,
                                   seed=7)
     if load:
-        checkpoint = torch.load(f"{load}.rank{rank}.pt")
+        checkpoint = torch.load(f"{load}.all.pt" if one_file else f"{load}.rank{rank}.pt")
         model.load_state_dict(checkpoint["model"])
         if model_only:
             sgd.load_state_dict({k: v for k, v in checkpoint["optimizer"].items()
@@ -29,7 +30,12 @@ def train(rank, compression, begin, end, load=None, save=None, model_only=False)
         opt.zero_grad()
         common.loss_of(model, *common.batch(rank, step)).backward()
         opt.step()
-    if save:
+    if save and one_file:
+        # Rank 0 alone writes one file holding every rank's compression state.
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict(all_ranks=True)}
+        if rank == 0:
+            torch.save(state, f"{save}.all.pt")
+    elif save:
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
                    f"{save}.rank{rank}.pt")
     stats = opt.last_step()
@@ -44,6 +50,8 @@ def main():
     p.add_argument("--load", help="checkpoint prefix to resume from")
     p.add_argument("--save", help="checkpoint prefix to write at the end")
     p.add_argument("--check-errors", action="store_true")
+    p.add_argument("--one-file", action="store_true",
+                   help="rank 0 saves one checkpoint for all ranks, every rank loads it")
     args = p.parse_args()
     rank, world = common.setup()
 
@@ -54,12 +62,14 @@ def main():
         if args.check_errors and i == 0:
             report["errors"] = load_errors.check(rank, world, load, compression,
                                                  "topk:ratio=0.5|ef")
-        final, sent, uncompressed = train(rank, compression, args.begin, args.end, load, save)
+        final, sent, uncompressed = train(rank, compression, args.begin, args.end, load, save,
+                                          one_file=args.one_file)
         finals[compression] = {"full": final}
         report[compression] = {"bytes_sent": sent, "uncompressed_bytes": uncompressed}
         if load:
             finals[compression]["model_only"] = train(rank, compression, args.begin, args.end,
-                                                      load, model_only=True)[0]
+                                                      load, model_only=True,
+                                                      one_file=args.one_file)[0]
     common.save(args.out, "final", rank, finals)
     common.report(args.out, rank, report)
 
