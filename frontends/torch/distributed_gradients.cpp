@@ -82,6 +82,7 @@ struct DistributedGradientsShared {
   std::vector<bool> handed;              // handed to the engine in this step's exchange
   bool any_handed = false;
   std::vector<at::Tensor> in_flight;     // what the engine reads and writes until it is done
+  std::vector<std::pair<at::Tensor, at::Tensor>> narrowed;  // (half .grad, its float32 copy)
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators;  // keep our hooks alive
   int passes_per_step = 1;
   int passes_done = 0;                   // backward passes ended since the last exchange
@@ -147,11 +148,16 @@ class BeforeAccumulationHook final : public ::torch::autograd::FunctionPreHook {
   size_t index_;
 };
 
+bool exchangeable_type(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
 void check_parameter(const std::string& name, const at::Tensor& p) {
-  if (p.scalar_type() != at::kFloat || p.is_sparse() || !p.device().is_cpu()) {
+  if (!exchangeable_type(p.scalar_type()) || p.is_sparse() || !p.device().is_cpu()) {
     throw Error(fmt::format(
-        "parameter '{}' is {}; gradcomp exchanges dense float32 CPU gradients (convert the "
-        "model with .float(), or leave the parameter out / set requires_grad=False)",
+        "parameter '{}' is {}; gradcomp exchanges dense float32, float16 and bfloat16 CPU "
+        "gradients (convert the model with .float(), or leave the parameter out / set "
+        "requires_grad=False)",
         name, describe(p)));
   }
   if (!p.is_leaf()) {
@@ -216,14 +222,23 @@ void DistributedGradientsShared::hand_over(size_t index) {
         "nn.Embedding(sparse=False), or set requires_grad=False on it)",
         names[index]));
   }
-  if (grad.scalar_type() != at::kFloat || !grad.is_contiguous() ||
+  const at::ScalarType type = parameters[index].scalar_type();
+  if (grad.scalar_type() != type || !grad.is_contiguous() ||
       grad.numel() != parameters[index].numel()) {
-    // A gradient autograd made non-contiguous (or a user-assigned one): make it a plain
-    // float32 buffer the engine can write the mean into, in place of the old one.
-    grad = grad.to(at::kFloat).contiguous().reshape_as(parameters[index]);
+    // A gradient autograd made non-contiguous (or a user-assigned one): a plain buffer of the
+    // parameter's type the mean can be written into, in place of the old one.
+    grad = grad.to(type).contiguous().reshape_as(parameters[index]);
     parameters[index].mutable_grad() = grad;
   }
-  hand_over(index, grad);
+  if (type == at::kFloat) {
+    hand_over(index, grad);
+    return;
+  }
+  // Half-precision gradients travel and keep their feedback in float32 (exact widening); the
+  // float32 mean is rounded back into .grad once the exchange is done, alike on every rank.
+  at::Tensor wide = grad.to(at::kFloat);
+  narrowed.emplace_back(grad, wide);
+  hand_over(index, wide);
 }
 
 void DistributedGradientsShared::hand_over(size_t index, const at::Tensor& grad) {
@@ -324,7 +339,8 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   for (size_t i = 0; i < parameters.size(); ++i) {
     if (handed[i]) continue;
     if (fill_nan) {
-      hand_over(i, at::full_like(parameters[i], std::numeric_limits<float>::quiet_NaN()));
+      hand_over(i, at::full(parameters[i].sizes(), std::numeric_limits<float>::quiet_NaN(),
+                            at::TensorOptions().dtype(at::kFloat)));
       continue;
     }
     auto& grad = parameters[i].mutable_grad();
@@ -336,6 +352,8 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   passes_done = 0;
   exchanged_since_step = true;
   wait_for_engine();
+  for (auto& [half, wide] : narrowed) half.copy_(wide);  // round to nearest even
+  narrowed.clear();
   in_flight.clear();
 }
 

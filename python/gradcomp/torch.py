@@ -126,6 +126,9 @@ def _number(name, value, low, high=None, integer=True):
     return value
 
 
+_BROADCAST_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def broadcast_parameters(params, root=0, transport=None):
     """Copies rank `root`'s parameters (or any float32 tensors) into every rank's, in place, so
     all ranks start from the same model. `params`: model.parameters(), named_parameters() or
@@ -136,10 +139,16 @@ def broadcast_parameters(params, root=0, transport=None):
     with torch.no_grad():
         for p in params:
             t = p[1] if isinstance(p, tuple) else p
-            if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+            if t.dtype not in _BROADCAST_TYPES or not t.is_contiguous() or t.device.type != "cpu":
                 raise Error(f"broadcast_parameters: a {t.dtype} tensor on {t.device}; only "
-                            "contiguous float32 CPU tensors can be broadcast")
-            link.broadcast_(t.data, root)
+                            "contiguous float32, float16 and bfloat16 CPU tensors can be "
+                            "broadcast")
+            if t.dtype == torch.float32:
+                link.broadcast_(t.data, root)
+            else:
+                wide = t.data.float()  # exact, and exact back
+                link.broadcast_(wide, root)
+                t.data.copy_(wide)
 
 
 def _plan_json(plan):

@@ -77,8 +77,9 @@ class DistributedGradients {
  public:
   // A collective: every rank constructs it together, with the same parameter names and sizes
   // (a difference is a CommError naming the first one, from the engine's check). Parameters
-  // that do not require gradients are skipped; the others must be dense float32 CPU tensors
-  // (Error naming the parameter otherwise). Tensors enter the default plan in reverse order of
+  // that do not require gradients are skipped; the others must be dense float32, float16 or
+  // bfloat16 CPU tensors (Error naming the parameter otherwise; half-precision gradients are
+  // exchanged, and their feedback kept, in float32). Tensors enter the default plan in reverse order of
   // `parameters`, the order backward usually produces their gradients.
   DistributedGradients(NamedParameters parameters, std::shared_ptr<Transport> transport,
                        GradientOptions options = {});

@@ -180,7 +180,8 @@ def different_models(rank, out):
     return None
 
 
-CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, bad_plan, route_and_small_model, float64_parameter, frozen_parameter,
+CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, bad_plan, route_and_small_model,
+                                 float64_parameter, frozen_parameter,
                                  unused_parameter, sparse_gradient, backward_twice,
                                  different_models)}
 
