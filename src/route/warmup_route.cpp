@@ -20,7 +20,8 @@ class WarmupRoute final : public Route {
       : plain_(std::move(plain)), main_(std::move(main)), start_step_(start_step) {}
 
   void encode(std::span<float> bucket, const StepState& step, const Phases& p) override {
-    at(step).encode(bucket, step, p);
+    last_ = &at(step);
+    last_->encode(bucket, step, p);
   }
   void exchange(const StepState& step, const Phases& p) override { at(step).exchange(step, p); }
   void decode(std::span<float> out, const StepState& step, const Phases& p) override {
@@ -38,15 +39,14 @@ class WarmupRoute final : public Route {
 
  private:
   // Every stage of a step asks with that step's number, so all three pick the same route.
-  Route& at(const StepState& step) {
-    last_ = step.step < start_step_ ? plain_.get() : main_.get();
-    return *last_;
+  Route& at(const StepState& step) const {
+    return step.step < start_step_ ? *plain_ : *main_;
   }
 
   std::unique_ptr<Route> plain_;  // codec none, feedback none, allreduce
   std::unique_ptr<Route> main_;   // the option's route
   uint64_t start_step_;
-  Route* last_ = plain_.get();  // the route of the last stage run (bytes_sent)
+  Route* last_ = plain_.get();  // the route of the last step encoded (bytes_sent)
 };
 
 }  // namespace
