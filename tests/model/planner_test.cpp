@@ -116,12 +116,18 @@ TEST(Planner, NeverPredictsWorseThanTheBestUncompressedPlan) {
   }
 }
 
+// 8 workers on 100 Mbit/s: compression pays.
+Cluster slow_cluster() {
+  Cluster slow;
+  slow.workers = 8;
+  slow.inter.bytes_per_s = 1.25e7;
+  return slow;
+}
+
 TEST(Planner, CompressesWhenTheNetworkIsSlowAndNotWhenItIsFast) {
   std::mt19937 rng(5);
   const Profile profile = random_profile(rng, 20);
-  Cluster slow;
-  slow.workers = 8;
-  slow.inter.bytes_per_s = 1.25e7;  // 100 Mbit/s
+  const Cluster slow = slow_cluster();
   Cluster fast = slow;
   fast.inter.bytes_per_s = 1e12;
   const auto on_slow = make_plan(profile, CostModel(slow, test_costs()), three_options());
@@ -142,10 +148,7 @@ TEST(Planner, CompressesWhenTheNetworkIsSlowAndNotWhenItIsFast) {
 TEST(Planner, StartStepGoesIntoCompressedBucketsOnly) {
   std::mt19937 rng(5);
   const Profile profile = random_profile(rng, 20);
-  Cluster slow;
-  slow.workers = 8;
-  slow.inter.bytes_per_s = 1.25e7;  // 100 Mbit/s
-  const CostModel cost(slow, test_costs());
+  const CostModel cost(slow_cluster(), test_costs());
   auto settings = three_options();
   const auto steady = make_plan(profile, cost, settings);
   settings.start_step = 700;
