@@ -145,7 +145,13 @@ INSTANTIATE_TEST_SUITE_P(
                   {.codec = "randomk:ratio=0.1", .route = "hierarchical:inner=allreduce"}},
         RouteCase{"topk_hierarchical_twoway",
                   {.codec = "topk:ratio=0.1", .feedback = "ef",
-                   .route = "hierarchical:inner=twoway,intra=fp16"}}),
+                   .route = "hierarchical:inner=twoway,intra=fp16"}},
+        RouteCase{"powersgd_hierarchical_from_step_2",
+                  {.codec = "powersgd", .feedback = "ef", .route = "hierarchical:inner=allreduce",
+                   .start_step = 2}},
+        RouteCase{"dgc_allgather_from_step_2",
+                  {.codec = "dgc:ratio=0.01,stage_steps=1", .feedback = "dgc",
+                   .route = "allgather", .start_step = 2}}),
     [](const auto& info) { return info.param.name; });
 
 class EngineCheckpoint : public ::testing::TestWithParam<RouteCase> {};
@@ -178,7 +184,10 @@ INSTANTIATE_TEST_SUITE_P(
         RouteCase{"powersgd_ef_allreduce", {.codec = "powersgd", .feedback = "ef"}},
         RouteCase{"randomk_allreduce", {.codec = "randomk:ratio=0.1"}},
         RouteCase{"efsignsgd_twoway", {.codec = "efsignsgd", .feedback = "ef",
-                                       .route = "twoway"}}),
+                                       .route = "twoway"}},
+        // Saved at step 3, before the switch at step 4: the resumed run crosses it.
+        RouteCase{"powersgd_ef_allreduce_from_step_4",
+                  {.codec = "powersgd", .feedback = "ef", .start_step = 4}}),
     [](const auto& info) { return info.param.name; });
 
 // Option::start_step = 2: steps 0 and 1 are the exact float32 mean (the bits of codec none
