@@ -117,7 +117,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("transport_names", &transport_names);
   m.def("parse_option", [](const std::string& text) {
     const Option o = parse_option(text);
-    return py::make_tuple(o.codec, o.feedback, o.route);
+    return py::make_tuple(o.codec, o.feedback, o.route, o.start_step);
   });
   m.def(
       "default_plan",

@@ -37,14 +37,20 @@ struct Option {
   // "hierarchical" (inner=allreduce|allgather|twoway, intra=none|fp16).
   std::string route = "allreduce";
   EncodeOn encode_on = EncodeOn::kEngine;
+  // Warm-up: engine steps before this one exchange the bucket uncompressed (the exact float32
+  // mean, a plain allreduce), leaving the codec and feedback untouched; from this step on the
+  // option runs as written. Published recipes (PowerSGD's start_powerSGD_iter) avoid the
+  // accuracy loss of compressing the first steps this way. 0: compress from the first step.
+  uint64_t start_step = 0;
 
   bool operator==(const Option&) const = default;
 };
 
-// Parses the short form users type, "codec[|feedback[|route]]" (e.g. "fp16",
-// "topk:ratio=0.01|ef", "qsgd||twoway"). A missing feedback is "none"; a missing route is
-// "allreduce" when the codec's frames can be summed and "allgather" otherwise. Throws SpecError
-// naming the unknown codec, feedback or route and listing the available ones.
+// Parses the short form users type, "codec[|feedback[|route[|start=N]]]" (e.g. "fp16",
+// "topk:ratio=0.01|ef", "qsgd||twoway", "topk:ratio=0.01|ef||start=500"). A missing feedback is
+// "none"; a missing route is "allreduce" when the codec's frames can be summed and "allgather"
+// otherwise; start=N sets Option::start_step (default 0). Throws SpecError naming the unknown
+// codec, feedback or route and listing the available ones, or the malformed start field.
 Option parse_option(const std::string& text);
 
 // A group of tensors fused into one buffer, in the order listed, and sent together.
@@ -60,6 +66,9 @@ struct DefaultPlanSettings {
   size_t bucket_bytes = 25u << 20;     // fusion buffer size, as DDP's 25 MB buckets
   size_t min_compress_elements = 16384;  // smaller tensors (biases, norms) stay uncompressed
   Option compressed{};                  // the option of buckets of large tensors
+  // When not 0, the start_step of the buckets of large tensors (it overrides
+  // compressed.start_step): they travel uncompressed before this engine step.
+  uint64_t start_step = 0;
 };
 
 struct Plan {

@@ -441,13 +441,15 @@ class CommHook:
     def plan(self, layout):
         """The plan for DDP buckets of these sizes: one gradcomp bucket per DDP bucket."""
         tensors = [{"name": f"ddp_bucket.{i}", "elements": n} for i, n in enumerate(layout)]
-        codec, feedback, route = _C.parse_option(self.compression)
+        codec, feedback, route, start_step = _C.parse_option(self.compression)
         buckets = []
         for i, n in enumerate(layout):
             big = n >= self.min_compress_elements
             buckets.append({"tensors": [i], "codec": codec if big else "none",
                             "feedback": feedback if big else "none",
                             "route": route if big else "allreduce", "encode_on": "engine"})
+            if big and start_step:  # "...|start=N": compressed from the engine's step N
+                buckets[-1]["start_step"] = start_step
         return {"format": "gradcomp-plan", "version": 1, "tensors": tensors, "buckets": buckets}
 
     def __call__(self, state, bucket):

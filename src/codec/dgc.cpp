@@ -1,6 +1,9 @@
 // dgc: the compression half of Deep Gradient Compression (Lin et al., ICLR 2018): a sampled
-// magnitude threshold with an exact top-k fix-up, and DGC's warm-up schedule in which the
-// sent share decays exponentially from warmup_ratio to ratio over warmup_steps steps.
+// magnitude threshold with an exact top-k fix-up, and DGC's warm-up schedule in one of two
+// forms: smooth (warmup_steps: the sent share decays exponentially from warmup_ratio to ratio
+// over warmup_steps steps) or staged as in the paper (stage_steps = N: N steps at each of
+// warmup_ratio / 4^s for s = 0..3, i.e. 25%, 6.25%, 1.5625%, 0.39% by default, never below
+// ratio, then ratio from step 4N on).
 //
 // Unlike Espresso's DGC, which kept the first k indices above the threshold (a positional
 // bias), the fix-up keeps the k largest, so the frame equals exact top-k (ties to the lower
@@ -28,17 +31,25 @@ struct DgcParams {
   double sample;
   int64_t warmup_steps;
   double warmup_ratio;
+  int64_t stage_steps;
 };
+
+// The paper's warm-up has four stages, each sending a quarter of the share of the one before.
+constexpr int kStages = 4;
 
 class DgcCodec final : public Codec {
  public:
   explicit DgcCodec(const DgcParams& p) : p_(p) {}
 
   CodecId id() const override { return CodecId::kDgc; }
+  // stage_steps is spelt out only when set, so the canonical spec, and with it the parameter
+  // hash in every frame, stays what it was before the staged schedule existed.
   std::string spec() const override {
+    const std::string staged =
+        p_.stage_steps > 0 ? ",stage_steps=" + std::to_string(p_.stage_steps) : "";
     return "dgc:ratio=" + format_number(p_.ratio) +
            ",warmup_steps=" + std::to_string(p_.warmup_steps) +
-           ",warmup_ratio=" + format_number(p_.warmup_ratio) +
+           ",warmup_ratio=" + format_number(p_.warmup_ratio) + staged +
            ",sample=" + format_number(p_.sample);
   }
   CodecTraits traits() const override {
@@ -87,13 +98,24 @@ class DgcCodec final : public Codec {
   // DGC warm-up: ratio(t) = warmup_ratio * (ratio / warmup_ratio)^(t / warmup_steps) for
   // t < warmup_steps, then ratio. With 0.25 -> 0.001 over 4 steps: 25%, 6.3%, 1.6%, 0.4%, 0.1%.
   double ratio_at(uint64_t step) const {
+    if (p_.stage_steps > 0) return staged_ratio_at(step);
     if (p_.warmup_steps == 0 || step >= static_cast<uint64_t>(p_.warmup_steps)) return p_.ratio;
     const double progress = static_cast<double>(step) / static_cast<double>(p_.warmup_steps);
     return p_.warmup_ratio * std::pow(p_.ratio / p_.warmup_ratio, progress);
   }
-  // The schedule starts at its largest share and decays.
+  // Staged warm-up (the paper's, per epoch there): stage s = step / stage_steps sends
+  // warmup_ratio / 4^s, an exact power of two times warmup_ratio, so every rank computes the
+  // same share; never less than ratio, which every step from stage 4 on sends.
+  double staged_ratio_at(uint64_t step) const {
+    const uint64_t stage = step / static_cast<uint64_t>(p_.stage_steps);
+    if (stage >= kStages) return p_.ratio;
+    return std::max(p_.ratio, std::ldexp(p_.warmup_ratio, -2 * static_cast<int>(stage)));
+  }
+  // Both schedules start at their largest share and decay: frames up to warmup_ratio's count
+  // are valid (and max_frame_bytes covers the densest stage).
   size_t max_count(size_t n) const {
-    return sparse::count_for_ratio(p_.warmup_steps > 0 ? p_.warmup_ratio : p_.ratio, n);
+    const bool warms_up = p_.warmup_steps > 0 || p_.stage_steps > 0;
+    return sparse::count_for_ratio(warms_up ? p_.warmup_ratio : p_.ratio, n);
   }
 
   DgcParams p_;
@@ -108,8 +130,14 @@ std::unique_ptr<Codec> make_dgc(Spec& spec) {
   p.ratio = spec.get_double("ratio", 0.001, 0, 1, /*lo_open=*/true);
   p.warmup_steps = spec.get_int("warmup_steps", 0, 0, std::numeric_limits<int64_t>::max());
   p.warmup_ratio = spec.get_double("warmup_ratio", 0.25, 0, 1, /*lo_open=*/true);
+  // Bounded so that step / stage_steps never reaches the end of the warm-up by overflow.
+  p.stage_steps = spec.get_int("stage_steps", 0, 0, int64_t{1} << 40);
   p.sample = spec.get_double("sample", 0.01, 0, 1, /*lo_open=*/true);
-  if (p.warmup_steps > 0 && p.warmup_ratio < p.ratio) {
+  if (p.warmup_steps > 0 && p.stage_steps > 0) {
+    spec.fail("parameters 'warmup_steps' and 'stage_steps' are both set; allowed: one warm-up "
+              "schedule, smooth (warmup_steps) or staged (stage_steps)");
+  }
+  if ((p.warmup_steps > 0 || p.stage_steps > 0) && p.warmup_ratio < p.ratio) {
     spec.fail("parameter 'warmup_ratio' = " + format_number(p.warmup_ratio) +
               " is below 'ratio' = " + format_number(p.ratio) +
               "; allowed: warmup_ratio >= ratio (warm-up starts less sparse and decays)");

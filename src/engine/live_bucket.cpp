@@ -50,9 +50,11 @@ void LiveBucket::reset() {
 
 std::string LiveBucket::describe(const Plan& plan) const {
   const Option& o = plan.buckets[index].option;
-  return fmt::format("bucket {}: {} tensor{}, {:.3g} MB, {} / {} / {}", index, tensor_count_,
+  const std::string from =
+      o.start_step == 0 ? "" : fmt::format(" from step {}", o.start_step);
+  return fmt::format("bucket {}: {} tensor{}, {:.3g} MB, {} / {} / {}{}", index, tensor_count_,
                      tensor_count_ == 1 ? "" : "s", elements * 4.0 / 1e6, o.codec, o.feedback,
-                     o.route);
+                     o.route, from);
 }
 
 size_t LiveBucket::memory_bytes() const {

@@ -299,6 +299,16 @@ class Search {
   size_t considered_ = 0;
 };
 
+// PlannerSettings::start_step into the buckets that compress: the warm-up only delays their
+// compression (the cost model prices the steady state), and an uncompressed bucket has nothing
+// to warm up.
+void apply_start_step(Plan& plan, uint64_t start_step) {
+  if (start_step == 0) return;
+  for (Bucket& b : plan.buckets) {
+    if (make_codec(b.option.codec)->id() != CodecId::kNone) b.option.start_step = start_step;
+  }
+}
+
 Plan plan_of(const Profile& profile, std::vector<Bucket> buckets) {
   Plan plan;
   plan.tensors = profile.tensor_infos();
@@ -420,6 +430,7 @@ PlanResult make_plan(const Profile& profile, const CostModel& cost,
     result.plan = result.uncompressed_plan;
     result.predicted = simulate(profile, result.plan, cost, settings.simulator);
   }
+  apply_start_step(result.plan, settings.start_step);
   result.decision_s = std::chrono::duration<double>(Clock::now() - began).count();
   return result;
 }

@@ -69,7 +69,9 @@ Plan make_default_plan(std::vector<TensorInfo> tensors, const DefaultPlanSetting
   // Small tensors (biases, norms) gain little from compression and would pay its fixed costs
   // (headers, scales, a second pass), so they travel uncompressed over a plain allreduce.
   const Option uncompressed{.codec = "none", .feedback = "none", .route = "allreduce"};
-  BucketFiller large(settings.compressed, settings.bucket_bytes, plan.buckets);
+  Option compressed = settings.compressed;
+  if (settings.start_step != 0) compressed.start_step = settings.start_step;
+  BucketFiller large(compressed, settings.bucket_bytes, plan.buckets);
   BucketFiller small(uncompressed, settings.bucket_bytes, plan.buckets);
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     const size_t n = plan.tensors[t].elements;

@@ -1,6 +1,8 @@
-// parse_option: the "codec|feedback|route" short form of an Option.
+// parse_option: the "codec|feedback|route|start=N" short form of an Option.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <string_view>
 
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
@@ -22,14 +24,34 @@ std::vector<std::string> split_bars(const std::string& text) {
   }
 }
 
+constexpr std::string_view kStartKey = "start=";
+
+// The 4th field, "start=N": Option::start_step, a decimal step number.
+uint64_t parse_start(const std::string& text, const std::string& field) {
+  const auto fail = [&] {
+    throw SpecError(fmt::format("compression '{}': the 4th field '{}' must be 'start=N' with N "
+                                "the first compressed step, an integer from 0 to 2^40",
+                                text, field));
+  };
+  if (field.rfind(kStartKey, 0) != 0) fail();
+  const std::string digits = field.substr(kStartKey.size());
+  if (digits.empty() || digits.size() > 13 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    fail();
+  }
+  const uint64_t step = std::stoull(digits);
+  if (step > (uint64_t{1} << 40)) fail();
+  return step;
+}
+
 }  // namespace
 
 Option parse_option(const std::string& text) {
   const auto parts = split_bars(text);
-  if (parts.size() > 3 || parts[0].empty()) {
+  if (parts.size() > 4 || parts[0].empty()) {
     throw SpecError(fmt::format(
-        "compression '{}' must be 'codec[|feedback[|route]]', e.g. 'fp16' or "
-        "'topk:ratio=0.01|ef|allgather'; codecs: {}",
+        "compression '{}' must be 'codec[|feedback[|route[|start=N]]]', e.g. 'fp16' or "
+        "'topk:ratio=0.01|ef|allgather|start=500'; codecs: {}",
         text, fmt::join(codec_names(), ", ")));
   }
   Option option;
@@ -41,6 +63,7 @@ Option parse_option(const std::string& text) {
   } else {
     option.route = codec->traits().summable ? "allreduce" : "allgather";
   }
+  if (parts.size() > 3) option.start_step = parse_start(text, parts[3]);
   // The feedback and route are checked with the whole option; what is wrong is said of the
   // text the user wrote (SpecError, listing what is available), not of a plan's bucket.
   try {

@@ -131,7 +131,7 @@ TensorInfo read_tensor(const json& value, const std::string& path) {
 
 Bucket read_bucket(const json& value, const std::string& path) {
   check_object(value, path);
-  check_keys(value, path, {"tensors", "codec", "feedback", "route", "encode_on"});
+  check_keys(value, path, {"tensors", "codec", "feedback", "route", "encode_on", "start_step"});
   Bucket bucket;
   const std::string tensors_path = path + ".tensors";
   const json& tensors = read_array(
@@ -145,6 +145,10 @@ Bucket read_bucket(const json& value, const std::string& path) {
   bucket.option.feedback = optional_string(value, path, "feedback", defaults.feedback);
   bucket.option.route = optional_string(value, path, "route", defaults.route);
   bucket.option.encode_on = read_encode_on(value, path);
+  // Absent in plans written before warm-up existed: compress from the first step.
+  if (const auto it = value.find("start_step"); it != value.end()) {
+    bucket.option.start_step = read_count(*it, path + ".start_step");
+  }
   return bucket;
 }
 
@@ -206,6 +210,10 @@ void validate_membership(const Plan& plan) {
 
 void validate_option(const Option& option, size_t b) {
   const std::string path = fmt::format("buckets[{}]", b);
+  if (option.start_step > kMaxCount) {
+    throw Error(fmt::format("{}.start_step: must be at most 2^40, not {}", path,
+                            option.start_step));
+  }
   with_context(path + ".codec", [&] { make_codec(option.codec); });
   with_context(path + ".feedback", [&] { make_feedback(option.feedback); });
   // check_route re-checks codec and feedback, which passed above, so what it reports is about
@@ -256,11 +264,15 @@ nlohmann::json Plan::to_json() const {
   }
   json bucket_list = json::array();
   for (const Bucket& b : buckets) {
-    bucket_list.push_back({{"tensors", b.tensors},
-                           {"codec", b.option.codec},
-                           {"feedback", b.option.feedback},
-                           {"route", b.option.route},
-                           {"encode_on", encode_on_name(b.option.encode_on)}});
+    json bucket = {{"tensors", b.tensors},
+                   {"codec", b.option.codec},
+                   {"feedback", b.option.feedback},
+                   {"route", b.option.route},
+                   {"encode_on", encode_on_name(b.option.encode_on)}};
+    // Written only when set, so a plan without warm-up keeps the JSON, and hence the hash
+    // (which checkpoints store), it had before start_step existed.
+    if (b.option.start_step != 0) bucket["start_step"] = b.option.start_step;
+    bucket_list.push_back(std::move(bucket));
   }
   return {{"format", kFormat},
           {"version", version},

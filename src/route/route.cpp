@@ -130,9 +130,10 @@ void check_route(const Option& option) {
   route::check_codec_fits(spec.name == "hierarchical" ? spec.inner : spec.name, *codec);
 }
 
-std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
-                                  const RouteEnv& env) {
-  check_route(option);
+namespace {
+
+std::unique_ptr<Route> make_option_route(const Option& option, size_t bucket, size_t elements,
+                                         const RouteEnv& env) {
   route::RouteConfig config{.codec = option.codec,
                             .feedback = option.feedback,
                             .spec = route::parse_route_spec(option),
@@ -141,6 +142,19 @@ std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t el
                             .env = env};
   if (config.spec.name == "hierarchical") return route::make_hierarchical_route(config);
   return route::make_flat_route(config);
+}
+
+}  // namespace
+
+std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
+                                  const RouteEnv& env) {
+  check_route(option);
+  auto main = make_option_route(option, bucket, elements, env);
+  if (option.start_step == 0) return main;
+  // Warm-up: an uncompressed allreduce over the whole world (Option's defaults) until
+  // start_step.
+  return route::make_warmup_route(make_option_route(Option{}, bucket, elements, env),
+                                  std::move(main), option.start_step);
 }
 
 }  // namespace gradcomp

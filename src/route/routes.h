@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -41,6 +42,10 @@ std::unique_ptr<Route> make_allreduce_route(const RouteConfig& config);
 std::unique_ptr<Route> make_allgather_route(const RouteConfig& config);
 std::unique_ptr<Route> make_twoway_route(const RouteConfig& config);
 std::unique_ptr<Route> make_hierarchical_route(const RouteConfig& config);
+// Option::start_step: `plain` (codec none, feedback none, allreduce) before start_step, then
+// `main`, the option's route.
+std::unique_ptr<Route> make_warmup_route(std::unique_ptr<Route> plain, std::unique_ptr<Route> main,
+                                         uint64_t start_step);
 // The route among leaders (or the whole route when not hierarchical) by name.
 std::unique_ptr<Route> make_flat_route(const RouteConfig& config);
 

@@ -42,23 +42,50 @@ TEST(Dgc, GoldenBytes) {
             fnv1a32("dgc:ratio=0.25,warmup_steps=0,warmup_ratio=0.25,sample=0.01"));
 }
 
+// Step t's frame sends exactly the top expected[t] of x, and decodes (the decoder accepts the
+// whole schedule's range).
+void expect_schedule(Codec& codec, const std::vector<float>& x,
+                     const std::vector<size_t>& expected) {
+  for (uint64_t step = 0; step < expected.size(); ++step) {
+    const auto frame = encode(codec, x, {.step = step});
+    const auto p = parse_sparse_payload(frame);
+    EXPECT_EQ(p.indices.size(), expected[step]) << "step " << step;
+    EXPECT_EQ(p.indices, reference_top_k(x, expected[step])) << "step " << step;
+    EXPECT_NO_THROW(decode(codec, frame, x.size(), {.step = step}));
+  }
+}
+
 TEST(Dgc, WarmUpDecaysExponentiallyToTheFinalRatio) {
   // ratio(t) = 0.25 * (0.001 / 0.25)^(t / 4): 25%, 6.29%, 1.58%, 0.398%, then 0.1%.
   auto codec = make_codec("dgc:ratio=0.001,warmup_steps=4,warmup_ratio=0.25");
   const auto x = gradient(10000, 12);
-  const std::vector<size_t> expected = {2500, 629, 158, 40, 10, 10, 10};
-  for (uint64_t step = 0; step < expected.size(); ++step) {
-    const auto frame = encode(*codec, x, {.step = step});
-    const auto p = parse_sparse_payload(frame);
-    EXPECT_EQ(p.indices.size(), expected[step]) << "step " << step;
-    EXPECT_EQ(p.indices, reference_top_k(x, expected[step])) << "step " << step;
-    // Every step's frame decodes (the decoder accepts the whole schedule's range).
-    EXPECT_NO_THROW(decode(*codec, frame, x.size(), {.step = step}));
-  }
+  expect_schedule(*codec, x, {2500, 629, 158, 40, 10, 10, 10});
   EXPECT_EQ(codec->max_frame_bytes(10000), kFrameHeaderBytes + 4 + 8 * 2500);
   // No warm-up: the final ratio from step 0.
   auto plain = make_codec("dgc:ratio=0.001");
   EXPECT_EQ(parse_sparse_payload(encode(*plain, x)).indices.size(), 10u);
+}
+
+TEST(Dgc, StagedWarmUpFollowsThePapersStages) {
+  // stage_steps = 2: steps 0-1 send 25%, 2-3 6.25%, 4-5 1.5625%, 6-7 0.390625%, then 0.1%
+  // (of 10000: 156.25 and 39.0625 round to 156 and 39).
+  auto codec = make_codec("dgc:ratio=0.001,stage_steps=2");
+  const auto x = gradient(10000, 12);
+  expect_schedule(*codec, x, {2500, 2500, 625, 625, 156, 156, 39, 39, 10, 10, 10});
+  // Frames are sized for the densest stage; far steps (no overflow) send the final ratio.
+  EXPECT_EQ(codec->max_frame_bytes(10000), kFrameHeaderBytes + 4 + 8 * 2500);
+  const auto far = encode(*codec, x, {.step = std::numeric_limits<uint64_t>::max()});
+  EXPECT_EQ(parse_sparse_payload(far).indices.size(), 10u);
+  // A stage never sends less than the final ratio: with ratio 0.05, stages 2 and 3 send 5%.
+  auto coarse = make_codec("dgc:ratio=0.05,stage_steps=1");
+  expect_schedule(*coarse, x, {2500, 625, 500, 500, 500});
+  EXPECT_EQ(codec->spec(), "dgc:ratio=0.001,warmup_steps=0,warmup_ratio=0.25,stage_steps=2,"
+                           "sample=0.01");
+  const std::string both = error_text([] { make_codec("dgc:warmup_steps=4,stage_steps=2"); });
+  EXPECT_NE(both.find("codec 'dgc': parameters 'warmup_steps' and 'stage_steps' are both set"),
+            std::string::npos) << both;
+  EXPECT_NE(error_text([] { make_codec("dgc:stage_steps=-1"); }).find("parameter 'stage_steps'"),
+            std::string::npos);
 }
 
 TEST(Dgc, SendsExactlyKOfTheLargestMagnitudes) {

@@ -145,7 +145,13 @@ INSTANTIATE_TEST_SUITE_P(
                   {.codec = "randomk:ratio=0.1", .route = "hierarchical:inner=allreduce"}},
         RouteCase{"topk_hierarchical_twoway",
                   {.codec = "topk:ratio=0.1", .feedback = "ef",
-                   .route = "hierarchical:inner=twoway,intra=fp16"}}),
+                   .route = "hierarchical:inner=twoway,intra=fp16"}},
+        RouteCase{"powersgd_hierarchical_from_step_2",
+                  {.codec = "powersgd", .feedback = "ef", .route = "hierarchical:inner=allreduce",
+                   .start_step = 2}},
+        RouteCase{"dgc_allgather_from_step_2",
+                  {.codec = "dgc:ratio=0.01,stage_steps=1", .feedback = "dgc",
+                   .route = "allgather", .start_step = 2}}),
     [](const auto& info) { return info.param.name; });
 
 class EngineCheckpoint : public ::testing::TestWithParam<RouteCase> {};
@@ -178,8 +184,71 @@ INSTANTIATE_TEST_SUITE_P(
         RouteCase{"powersgd_ef_allreduce", {.codec = "powersgd", .feedback = "ef"}},
         RouteCase{"randomk_allreduce", {.codec = "randomk:ratio=0.1"}},
         RouteCase{"efsignsgd_twoway", {.codec = "efsignsgd", .feedback = "ef",
-                                       .route = "twoway"}}),
+                                       .route = "twoway"}},
+        // Saved at step 3, before the switch at step 4: the resumed run crosses it.
+        RouteCase{"powersgd_ef_allreduce_from_step_4",
+                  {.codec = "powersgd", .feedback = "ef", .start_step = 4}}),
     [](const auto& info) { return info.param.name; });
+
+// Option::start_step = 2: steps 0 and 1 are the exact float32 mean (the bits of codec none
+// without feedback) with the feedback left unsized; steps 2 and 3 are what the compressed
+// option gives from an empty memory (top-k does not depend on the step number, so an engine
+// compressing from step 0 fed the same gradients is the reference); every rank bit-identical.
+TEST(Engine, WarmupExchangesUncompressedUntilStartStep) {
+  const Option topk{.codec = "topk:ratio=0.05", .feedback = "ef", .route = "allgather"};
+  Option warm = topk;
+  warm.start_step = 2;
+  Engine engine(world(), plan_with(warm), EngineOptions{.seed = 3});
+  Engine plain(world(), plan_with({}), EngineOptions{.seed = 3});
+  Engine compressed(world(), plan_with(topk), EngineOptions{.seed = 3});
+  const size_t fresh_memory = engine.memory_bytes();
+  const auto order = backward_order(model_tensors().size());
+  for (uint64_t s = 0; s < 4; ++s) {
+    const auto got = run_step(engine, s, order);
+    expect_identical_across_ranks(got);
+    if (s < 2) {
+      EXPECT_EQ(got, run_step(plain, s, order)) << "step " << s;
+      EXPECT_EQ(engine.memory_bytes(), fresh_memory) << "step " << s;
+      EXPECT_EQ(engine.last_step().bytes_sent, engine.last_step().uncompressed_bytes);
+    } else {
+      // The compressed engine's step s - 2 sees step s's gradients.
+      auto g = gradients(model_tensors(), world()->rank(), s);
+      for (size_t t : order) compressed.ready(t, g[t]);
+      compressed.synchronize();
+      EXPECT_EQ(got, g) << "step " << s;
+      EXPECT_GT(engine.memory_bytes(), fresh_memory) << "step " << s;
+      EXPECT_LT(engine.last_step().bytes_sent, engine.last_step().uncompressed_bytes);
+    }
+  }
+}
+
+// A checkpoint taken before the switch (step 1) or after it (step 3) resumes bit-exactly
+// across it: the step counter decides which way a bucket travels.
+TEST(Engine, WarmupResumesAcrossTheSwitch) {
+  for (const Option& option :
+       {Option{.codec = "topk:ratio=0.05", .feedback = "ef", .route = "allgather",
+               .start_step = 2},
+        Option{.codec = "dgc:ratio=0.01,stage_steps=1", .feedback = "dgc",
+               .route = "allgather", .start_step = 2}}) {
+    const Plan plan = plan_with(option);
+    const auto order = backward_order(model_tensors().size());
+    Engine first(world(), plan, EngineOptions{.seed = 3});
+    std::vector<std::vector<std::byte>> states;
+    std::vector<std::vector<std::vector<float>>> uninterrupted;
+    for (uint64_t s = 0; s < 6; ++s) {
+      if (s == 1 || s == 3) states.push_back(first.save_state());
+      uninterrupted.push_back(run_step(first, s, order));
+    }
+    for (const uint64_t from : {1u, 3u}) {
+      Engine resumed(world(), plan, EngineOptions{.seed = 3});
+      resumed.load_state(states[from == 1 ? 0 : 1]);
+      for (uint64_t s = from; s < 6; ++s) {
+        EXPECT_EQ(run_step(resumed, s, order), uninterrupted[s])
+            << option.codec << ": resumed at " << from << ", step " << s;
+      }
+    }
+  }
+}
 
 // A checkpoint belongs to its plan, seed and rank.
 TEST(Engine, CheckpointsAreRefusedElsewhere) {

@@ -57,6 +57,34 @@ TEST(EngineSingleRank, CompressedRoutesWorkWithOneRank) {
   }
 }
 
+// Option::start_step: the first steps give back the gradient itself (the exact mean of one
+// rank) and leave the feedback unsized; from start_step on the bucket is compressed.
+TEST(EngineSingleRank, WarmupIsUncompressedUntilStartStep) {
+  const Plan plan = small_plan({.codec = "topk:ratio=0.1", .feedback = "ef",
+                                .route = "allgather", .start_step = 2});
+  Engine engine(single_rank(), plan);
+  const size_t fresh_memory = engine.memory_bytes();
+  const size_t fresh_state = engine.save_state().size();
+  for (uint64_t step = 0; step < 4; ++step) {
+    auto w = testing::gradient(1000, 1 + step);
+    auto b = testing::gradient(10, 2);
+    const auto w0 = w;
+    engine.ready("w", w);
+    engine.ready("b", b);
+    engine.synchronize();
+    const auto kept = std::count_if(w.begin(), w.end(), [](float x) { return x != 0; });
+    if (step < 2) {
+      EXPECT_EQ(w, w0) << "step " << step;
+      EXPECT_EQ(engine.memory_bytes(), fresh_memory) << "step " << step;
+      EXPECT_EQ(engine.save_state().size(), fresh_state) << "step " << step;
+    } else {
+      EXPECT_EQ(kept, 100) << "step " << step;
+      EXPECT_GT(engine.memory_bytes(), fresh_memory) << "step " << step;
+      EXPECT_GT(engine.save_state().size(), fresh_state) << "step " << step;
+    }
+  }
+}
+
 TEST(EngineSingleRank, BadInputIsAClearError) {
   Engine engine(single_rank(), small_plan());
   std::vector<float> w(1000), wrong(999), b(10);

@@ -116,12 +116,18 @@ TEST(Planner, NeverPredictsWorseThanTheBestUncompressedPlan) {
   }
 }
 
+// 8 workers on 100 Mbit/s: compression pays.
+Cluster slow_cluster() {
+  Cluster slow;
+  slow.workers = 8;
+  slow.inter.bytes_per_s = 1.25e7;
+  return slow;
+}
+
 TEST(Planner, CompressesWhenTheNetworkIsSlowAndNotWhenItIsFast) {
   std::mt19937 rng(5);
   const Profile profile = random_profile(rng, 20);
-  Cluster slow;
-  slow.workers = 8;
-  slow.inter.bytes_per_s = 1.25e7;  // 100 Mbit/s
+  const Cluster slow = slow_cluster();
   Cluster fast = slow;
   fast.inter.bytes_per_s = 1e12;
   const auto on_slow = make_plan(profile, CostModel(slow, test_costs()), three_options());
@@ -135,6 +141,31 @@ TEST(Planner, CompressesWhenTheNetworkIsSlowAndNotWhenItIsFast) {
   EXPECT_TRUE(compressed(on_slow.plan));
   EXPECT_LT(on_slow.predicted.iteration_s, on_slow.uncompressed_s);
   EXPECT_FALSE(compressed(on_fast.plan));
+}
+
+// start_step goes into the compressed buckets only, and does not change the search (the cost
+// model prices the steady state).
+TEST(Planner, StartStepGoesIntoCompressedBucketsOnly) {
+  std::mt19937 rng(5);
+  const Profile profile = random_profile(rng, 20);
+  const CostModel cost(slow_cluster(), test_costs());
+  auto settings = three_options();
+  const auto steady = make_plan(profile, cost, settings);
+  settings.start_step = 700;
+  const auto warm = make_plan(profile, cost, settings);
+  ASSERT_EQ(warm.plan.buckets.size(), steady.plan.buckets.size());
+  size_t compressed = 0;
+  for (size_t b = 0; b < warm.plan.buckets.size(); ++b) {
+    Option expected = steady.plan.buckets[b].option;
+    if (expected.codec != "none") {
+      expected.start_step = 700;
+      ++compressed;
+    }
+    EXPECT_EQ(warm.plan.buckets[b].option, expected) << "bucket " << b;
+    EXPECT_EQ(warm.plan.buckets[b].tensors, steady.plan.buckets[b].tensors) << "bucket " << b;
+  }
+  EXPECT_GT(compressed, 0u);
+  EXPECT_EQ(warm.predicted.iteration_s, steady.predicted.iteration_s);
 }
 
 TEST(Planner, IsDeterministic) {

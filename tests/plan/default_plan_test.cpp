@@ -99,6 +99,19 @@ TEST(DefaultPlan, SmallTensorsStayUncompressed) {
   EXPECT_EQ(compressed, 1u + 12u);  // fc.weight and the convolutions of the wider stages
 }
 
+// settings.start_step reaches the compressed buckets only; the small ones have nothing to warm.
+TEST(DefaultPlan, StartStepGoesIntoCompressedBuckets) {
+  auto settings = topk_settings(25u << 20);
+  EXPECT_EQ(settings.start_step, 0u);
+  settings.start_step = 300;
+  const Plan plan = make_default_plan(resnet_like(), settings);
+  for (const Bucket& b : plan.buckets) {
+    EXPECT_EQ(b.option.start_step, b.option.codec == "none" ? 0u : 300u) << b.option.codec;
+  }
+  EXPECT_EQ(make_default_plan(resnet_like(), topk_settings(25u << 20)).buckets[0].option.start_step,
+            0u);
+}
+
 TEST(DefaultPlan, ExactBucketsOfAKnownList) {
   // Limit 100 elements (400 bytes), threshold 50 elements.
   DefaultPlanSettings s = topk_settings(400);

@@ -108,6 +108,54 @@ TEST(Plan, OptionalBucketFieldsTakeTheirDefaults) {
   EXPECT_EQ(option, (Option{.codec = "topk:ratio=0.01"}));
 }
 
+// Option::start_step: written only when set, read back, absent in older plans (which keep
+// their JSON and hash), and part of the hash when set.
+TEST(Plan, StartStepRoundTripsAndOldPlansStillRead) {
+  Plan plan = sample_plan();
+  const json old_json = plan.to_json();
+  const uint64_t old_hash = plan.hash();
+  EXPECT_FALSE(old_json["buckets"][0].contains("start_step"));
+  expect_same(Plan::from_json(old_json), plan);  // a plan written before start_step existed
+  EXPECT_EQ(Plan::from_json(old_json).buckets[0].option.start_step, 0u);
+
+  plan.buckets[0].option.start_step = 500;
+  const json j = plan.to_json();
+  EXPECT_EQ(j["buckets"][0]["start_step"], 500);
+  EXPECT_FALSE(j["buckets"][1].contains("start_step"));
+  expect_same(Plan::from_json(j), plan);
+  expect_same(Plan::parse(j.dump(2)), plan);
+  EXPECT_EQ(Plan::from_json(j).buckets[0].option.start_step, 500u);
+  EXPECT_NE(plan.hash(), old_hash);
+  EXPECT_EQ(sample_plan().hash(), old_hash);
+}
+
+TEST(Plan, StartStepErrorsNameTheField) {
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["start_step"] = -1; }),
+            "buckets[0].start_step: must be a non-negative integer");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["start_step"] = "5"; }),
+            "buckets[0].start_step: must be a non-negative integer");
+  EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["start_step"] = 2.0; }),
+            "buckets[0].start_step: must be a non-negative integer");
+  EXPECT_EQ(validate_error([](Plan& p) { p.buckets[1].option.start_step = (1ull << 40) + 1; }),
+            "buckets[1].start_step: must be at most 2^40, not 1099511627777");
+}
+
+TEST(Plan, ShortFormTakesAStartField) {
+  EXPECT_EQ(parse_option("topk:ratio=0.01|ef||start=500"),
+            (Option{.codec = "topk:ratio=0.01", .feedback = "ef", .route = "allgather",
+                    .start_step = 500}));
+  EXPECT_EQ(parse_option("fp16|||start=0"), (Option{.codec = "fp16"}));
+  EXPECT_EQ(parse_option("fp16").start_step, 0u);
+  for (const char* bad : {"fp16|||500", "fp16|||start=", "fp16|||start=-1", "fp16|||start=1e3",
+                          "fp16|||begin=5", "fp16|||start=1099511627777"}) {
+    const std::string text = error_text([&] { parse_option(bad); });
+    EXPECT_NE(text.find("the 4th field"), std::string::npos) << bad << ": " << text;
+    EXPECT_NE(text.find("must be 'start=N'"), std::string::npos) << bad << ": " << text;
+  }
+  const std::string five = error_text([] { parse_option("fp16|||start=1|x"); });
+  EXPECT_NE(five.find("must be 'codec[|feedback[|route[|start=N]]]'"), std::string::npos) << five;
+}
+
 TEST(Plan, SaveLoadRoundTrip) {
   const auto path = temp_path("plan.json");
   const Plan plan = sample_plan();
@@ -198,6 +246,7 @@ TEST(Plan, HashChangesWithAnyField) {
       [](Plan& p) { p.buckets[0].option.feedback = "none"; },
       [](Plan& p) { p.buckets[0].option.route = "allreduce"; },
       [](Plan& p) { p.buckets[0].option.encode_on = EncodeOn::kEngine; },
+      [](Plan& p) { p.buckets[0].option.start_step = 1; },
       [](Plan& p) { p.version = 2; },
   };
   std::set<uint64_t> hashes = {sample_plan().hash()};
@@ -273,7 +322,7 @@ TEST(Plan, FromJsonBucketErrors) {
             "buckets[0].encode_on: 'gpu' is not allowed; allowed: engine, caller");
   EXPECT_EQ(from_json_error([](json& j) { j["buckets"][0]["feedbak"] = "ef"; }),
             "buckets[0]: unknown field 'feedbak'; allowed: tensors, codec, feedback, route, "
-            "encode_on");
+            "encode_on, start_step");
 }
 
 TEST(Plan, ValidAndEmptyPlansPass) {

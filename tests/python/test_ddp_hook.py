@@ -1,5 +1,7 @@
 """gradcomp's DDP communication hook: the same gradients as DistributedOptimizer for the same
 plan, and with "none" the same as DDP's own allreduce."""
+import json
+
 import pytest
 import torch
 
@@ -47,3 +49,15 @@ def test_none_hook_equals_plain_ddp(job):
         for step, (plain, hooked) in enumerate(zip(r["plain"], r["hooked"])):
             for i, (a, b) in enumerate(zip(plain, hooked)):
                 assert torch.equal(a, b), f"rank {rank}, step {step}, parameter {i}"
+
+
+def test_hook_plan_keeps_the_start_step():
+    # "|start=N" must reach the hook's plan (it builds the plan itself), not be dropped.
+    from gradcomp import _C
+    from gradcomp.torch import CommHook
+    warm = CommHook("topk:ratio=0.01|ef||start=7", min_compress_elements=100).plan([1000, 10])
+    assert warm["buckets"][0]["start_step"] == 7
+    assert "start_step" not in warm["buckets"][1]  # uncompressed: nothing to warm up
+    _C.validate_plan(json.dumps(warm))
+    plain = CommHook("topk:ratio=0.01|ef", min_compress_elements=100).plan([1000, 10])
+    assert all("start_step" not in b for b in plain["buckets"])

@@ -95,6 +95,24 @@ TEST_F(ModelCli, PlanJsonIsAValidPlanOverTheProfilesTensors) {
   EXPECT_EQ(sim.exit_code, 0) << sim.output;
 }
 
+TEST_F(ModelCli, PlanStartStepWarmsTheCompressedBuckets) {
+  const std::string out = path("warm_plan.json");
+  const Result r = run(std::string(kResnet101) + " --start-step 500 --json " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const gradcomp::Plan plan = gradcomp::Plan::load(out);
+  size_t compressed = 0;
+  for (const auto& bucket : plan.buckets) {
+    const bool lossy = bucket.option.codec != "none";
+    EXPECT_EQ(bucket.option.start_step, lossy ? 500u : 0u) << bucket.option.codec;
+    compressed += lossy ? 1 : 0;
+  }
+  EXPECT_GT(compressed, 0u);
+  EXPECT_NE(r.output.find("| from 500"), std::string::npos) << r.output;
+  const Result bad = run(std::string(kResnet101) + " --start-step -3");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--start-step"), std::string::npos) << bad.output;
+}
+
 TEST_F(ModelCli, PlanReadsAProfileItHasNeverSeen) {
   const std::string profile = write("unseen.json", unseen_profile());
   const std::string out = path("plan.json");

@@ -25,13 +25,15 @@ struct PlanFlags {
   bool one_lossy_step = false;
   bool no_caller_encoding = false;
   size_t min_compress_elements = 0;
+  uint64_t start_step = 0;
   std::string json_path;
   std::string trace_path;
 };
 
 std::string option_text(const Option& o) {
-  return fmt::format("{} | {} | {}{}", o.codec, o.feedback, o.route,
-                     o.encode_on == EncodeOn::kCaller ? " | caller" : "");
+  return fmt::format("{} | {} | {}{}{}", o.codec, o.feedback, o.route,
+                     o.encode_on == EncodeOn::kCaller ? " | caller" : "",
+                     o.start_step != 0 ? fmt::format(" | from {}", o.start_step) : "");
 }
 
 void print_plan(const Plan& plan, const model::CostModel& cost) {
@@ -65,6 +67,7 @@ int run_plan(const PlanFlags& flags) {
   settings.one_lossy_step = flags.one_lossy_step;
   settings.try_caller_encoding = !flags.no_caller_encoding;
   settings.min_compress_elements = flags.min_compress_elements;
+  settings.start_step = flags.start_step;
   settings.simulator.lambda = flags.lambda;
   const model::PlanResult result = model::make_plan(profile, cost, settings);
 
@@ -126,6 +129,10 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                  "Encode on the engine's thread only");
   plan->add_option("--min-compress", flags.min_compress_elements,
                    "Buckets under this many elements stay uncompressed");
+  plan->add_option("--start-step", flags.start_step,
+                   "Compressed buckets travel uncompressed before this step (warm-up; the "
+                   "prediction is of the steady state after it)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
   plan->add_option("--json", flags.json_path, "Write the plan (plan-format.md) to this file");
   plan->add_option("--trace", flags.trace_path, "Write the simulated step as a Chrome trace");
   plan->callback([&exit_code] { exit_code = run_plan(flags); });

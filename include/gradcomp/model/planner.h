@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ struct PlannerSettings {
   bool one_lossy_step = false;       // forbid twoway and lossy-inside-the-node hierarchical
   size_t min_compress_elements = 0;  // smaller buckets stay uncompressed
   size_t max_bucket_bytes = 256u << 20;  // no bucket larger than this (bounds the search)
+  // When not 0, the Option::start_step of every bucket the plan compresses (codec other than
+  // none): they travel uncompressed before this engine step. The search prices the steady
+  // state, after the warm-up, so it does not change which plan is chosen.
+  uint64_t start_step = 0;
   SimulatorSettings simulator{};
 };
 
