@@ -23,14 +23,9 @@ uint64_t loaded_length(std::span<const std::byte> state, bool powersgd) {
 // One step on the loaded state, every round, so the loaded Q or momentum is used.
 void step(Codec& codec, size_t n) {
   const Context ctx{.seed = 1, .world_size = 1};
-  std::vector<float> x(n, 0.5f), sum(n, 0.0f);
-  for (int r = 0; r + 1 < codec.traits().rounds; ++r) {
-    std::vector<std::byte> f(codec.max_round_bytes(r, n));
-    f.resize(codec.encode_round(r, x, f, ctx));
-    codec.absorb_round(r, f, ctx);
-  }
-  std::vector<std::byte> frame(codec.max_frame_bytes(n));
-  frame.resize(codec.encode(x, frame, ctx));
+  const std::vector<float> x(n, 0.5f);
+  std::vector<float> sum(n, 0.0f);
+  const auto frame = fuzz::encode_step(codec, x, ctx);
   codec.decode_accumulate(frame, sum, ctx);
 }
 

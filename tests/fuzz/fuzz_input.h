@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp::fuzz {
@@ -51,6 +52,19 @@ inline void expect_round_trip(std::span<const std::byte> loaded, const std::vect
   if (!std::equal(loaded.begin(), loaded.end(), saved.begin(), saved.end())) {
     finding("save_state() after load_state(bytes) does not give the same bytes back");
   }
+}
+
+// One whole step of `codec` on `x` on a single rank: every earlier round encoded and absorbed,
+// then the last round's frame, which is returned (seeds, and stepping on a loaded state).
+inline std::vector<std::byte> encode_step(Codec& codec, std::span<const float> x, const Context& ctx) {
+  for (int r = 0; r + 1 < codec.traits().rounds; ++r) {
+    std::vector<std::byte> f(codec.max_round_bytes(r, x.size()));
+    f.resize(codec.encode_round(r, x, f, ctx));
+    codec.absorb_round(r, f, ctx);
+  }
+  std::vector<std::byte> frame(codec.max_frame_bytes(x.size()));
+  frame.resize(codec.encode(x, frame, ctx));
+  return frame;
 }
 
 }  // namespace gradcomp::fuzz

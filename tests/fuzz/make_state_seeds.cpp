@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_options.h"
+#include "fuzz_input.h"
 #include "gradcomp/codec.h"
 #include "gradcomp/engine.h"
 #include "gradcomp/feedback.h"
@@ -54,15 +55,10 @@ void codec_seeds(const fs::path& dir) {
   for (size_t i = 0; i < specs.size(); ++i) {
     for (size_t n : {0, 7, 64}) {
       auto codec = make_codec(specs[i]);
-      std::vector<float> x(n, 0.75f), sum(n);
+      const std::vector<float> x(n, 0.75f);
+      std::vector<float> sum(n);
       const Context ctx{.seed = 1};
-      for (int r = 0; r + 1 < codec->traits().rounds; ++r) {
-        std::vector<std::byte> f(codec->max_round_bytes(r, n));
-        f.resize(codec->encode_round(r, x, f, ctx));
-        codec->absorb_round(r, f, ctx);
-      }
-      std::vector<std::byte> frame(codec->max_frame_bytes(n));
-      frame.resize(codec->encode(x, frame, ctx));
+      const auto frame = fuzz::encode_step(*codec, x, ctx);
       codec->decode_accumulate(frame, sum, ctx);
       write(dir / (std::to_string(i) + "_" + std::to_string(n)), {static_cast<char>(i)},
             codec->save_state());
