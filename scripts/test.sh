@@ -6,8 +6,8 @@
 #      the cluster benchmark's (tests/cluster: real network namespaces, DDP and gradcomp);
 #   2. the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer;
 #   3. the engine's tests built with ThreadSanitizer (its stage threads and the transports');
-#   4. the frame-decoder fuzzer (libFuzzer, clang) for a bounded time (GRADCOMP_FUZZ_SECONDS,
-#      default 60).
+#   4. every libFuzzer target (clang; docs/fuzzing.md) for a bounded time: GRADCOMP_FUZZ_SECONDS
+#      in total (default 160), split evenly among the targets.
 # Stops at the first failure and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,18 +32,37 @@ cmake --build build-tsan --target engine_test engine_fault_test engine_mptest gr
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
   -R '^(Engine|engine_mptest[.]gloo)'
 
-echo "== frame fuzzer (libFuzzer, ${GRADCOMP_FUZZ_SECONDS:-60} s)"
+fuzz_targets=(frame_fuzz plan_fuzz profile_fuzz cluster_fuzz codec_costs_fuzz feedback_state_fuzz
+              codec_state_fuzz engine_state_fuzz)
+fuzz_each=$(( ${GRADCOMP_FUZZ_SECONDS:-160} / ${#fuzz_targets[@]} ))
+(( fuzz_each >= 1 )) || fuzz_each=1
+echo "== fuzzers (libFuzzer, ${#fuzz_targets[@]} targets, ${fuzz_each} s each)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADCOMP_FUZZ=ON -DGRADCOMP_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target frame_fuzz frame_fuzz_seeds
-rm -rf build-fuzz/corpus && build-fuzz/fuzz/frame_fuzz_seeds build-fuzz/corpus
-if ! build-fuzz/fuzz/frame_fuzz -max_total_time="${GRADCOMP_FUZZ_SECONDS:-60}" -max_len=4096 \
-    -print_final_stats=1 build-fuzz/corpus >build-fuzz/fuzz.log 2>&1; then
-  tail -n 80 build-fuzz/fuzz.log
-  echo "frame fuzzer failed: the crashing input is saved as crash-* in $(pwd)"
-  exit 1
-fi
-grep -E "^Done|^stat::(number_of_executed_units|new_units_added)" build-fuzz/fuzz.log
+cmake --build build-fuzz --target fuzz_targets
+# frame_fuzz's seeds are generated (every codec's frames); the others are committed under
+# tests/fuzz/corpus/<target>. New units go to build-fuzz/corpus/<target>, findings to
+# build-fuzz/findings/<target>-crash-*. UBSan halts, so undefined behaviour is a finding too.
+rm -rf build-fuzz/corpus build-fuzz/findings && mkdir -p build-fuzz/findings
+build-fuzz/fuzz/frame_fuzz_seeds build-fuzz/corpus/frame_fuzz
+for target in "${fuzz_targets[@]}"; do
+  mkdir -p "build-fuzz/corpus/$target"
+  seeds=()
+  [[ -d "tests/fuzz/corpus/$target" ]] && seeds=("tests/fuzz/corpus/$target")
+  log="build-fuzz/$target.log"
+  max_len=16384  # the committed engine states are up to 12 KB; frames stay at 4 KB as before
+  [[ $target == frame_fuzz ]] && max_len=4096
+  if ! UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "build-fuzz/fuzz/$target" \
+      -max_total_time="$fuzz_each" -max_len="$max_len" -timeout=10 -print_final_stats=1 \
+      -artifact_prefix="build-fuzz/findings/$target-" \
+      "build-fuzz/corpus/$target" "${seeds[@]}" >"$log" 2>&1; then
+    tail -n 80 "$log"
+    echo "fuzzer $target failed; the crashing input:" \
+      "$(sed -n 's/.*Test unit written to \(.*\)/\1/p' "$log" | tail -n 1)"
+    exit 1
+  fi
+  echo "$target: $(grep -E '^stat::number_of_executed_units' "$log")"
+done
 
 # One closing line: the Release tests (which also passed under ASan + UBSan above) and the
 # Python front end's tests.

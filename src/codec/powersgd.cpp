@@ -61,7 +61,8 @@ class StateReader {
                       "{}, {} left",
                       bytes, pos_, in_.size() - pos_));
     }
-    std::memcpy(out, in_.data() + pos_, bytes);
+    // A Q of 0 elements (a zero-length bucket) has a null data(): memcpy must not see it.
+    if (bytes > 0) std::memcpy(out, in_.data() + pos_, bytes);
     pos_ += bytes;
   }
   size_t left() const { return in_.size() - pos_; }

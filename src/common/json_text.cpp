@@ -12,7 +12,8 @@ namespace gradcomp {
 nlohmann::json parse_json_text(std::string_view text, std::string_view where) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // A syntax error (parse_error) or a number too large for a double ("1e999": out_of_range).
     // nlohmann's message starts with its own id ("[json.exception.parse_error.101] "), which
     // means nothing to a user; the rest says the line, column and what was expected.
     std::string_view message = e.what();

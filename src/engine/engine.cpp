@@ -478,7 +478,10 @@ void Engine::load_state(std::span<const std::byte> state) {
   try {
     for (; b < impl_->buckets.size(); ++b) impl_->buckets[b].route->load_state(loaded.routes[b]);
   } catch (...) {
-    for (size_t i = 0; i < b; ++i) impl_->buckets[i].route->load_state(before[i]);
+    // Bucket b too: its route may have loaded its codec before its feedback refused.
+    for (size_t i = 0; i <= b && i < before.size(); ++i) {
+      impl_->buckets[i].route->load_state(before[i]);
+    }
     throw;
   }
   impl_->step_state = loaded.step_state;  // the stage threads keep counting cycles

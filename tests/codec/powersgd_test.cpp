@@ -429,6 +429,19 @@ TEST(PowerSgd, BadStatesAreRejected) {
   c->load_state(empty->save_state());
 }
 
+// Found by codec_state_fuzz: the state saved after a step on 0 elements (a Q of 0 floats) made
+// load_state memcpy into a null pointer (undefined behaviour, caught by UBSan).
+TEST(PowerSgd, StateOfAnEmptyBucketLoads) {
+  for (const char* spec : {"powersgd:rank=2", "powersgd:rank=1,cols=8"}) {
+    Cluster a(spec, 1);
+    a.step({gradient(0, 1)}, Context{});
+    const auto state = a[0].save_state();
+    auto c = make_codec(spec);
+    c->load_state(state);
+    EXPECT_EQ(c->save_state(), state) << spec;
+  }
+}
+
 TEST(PowerSgd, ProtocolMisuseIsAClearError) {
   const auto x = gradient(100, 1);
   auto c = make_codec("powersgd:rank=2");

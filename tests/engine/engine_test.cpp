@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <ctime>
@@ -12,6 +14,7 @@
 
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
+#include "gradcomp/frame.h"
 #include "support/codec_testing.h"
 #include "support/single_rank.h"
 
@@ -282,6 +285,29 @@ TEST(EngineSingleRank, AStateWithAFlippedByteIsRefused) {
     EXPECT_NE(message.find("checksum"), std::string::npos) << "byte " << at << ": " << message;
   }
   EXPECT_EQ(engine.save_state(), state);
+}
+
+// Found by engine_state_fuzz: a state whose codec part loads but whose feedback part is refused
+// left the refusing bucket's codec with the loaded state (signum's momentum): the engine must
+// keep all of its own state when it refuses one.
+TEST(EngineSingleRank, ARefusedFeedbackStateLeavesTheCodecAlone) {
+  const Plan plan = small_plan({.codec = "signum", .feedback = "dgc", .route = "allgather"});
+  Engine stepped(single_rank(), plan);
+  engine_step(stepped, testing::gradient(1000, 3), 1);
+  auto state = stepped.save_state();
+  // Break the feedback's magic ("GCFS"), then seal the checksum again so the parts are read.
+  const std::string magic = "GCFS";
+  const auto at = std::search(state.begin(), state.end(), magic.begin(), magic.end(),
+                              [](std::byte a, char b) { return a == std::byte(b); });
+  ASSERT_NE(at, state.end());
+  *at = std::byte{'X'};
+  const uint32_t crc = crc32(std::span(state).first(state.size() - 4));
+  std::memcpy(state.data() + state.size() - 4, &crc, 4);
+
+  Engine fresh(single_rank(), plan);
+  const auto before = fresh.save_state();
+  EXPECT_NE(error_text([&] { fresh.load_state(state); }), "no error");
+  EXPECT_EQ(fresh.save_state(), before);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "fuzz_codecs.h"
+#include "fuzz_input.h"
 #include "gradcomp/codec.h"
 #include "gradcomp/frame.h"
 #include "gradcomp/random.h"
@@ -42,13 +43,7 @@ int main(int argc, char** argv) {
       const CounterRng rng(5, c, n, 0);
       for (size_t i = 0; i < n; ++i) x[i] = rng.uniform(static_cast<uint32_t>(i)) - 0.5f;
       const Context ctx{.seed = 1, .world_size = 4};
-      for (int r = 0; r + 1 < codec->traits().rounds; ++r) {
-        std::vector<std::byte> f(codec->max_round_bytes(r, n));
-        f.resize(codec->encode_round(r, x, f, ctx));
-        codec->absorb_round(r, f, ctx);
-      }
-      std::vector<std::byte> frame(codec->max_frame_bytes(n));
-      frame.resize(codec->encode(x, frame, ctx));
+      const auto frame = fuzz::encode_step(*codec, x, ctx);
       const std::string name = std::string(argv[1]) + "/" + std::to_string(c) + "_" + std::to_string(n);
       write_seed(name, static_cast<char>(c), 0, frame);
       if (n != 64) continue;

@@ -209,6 +209,10 @@ TEST(Plan, ParseErrorsSayWhereAndWhichField) {
   const std::string syntax = error_text([] { Plan::parse("{\"format\": \n  ]"); });
   EXPECT_EQ(syntax.find("plan: not valid JSON: parse error at line 2, column 3: "), 0u) << syntax;
   EXPECT_EQ(syntax.find("json.exception"), std::string::npos) << syntax;
+  // Found by the JSON fuzz targets: a number overflowing a double is nlohmann's out_of_range,
+  // which escaped as a non-gradcomp exception.
+  const std::string overflow = error_text([] { Plan::parse("{\"version\": 1e9999}"); });
+  EXPECT_EQ(overflow, "plan: not valid JSON: number overflow parsing '1e9999'");
 
   json j = sample_plan().to_json();
   j["buckets"][1]["codec"] = 5;
