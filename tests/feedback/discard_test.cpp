@@ -99,20 +99,28 @@ TEST_P(Discard, OfTheFirstStepLeavesTheInitialState) {
 TEST_P(Discard, WithoutAStepIsAClearError) {
   Bucket a(GetParam().feedback, GetParam().codec);
   const bool fb_memory = a.fb->has_memory();
-  if (fb_memory) EXPECT_THROW(a.fb->discard(), Error);
+  if (fb_memory) {
+    EXPECT_THROW(a.fb->discard(), Error);
+  }
   a.step(gradient(64, 1), 0);
   a.discard();
   if (fb_memory) {
     EXPECT_TRUE(testing::contains(testing::error_text([&] { a.fb->discard(); }),
                                   "without a step to take back"));
   }
-  if (a.codec->traits().stateful) EXPECT_THROW(a.codec->discard(), Error);
+  if (a.codec->traits().stateful) {
+    EXPECT_THROW(a.codec->discard(), Error);
+  }
   a.step(gradient(64, 2), 1);
   Bucket loaded(GetParam().feedback, GetParam().codec);
   loaded.fb->load_state(a.fb->save_state());
   loaded.codec->load_state(a.codec->save_state());
-  if (fb_memory) EXPECT_THROW(loaded.fb->discard(), Error);
-  if (a.codec->traits().stateful) EXPECT_THROW(loaded.codec->discard(), Error);
+  if (fb_memory) {
+    EXPECT_THROW(loaded.fb->discard(), Error);
+  }
+  if (a.codec->traits().stateful) {
+    EXPECT_THROW(loaded.codec->discard(), Error);
+  }
 }
 
 std::vector<Case> cases() {
