@@ -6,12 +6,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "gradcomp/error.h"
 #include "transport/op_queue.h"
+#include "transport/roll_call.h"
 
 namespace gradcomp::torch {
 namespace {
@@ -40,14 +43,32 @@ void keep_until_exit(c10::intrusive_ptr<c10d::ProcessGroup> group) {
   kept->push_back(std::move(group));
 }
 
+// The group's c10d store as the roll call's board (roll_call.h), under a prefix of its own.
+class StoreAttendance final : public Attendance {
+ public:
+  StoreAttendance(c10::intrusive_ptr<c10d::Store> store, std::string prefix)
+      : store_(std::move(store)), prefix_(std::move(prefix)) {}
+  void sign(int rank) override { store_->set(key(rank), std::vector<uint8_t>{'1'}); }
+  bool signed_by(int rank) override { return store_->check({key(rank)}); }
+  std::string where() const override { return "the torch.distributed store"; }
+
+ private:
+  std::string key(int rank) const { return fmt::format("{}/failed/{}", prefix_, rank); }
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string prefix_;
+};
+
 class ProcessGroupTransport final : public Transport {
  public:
   ProcessGroupTransport(c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device,
-                        Milliseconds timeout)
+                        Milliseconds timeout, c10::intrusive_ptr<c10d::Store> store,
+                        std::string board)
       : group_(std::move(group)),
         device_(device),
         timeout_(timeout),
         name_(fmt::format("torch.distributed ({})", group_->getBackendName())),
+        store_(std::move(store)),
+        board_(std::move(board)),
         queue_(name_) {}
 
   std::string name() const override { return name_; }
@@ -146,26 +167,39 @@ class ProcessGroupTransport final : public Transport {
     return queue_.submit([=, this, body = std::move(body)] {
       try {
         body();
+      } catch (const TimeoutError& e) {
+        fail(op, bytes, e.what(), true);
       } catch (const Error&) {
         keep_until_exit(group_);
         throw;
       } catch (const std::exception& e) {
-        keep_until_exit(group_);
         const std::string what = e.what();
-        const bool timed_out = what.find("imed out") != std::string::npos ||
-                               what.find("imeout") != std::string::npos;
-        const std::string message =
-            fmt::format("{}: {} of {} bytes (rank {} of {}) failed: {}", name_, op, bytes,
-                        rank(), size(), what.substr(0, what.find('\n')));
-        if (timed_out) throw TimeoutError(message);
-        throw CommError(message);
+        fail(op, bytes, what.substr(0, what.find('\n')),
+             what.find("imed out") != std::string::npos ||
+                 what.find("imeout") != std::string::npos);
       }
     });
   }
 
+  [[noreturn]] void fail(const char* op, size_t bytes, const std::string& what, bool timed_out) {
+    keep_until_exit(group_);
+    if (!missing_) missing_ = missing_peers();
+    const std::string message = fmt::format("{}: {} of {} bytes (rank {} of {}) failed; {} [{}]",
+                                            name_, op, bytes, rank(), size(), *missing_, what);
+    if (timed_out) throw TimeoutError(message);
+    throw CommError(message);
+  }
+
+  // Which peers are gone (roll_call.h): known only when the group's store was given.
+  std::string missing_peers() const {
+    if (!store_) return "a peer may have died or stopped";
+    const Milliseconds grace = roll_call_grace(timeout_);
+    return roll_call(std::make_shared<StoreAttendance>(store_, board_), rank(), size(), grace);
+  }
+
   void wait(const c10::intrusive_ptr<c10d::Work>& work) const {
     if (!work->wait(timeout_)) {
-      throw TimeoutError(fmt::format("{}: a collective did not finish within {:.3g} s", name_,
+      throw TimeoutError(fmt::format("did not finish within {:.3g} s (GRADCOMP_TIMEOUT)",
                                      timeout_.count() / 1000.0));
     }
   }
@@ -206,16 +240,25 @@ class ProcessGroupTransport final : public Transport {
   c10::Device device_;
   Milliseconds timeout_;
   std::string name_;
+  c10::intrusive_ptr<c10d::Store> store_;  // the roll call's board; may be null
+  std::string board_;                      // its key prefix, this transport's own
+  std::optional<std::string> missing_;     // the roll call's verdict, once a collective failed
   OpQueue queue_;
 };
 
 }  // namespace
 
 std::shared_ptr<Transport> make_process_group_transport(
-    c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device, Milliseconds timeout) {
+    c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device, Milliseconds timeout,
+    c10::intrusive_ptr<c10d::Store> store) {
   if (!group) throw Error("torch.distributed transport: the process group is null");
   if (timeout.count() <= 0) timeout = timeout_from_environment();
-  return std::make_shared<ProcessGroupTransport>(std::move(group), device, timeout);
+  // Every rank makes its transports in the same order (each is made collectively), so the
+  // count names the same board on every rank.
+  static std::atomic<int> made{0};
+  std::string board = fmt::format("gradcomp/rollcall/{}", made++);
+  return std::make_shared<ProcessGroupTransport>(std::move(group), device, timeout,
+                                                 std::move(store), std::move(board));
 }
 
 }  // namespace gradcomp::torch

@@ -43,6 +43,7 @@
 #include "common/reduce.h"
 #include "transport/local_address.h"
 #include "transport/op_queue.h"
+#include "transport/roll_call.h"
 #include "transport/tcp_store.h"
 
 namespace gradcomp {
@@ -445,6 +446,7 @@ class GlooTransport final : public Transport {
   uint32_t next_tag() { return tag_++; }
   std::unique_ptr<Transport> split_on_queue(int color, int key);
   std::vector<int32_t> gather_pairs(int color, int key);
+  std::string missing_peers();
 
   Shared shared_;
   std::shared_ptr<gloo::Context> context_;
@@ -453,6 +455,7 @@ class GlooTransport final : public Transport {
   Milliseconds timeout_;
   uint32_t tag_ = 0;
   int splits_ = 0;
+  std::optional<std::string> missing_;  // the roll call's verdict, once a collective failed
   std::unique_ptr<OpQueue> queue_;  // reset first in the destructor: its thread uses the rest
 };
 
@@ -481,16 +484,38 @@ void GlooTransport::fail(const char* op, size_t bytes, const std::string& what, 
   } catch (const std::exception&) {
     // Already closing because of the failure we report.
   }
+  if (!missing_) missing_ = missing_peers();
   if (timed_out) {
     throw TimeoutError(fmt::format(
-        "gloo: {} of {} bytes (rank {} of {}) did not finish within {} s; a peer may have died "
-        "or stopped (GRADCOMP_TIMEOUT) [{}]",
-        op, bytes, rank_, size_, seconds(timeout_), what));
+        "gloo: {} of {} bytes (rank {} of {}) did not finish within {} s (GRADCOMP_TIMEOUT); {} "
+        "[{}]",
+        op, bytes, rank_, size_, seconds(timeout_), *missing_, what));
   }
-  throw CommError(fmt::format(
-      "gloo: {} of {} bytes (rank {} of {}) failed: a peer probably died (its connection "
-      "closed) [{}]",
-      op, bytes, rank_, size_, what));
+  throw CommError(fmt::format("gloo: {} of {} bytes (rank {} of {}) failed; {} [{}]", op, bytes,
+                              rank_, size_, *missing_, what));
+}
+
+// The rendezvous store as the roll call's board, under the transport's prefix.
+class StoreAttendance final : public Attendance {
+ public:
+  StoreAttendance(std::shared_ptr<Store> store, const std::string& prefix, std::string where,
+                  Milliseconds timeout)
+      : store_(std::move(store)), prefixed_(*store_, prefix, std::move(where), timeout) {}
+  void sign(int rank) override { try_set(prefixed_, key(rank), "1"); }
+  bool signed_by(int rank) override { return prefixed_.has(key(rank)); }
+  std::string where() const override { return prefixed_.where(); }
+
+ private:
+  static std::string key(int rank) { return fmt::format("failed/{}", rank); }
+  std::shared_ptr<Store> store_;  // kept alive by the board: the roll call may outlive us
+  PrefixedStore prefixed_;
+};
+
+std::string GlooTransport::missing_peers() {
+  const Milliseconds grace = roll_call_grace(timeout_);
+  return roll_call(std::make_shared<StoreAttendance>(shared_.store, prefix_ + "/rollcall",
+                                                     shared_.where, grace),
+                   rank_, size_, grace);
 }
 
 // Empty spans may hold a null pointer; gloo wants an address even for zero bytes.

@@ -149,8 +149,8 @@ MPI_Op reduce_op(DType type, ReduceOp op) {
   return g_ops[static_cast<size_t>(type) * kOps + (op == ReduceOp::kSum ? 0 : 1)];
 }
 
-void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout, const char* op,
-          size_t bytes) {
+void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout,
+          std::string_view what) {
   using std::chrono::microseconds;
   // Spin first, yielding the core between polls: a small collective over TCP takes tens of
   // microseconds, and a first sleep would cost far more (sleep_for rounds up to ~60 us of timer
@@ -172,16 +172,18 @@ void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout
       auto guard = lock();
       rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
     }
-    if (rc != MPI_SUCCESS) note_abandoned();
-    check(rc, op);
+    if (rc != MPI_SUCCESS) {
+      note_abandoned();
+      check(rc, std::string(what).c_str());
+    }
     if (flag) return;
     const auto now = Clock::now();
     if (now >= deadline) {
       note_abandoned();
       throw TimeoutError(
-          fmt::format("mpi: {} of {} bytes did not finish within {:.3g} s; a peer "
-                      "may have died or stopped (GRADCOMP_TIMEOUT)",
-                      op, bytes, timeout.count() / 1000.0));
+          fmt::format("mpi: {} did not finish within {:.3g} s; a peer may have died or "
+                      "stopped (GRADCOMP_TIMEOUT)",
+                      what, timeout.count() / 1000.0));
     }
     if (now < spin_until) {
       std::this_thread::yield();  // other ranks may share this core (oversubscribed jobs)

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <mutex>
+#include <string_view>
 
 #include "gradcomp/transport.h"
 
@@ -38,10 +39,11 @@ MPI_Op reduce_op(DType type, ReduceOp op);
 
 // Polls `request` until it completes: spins for a few microseconds (small collectives finish
 // there), then sleeps a growing interval up to a cap, so a rank waiting on a slow peer costs
-// little CPU. Throws TimeoutError naming `op` and `bytes` at `deadline`; the request is then
-// abandoned (a collective request cannot be cancelled), which note_abandoned() records.
-void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout, const char* op,
-          size_t bytes);
+// little CPU. Throws TimeoutError naming `what` (the operation, its bytes and this rank) at
+// `deadline`, or CommError if MPI reports an error; the request is then abandoned (a
+// collective request cannot be cancelled), which note_abandoned() records.
+void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout,
+          std::string_view what);
 
 // Once a request was abandoned, MPI_Finalize at exit could wait forever for a dead peer, so
 // it is skipped (the job is failing anyway).

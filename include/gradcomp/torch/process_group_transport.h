@@ -10,6 +10,7 @@
 #pragma once
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
 
@@ -18,9 +19,11 @@
 namespace gradcomp::torch {
 
 // `device`: where the group's collectives expect tensors (kCPU for gloo and MPI groups, a CUDA
-// device for NCCL). `timeout`: per collective; 0: GRADCOMP_TIMEOUT (default 300 s).
+// device for NCCL). `timeout`: per collective; 0: GRADCOMP_TIMEOUT (default 300 s). `store`:
+// the job's c10d store (torch.distributed's default store), optional: through it, a failed
+// collective's error names the peers that are gone (a roll call among the survivors).
 std::shared_ptr<Transport> make_process_group_transport(
     c10::intrusive_ptr<c10d::ProcessGroup> group, c10::Device device = c10::kCPU,
-    Milliseconds timeout = Milliseconds{0});
+    Milliseconds timeout = Milliseconds{0}, c10::intrusive_ptr<c10d::Store> store = {});
 
 }  // namespace gradcomp::torch
