@@ -181,11 +181,12 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "process_group_transport",
       [](c10::intrusive_ptr<c10d::ProcessGroup> group, const std::string& device,
-         double timeout) {
+         double timeout, c10::intrusive_ptr<c10d::Store> store) {
         return gt::make_process_group_transport(std::move(group), c10::Device(device),
-                                                   seconds(timeout));
+                                                   seconds(timeout), std::move(store));
       },
-      py::arg("group"), py::arg("device") = "cpu", py::arg("timeout") = 0.0);
+      py::arg("group"), py::arg("device") = "cpu", py::arg("timeout") = 0.0,
+      py::arg("store") = py::none());
 
   py::class_<gt::EndOfBackward>(m, "EndOfBackward",
                                 "Finishes one backward pass: autograd calls it when the pass ends")
@@ -225,6 +226,7 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("pending", &gt::DistributedGradients::pending)
       .def("aborted_step", &gt::DistributedGradients::aborted_step)
+      .def("mean_is_finite", &gt::DistributedGradients::mean_is_finite)
       .def("set_learning_rate", &gt::DistributedGradients::set_learning_rate)
       .def("set_loss_scale", &gt::DistributedGradients::set_loss_scale)
       .def("set_timeline", &gt::DistributedGradients::set_timeline)

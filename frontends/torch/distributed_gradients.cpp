@@ -90,6 +90,7 @@ struct DistributedGradientsShared {
   bool pass_started = false;             // a pass began and its callback has not run (yet)
   bool exchanged_since_step = false;     // an exchange finished since step_done()
   bool aborted = false;                  // the last exchange completed a pass that raised
+  bool finite_since_step = true;         // every exchange since step_done() had a finite mean
   std::string hook_error;                // why our own hook made the running pass raise
   std::function<void(EndOfBackward)> queue_end_of_backward;
   std::unique_ptr<Engine> engine;
@@ -352,6 +353,7 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   passes_done = 0;
   exchanged_since_step = true;
   wait_for_engine();
+  finite_since_step = finite_since_step && engine->last_step().finite;
   for (auto& [half, wide] : narrowed) half.copy_(wide);  // round to nearest even
   narrowed.clear();
   in_flight.clear();
@@ -421,7 +423,13 @@ void DistributedGradients::step_done() {
   if (s.pass_started && !s.pass_running()) s.complete_aborted_pass();
   s.exchanged_since_step = false;
   s.aborted = false;
+  s.finite_since_step = true;
   s.hook_error.clear();
+}
+
+bool DistributedGradients::mean_is_finite() const {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->finite_since_step;
 }
 
 bool DistributedGradients::pending() const {

@@ -1,6 +1,8 @@
 // DistributedOptimizer (libtorch): step() = wait for the exchange, then the wrapped step.
 #include "gradcomp/torch/distributed_optimizer.h"
 
+#include <c10/util/Exception.h>
+
 #include "gradcomp/error.h"
 
 namespace gradcomp::torch {
@@ -11,6 +13,10 @@ NamedParameters to_pairs(const ::torch::OrderedDict<std::string, at::Tensor>& na
   for (const auto& item : named) pairs.emplace_back(item.key(), item.value());
   return pairs;
 }
+
+constexpr const char* kNonFiniteStep =
+    "gradcomp: this step's mean gradient is not finite (an overflow, or a backward pass that "
+    "raised on some rank): the optimizer step is skipped on every rank, as a loss scaler does";
 
 double first_learning_rate(::torch::optim::Optimizer& optimizer) {
   auto& groups = optimizer.param_groups();
@@ -35,6 +41,13 @@ void DistributedOptimizer::step() {
   if (auto refusal = gradients_.aborted_step(); !refusal.empty()) {
     gradients_.step_done();
     throw Error(refusal);
+  }
+  if (!gradients_.mean_is_finite()) {
+    // Stepping on NaN would ruin the parameters; every rank sees the same mean, so every
+    // rank skips alike (as a loss scaler does), and says so.
+    gradients_.step_done();
+    TORCH_WARN(kNonFiniteStep);
+    return;
   }
   optimizer_.step();
   gradients_.step_done();

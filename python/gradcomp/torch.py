@@ -54,8 +54,8 @@ def get_transport(kind=None, timeout=0.0):
             device = "cuda" if dist.get_backend(kind) == "nccl" else "cpu"
             if device == "cuda":
                 device = f"cuda:{torch.cuda.current_device()}"
-            _group_transports[id(kind)] = (kind, _C.process_group_transport(kind, device,
-                                                                            timeout))
+            _group_transports[id(kind)] = (kind, _C.process_group_transport(
+                kind, device, timeout, _default_store()))
         return _group_transports[id(kind)][1]
     backend = kind or ""
     if backend not in ("", *(_C.transport_names())):
@@ -71,6 +71,15 @@ def get_transport(kind=None, timeout=0.0):
             _own_transports[backend] = _C.make_transport(backend or "gloo", timeout,
                                                          f"file:{store}", 0, 1)
     return _own_transports[backend]
+
+
+def _default_store():
+    """torch.distributed's store, through which a failed collective's error names the peers
+    that are gone; None where this torch does not expose it."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _exchange_transport(kind, timeout=0.0):
@@ -95,6 +104,14 @@ def _queue_end_of_backward(end):
     reducer does): a Python callback, so an exchange error reaches the caller of backward()
     with its own type (gradcomp.CommError, gradcomp.TimeoutError)."""
     torch.autograd.Variable._execution_engine.queue_callback(end)
+
+
+def _gradcomp_error(error):
+    """`error` as the user should see it: gradcomp's errors say 'gradcomp:' first (the engine's
+    own messages begin with the bucket), keeping their type; others are left as they are."""
+    if not isinstance(error, Error) or str(error).startswith("gradcomp"):
+        return error
+    return type(error)(f"gradcomp: {error}")
 
 
 def _scale_reader(loss_scale):
@@ -165,6 +182,11 @@ def _plan_json(plan):
     else:
         raise Error(f"plan must be a dict, a JSON string or a path, not {type(plan).__name__}")
     return _C.validate_plan(text)
+
+
+_NON_FINITE_STEP = (
+    "gradcomp: this step's mean gradient is not finite (an overflow, or a backward pass that "
+    "raised on another rank): the optimizer step is skipped on every rank, as a GradScaler does")
 
 
 def _named_parameters(optimizer, named_parameters):
@@ -318,6 +340,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if refusal:
             self._gradients.step_done()
             raise Error(refusal)
+        if not self._gradients.mean_is_finite():
+            # Stepping on NaN would ruin the parameters; the mean is the same on every rank, so
+            # every rank skips alike (as a GradScaler does), and says so.
+            self._gradients.step_done()
+            warnings.warn(_NON_FINITE_STEP, RuntimeWarning, stacklevel=2)
+            return None
         loss = self.optimizer.step()
         self._gradients.step_done()
         # Feedbacks that correct by the learning-rate ratio see the rate of the coming step.
@@ -437,6 +465,7 @@ class CommHook:
         self._current = []         # sizes seen so far in this iteration
         self._futures = []
         self._pending_state = None
+        self._failed = None        # the first error of the backward pass in progress
 
     def plan(self, layout):
         """The plan for DDP buckets of these sizes: one gradcomp bucket per DDP bucket."""
@@ -453,6 +482,19 @@ class CommHook:
         return {"format": "gradcomp-plan", "version": 1, "tensors": tensors, "buckets": buckets}
 
     def __call__(self, state, bucket):
+        """DDP calls this for each bucket during backward. An error (a dead peer, a bad
+        bucket) is raised by a callback at the end of backward, before DDP's own: raised here
+        or through the future, DDP would turn it into a RuntimeError, losing its type."""
+        try:
+            return self._exchange(bucket)
+        except Exception as e:  # noqa: BLE001 (re-raised at the end of backward, typed)
+            error = _gradcomp_error(e)
+            self._raise_at_end_of_backward(error)
+            fut = torch.futures.Future()
+            fut.set_exception(error)
+            return fut
+
+    def _exchange(self, bucket):
         tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
         index = bucket.index()
         if index == 0:
@@ -480,16 +522,31 @@ class CommHook:
         self._futures.append((fut, tensor))
         self._engine.ready(index, tensor)
         if is_last:
+            # The last bucket: the exchange finishes when backward ends, in a callback queued
+            # before DDP's (which waits for these futures), as the optimizer's does.
             futures, self._futures = self._futures, []
-            try:
-                self._engine.synchronize()
-            except Exception as e:
-                for f, _ in futures:
-                    f.set_exception(e)
-                raise
-            for f, t in futures:
-                f.set_result(t)
+            _queue_end_of_backward(lambda: self._finish(futures))
         return fut
+
+    def _finish(self, futures):
+        try:
+            self._engine.synchronize()
+        except Exception as e:
+            error = _gradcomp_error(e)
+            for f, _ in futures:
+                f.set_exception(error)
+            raise error from e
+        for f, t in futures:
+            f.set_result(t)
+
+    def _raise_at_end_of_backward(self, error):
+        if self._failed is None:  # the first error of this backward pass is the one to tell
+            self._failed = error
+
+            def end():
+                failed, self._failed = self._failed, None
+                raise failed
+            _queue_end_of_backward(end)
 
     def _learn_layout(self):
         layout = list(self._current)

@@ -71,6 +71,23 @@ def test_backward_raising_is_never_silent(run_workers, who):
     assert all(s["outcome"] == "stepped" for s in steps[0][2:])
 
 
+def test_a_plain_loop_after_a_raising_backward_keeps_ranks_together(run_workers):
+    """A try/except loop that calls step() whenever backward returned: on rank 1 the mean of
+    the step rank 0 failed is not finite, and step() skips it (with a warning) instead of
+    ruining rank 1's parameters while rank 0 skipped: the ranks stay bit-identical."""
+    job = run(run_workers, "backward_raises", "--who", "0", "--steps", 4, "--plain-loop", 1,
+              "--compression", "topk:ratio=0.01|ef")
+    steps = job.loads("steps")
+    assert steps[0][1]["outcome"].startswith("raised: boom"), steps[0][1]
+    outcome = steps[1][1]["outcome"]
+    assert outcome.startswith("non-finite; gradcomp: this step's mean gradient is not finite"), \
+        outcome
+    assert "skipped on every rank" in outcome, outcome
+    assert steps[1][1]["params"] == steps[1][0]["params"], "rank 1 stepped on a NaN mean"
+    assert_ranks_agree(job, ["params"])
+    assert all(s["outcome"] == "stepped" for s in steps[1][2:])
+
+
 def test_step_after_a_raising_backward_is_refused(run_workers):
     job = run(run_workers, "backward_raises", "--who", "0", "--steps", 3,
               "--step-after-raise", 1)

@@ -110,6 +110,10 @@ class DistributedGradients {
   // raise instead of stepping (naming the cause when one of our hooks raised); else empty.
   // Cleared by step_done().
   std::string aborted_step() const;
+  // Whether every exchange since the last step_done() gave a finite mean. The mean is
+  // bit-identical on every rank, so is this answer: a front end skips the optimizer step on
+  // every rank alike when it is false (an overflow, or a pass that raised on some rank).
+  bool mean_is_finite() const;
 
   void set_learning_rate(double lr);
   // The factor the coming step's gradients carry (a loss scaler's scale; 1 without one): the

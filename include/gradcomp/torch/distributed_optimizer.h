@@ -27,7 +27,8 @@ class DistributedOptimizer {
 
   // Steps the wrapped optimizer on the mean (exchanging first what backward left pending, see
   // DistributedGradients::synchronize). Throws Error, without stepping, after a backward pass
-  // that raised on this rank.
+  // that raised on this rank. Skips the step, with a warning (TORCH_WARN), when the mean is not
+  // finite: every rank sees the same mean, so every rank skips alike.
   void step();
   // Makes the gradients hold the mean now (see DistributedGradients::synchronize).
   void synchronize();

@@ -7,7 +7,8 @@ can compare ranks bit for bit (and with a reference where one is exact):
                   generator's backward through the discriminator, the generator's step
   skip_step       a GradScaler-style skip: backward, synchronize(), no step() at step 1
   backward_raises backward raises on the ranks in --who at step 1 (after some gradients were
-                  handed over); a try/except loop goes on, skipping non-finite steps
+                  handed over); a try/except loop goes on, skipping non-finite steps (or,
+                  with --plain-loop, calling step() whatever the gradients hold)
   dead_peer       rank 1 leaves at step 2; rank 0 records what its backward() raised
   stalled_peer    rank 1 stops itself (SIGSTOP) at step 2 over a torch.distributed group;
                   rank 0 records the timeout and must then be able to exit
@@ -15,6 +16,7 @@ can compare ranks bit for bit (and with a reference where one is exact):
 import os
 import signal
 import sys
+import warnings
 
 import torch
 
@@ -119,7 +121,14 @@ def backward_raises(args, rank):
                 h = Boom.apply(h)
             rest = torch.nn.Sequential(*list(model)[1:])
             torch.nn.functional.mse_loss(rest(h), common.batch(rank, step)[1]).backward()
-            if finite_grads(model):
+            if args.plain_loop:  # no check of its own: step() must skip a non-finite mean
+                finite = finite_grads(model)
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    opt.step()
+                outcome = "stepped" if finite else "non-finite; " + "; ".join(
+                    str(w.message) for w in said)
+            elif finite_grads(model):
                 opt.step()
             else:
                 outcome = "non-finite"  # skipped, as a GradScaler would
@@ -186,6 +195,9 @@ def main():
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
     p.add_argument("--step-after-raise", type=int, default=0,
                    help="backward_raises: call step() after the exception")
+    p.add_argument("--plain-loop", type=int, default=0,
+                   help="backward_raises: call step() after every backward that returned, "
+                        "finite or not")
     args = p.parse_args()
     rank, world = common.setup()
     if args.case in ("two_optimizers", "one_optimizer"):
