@@ -3,7 +3,8 @@
 #   1. the unit tests and the multi-process tests (ctest) on the Release build; multi-process
 #      tests run as 2 and 4 ranks under mpirun (Open MPI) and under `gradcomp launch` (Gloo);
 #      then the Python front end's tests (pytest, tests/python: real worker processes) and
-#      the cluster benchmark's (tests/cluster: real network namespaces, DDP and gradcomp);
+#      the cluster benchmark's (tests/cluster: real network namespaces, DDP and gradcomp) and
+#      the fault injection (tests/faults: a rank killed or stopped, ranks that disagree);
 #   2. the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer;
 #   3. the engine's tests built with ThreadSanitizer (its stage threads and the transports');
 #   4. every libFuzzer target (clang; docs/fuzzing.md) for a bounded time: GRADCOMP_FUZZ_SECONDS
@@ -17,8 +18,8 @@ jobs=$(nproc)
 echo "== unit tests (Release)"
 ctest --test-dir build --output-on-failure -j "$jobs" | tee build/ctest.log
 
-echo "== Python front end and the cluster benchmark's parts (pytest)"
-/usr/bin/python3 -m pytest -q tests/python tests/cluster | tee build/pytest.log
+echo "== Python front end, the cluster benchmark's parts and the fault injection (pytest)"
+/usr/bin/python3 -m pytest -q tests/python tests/cluster tests/faults | tee build/pytest.log
 
 echo "== unit tests under ASan + UBSan"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGRADCOMP_SANITIZE=ON >/dev/null
