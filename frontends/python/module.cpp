@@ -200,7 +200,8 @@ PYBIND11_MODULE(_C, m) {
                        size_t min_compress_elements, int backward_passes_per_step,
                        uint64_t seed, const std::string& timeline, int local_size,
                        int codec_threads,
-                       std::function<void(gt::EndOfBackward)> queue_end_of_backward) {
+                       std::function<void(gt::EndOfBackward)> queue_end_of_backward,
+                       bool find_unused_parameters) {
              gt::GradientOptions options;
              options.compression = parse_option(compression);
              if (!plan_json.empty()) {
@@ -209,6 +210,7 @@ PYBIND11_MODULE(_C, m) {
              options.bucket_bytes = bucket_bytes;
              options.min_compress_elements = min_compress_elements;
              options.backward_passes_per_step = backward_passes_per_step;
+             options.find_unused_parameters = find_unused_parameters;
              options.engine = engine_options(seed, timeline, local_size, codec_threads);
              options.queue_end_of_backward = std::move(queue_end_of_backward);
              py::gil_scoped_release release;
@@ -219,7 +221,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("plan_json"), py::arg("bucket_bytes"), py::arg("min_compress_elements"),
            py::arg("backward_passes_per_step"), py::arg("seed"), py::arg("timeline"),
            py::arg("local_size"), py::arg("codec_threads"),
-           py::arg("queue_end_of_backward") = nullptr)
+           py::arg("queue_end_of_backward") = nullptr,
+           py::arg("find_unused_parameters") = false)
       .def("synchronize", &gt::DistributedGradients::synchronize,
            py::call_guard<py::gil_scoped_release>())
       .def("step_done", &gt::DistributedGradients::step_done,

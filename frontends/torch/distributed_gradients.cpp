@@ -91,6 +91,8 @@ struct DistributedGradientsShared {
   bool exchanged_since_step = false;     // an exchange finished since step_done()
   bool aborted = false;                  // the last exchange completed a pass that raised
   bool finite_since_step = true;         // every exchange since step_done() had a finite mean
+  bool find_unused = false;              // GradientOptions::find_unused_parameters
+  std::vector<uint8_t> used;             // per parameter: a gradient came (or was there) here
   std::string hook_error;                // why our own hook made the running pass raise
   std::function<void(EndOfBackward)> queue_end_of_backward;
   std::unique_ptr<Engine> engine;
@@ -106,6 +108,7 @@ struct DistributedGradientsShared {
   void complete_aborted_pass();
   void exchange(bool fill_nan);
   void wait_for_engine();
+  void forget_unused();
 };
 
 namespace {
@@ -323,6 +326,27 @@ void DistributedGradientsShared::wait_for_engine() {
   }
 }
 
+namespace {
+
+// find_unused_parameters adds a collective to every exchange: ranks that disagree on it would
+// pair that collective with another one, so they are an error at construction.
+void agree_on_find_unused(Transport& transport, bool mine) {
+  std::vector<uint8_t> all(static_cast<size_t>(transport.size()));
+  const uint8_t flag = mine ? 1 : 0;
+  transport.allgather(std::as_bytes(std::span(&flag, 1)), std::as_writable_bytes(std::span(all)))
+      ->wait(transport.timeout());
+  for (size_t r = 0; r < all.size(); ++r) {
+    if ((all[r] != 0) != mine) {
+      throw CommError(fmt::format(
+          "gradcomp: the ranks use different find_unused_parameters: {} on rank {}, {} on rank "
+          "{}; every rank must use the same",
+          mine, transport.rank(), all[r] != 0, r));
+    }
+  }
+}
+
+}  // namespace
+
 // A backward pass raised before its end (its callback was dropped with it). If it handed over
 // gradients, the other ranks wait for the rest of that exchange: complete it with NaN, so
 // that every rank sees a non-finite mean for this step rather than silently different ones.
@@ -337,6 +361,9 @@ void DistributedGradientsShared::complete_aborted_pass() {
 // waits for the exchange. After an aborted pass the rest is NaN, in buffers of its own: the
 // .grad of a pass running now is left alone.
 void DistributedGradientsShared::exchange(bool fill_nan) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    used[i] = handed[i] || parameters[i].grad().defined();
+  }
   for (size_t i = 0; i < parameters.size(); ++i) {
     if (handed[i]) continue;
     if (fill_nan) {
@@ -357,6 +384,26 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   for (auto& [half, wide] : narrowed) half.copy_(wide);  // round to nearest even
   narrowed.clear();
   in_flight.clear();
+  if (find_unused && !fill_nan) forget_unused();
+}
+
+// Parameters no rank produced a gradient for get none (find_unused_parameters). The ranks
+// agree on that by a max over their `used` flags; a zero mean is checked too, since error
+// feedback may flush a residual into an unused parameter, which must not be dropped. The mean
+// is the same on every rank, so every rank decides alike.
+void DistributedGradientsShared::forget_unused() {
+  try {
+    transport->allreduce(std::as_writable_bytes(std::span(used)), DType::kU8, ReduceOp::kMax)
+        ->wait(transport->timeout());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("gradcomp: agreeing on the unused parameters: {}", e.what()));
+  } catch (const CommError& e) {
+    throw CommError(fmt::format("gradcomp: agreeing on the unused parameters: {}", e.what()));
+  }
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    auto& grad = parameters[i].mutable_grad();
+    if (!used[i] && grad.defined() && !grad.ne(0).any().item<bool>()) grad = at::Tensor();
+  }
 }
 
 DistributedGradients::DistributedGradients(NamedParameters parameters,
@@ -393,7 +440,10 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
   s.parameters = std::move(ordered);
   s.names = std::move(names);
   s.handed.assign(s.names.size(), false);
+  s.used.assign(s.names.size(), 0);
+  s.find_unused = options.find_unused_parameters;
   s.engine = std::make_unique<Engine>(s.transport, std::move(plan), options.engine);
+  agree_on_find_unused(*s.transport, s.find_unused);
   for (size_t i = 0; i < s.parameters.size(); ++i) {
     auto accumulator = ::torch::autograd::impl::grad_accumulator(s.parameters[i]);
     accumulator->add_pre_hook(std::make_unique<BeforeAccumulationHook>(shared_, i));

@@ -236,12 +236,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         every feedback memory as it was, with or without this.
     timeline: path of a Chrome-trace timeline of this rank's steps.
     broadcast: copy rank 0's parameters to every rank first, as DDP does (a collective).
+    find_unused_parameters: as DDP's: a parameter that got no gradient on any rank in a step
+        keeps .grad None (so Adam and weight decay leave it alone) instead of the zero mean;
+        costs one small collective per step. The same on every rank.
     """
 
     def __init__(self, optimizer, named_parameters=None, compression="none", plan=None,
                  transport=None, backward_passes_per_step=1, seed=0, bucket_mb=25.0,
                  min_compress_elements=16384, timeline=None, codec_threads=1, local_size=0,
-                 broadcast=True, loss_scale=None):
+                 broadcast=True, loss_scale=None, find_unused_parameters=False):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise Error(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
@@ -258,7 +261,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             named, _exchange_transport(transport), compression, _plan_json(plan),
             int(bucket_mb * (1 << 20)), int(min_compress_elements), int(backward_passes_per_step),
             int(seed), timeline or "", int(local_size), int(codec_threads),
-            self._backward_begins)
+            self._backward_begins, bool(find_unused_parameters))
         self._gradients.set_learning_rate(self._lr())
         self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements)
         if broadcast:

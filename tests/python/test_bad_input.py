@@ -5,7 +5,8 @@ import torch
 import reference as ref
 
 # Cases that leave the ranks able to go on share one job.
-SHARED = ["unknown_codec", "bad_numbers", "bad_plan", "route_and_small_model", "float64_parameter", "frozen_parameter", "unused_parameter"]
+SHARED = ["unknown_codec", "bad_numbers", "bad_plan", "route_and_small_model", "float64_parameter", "frozen_parameter", "unused_parameter",
+          "unused_parameter_found"]
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,21 @@ def test_unused_parameter_is_averaged_as_zero(shared):
     assert local.abs().sum() > 0
     for rank in range(2):
         assert torch.equal(steps[rank][1]["averaged"], ref.mean([local, torch.zeros_like(local)]))
+
+
+def test_find_unused_parameters_leaves_unused_ones_alone(shared):
+    """find_unused_parameters=True, AdamW with weight decay: at step 0 extra.weight got no
+    gradient on any rank, so .grad stays None on every rank and AdamW leaves it where it was;
+    at step 1 rank 0 used it, so both ranks get the mean (rank 0's gradient halved) and step."""
+    steps = shared.loads("unused_found")
+    for rank in range(2):
+        assert steps[rank][0]["grad_is_none"], f"rank {rank}: a gradient for an unused parameter"
+        assert not steps[rank][0]["extra_moved"], f"rank {rank}: AdamW moved an unused parameter"
+        assert not steps[rank][1]["grad_is_none"] and steps[rank][1]["extra_moved"]
+        assert torch.equal(steps[rank][1]["averaged"], steps[0][1]["averaged"])
+        for step in range(2):
+            assert steps[rank][step]["params"] == steps[0][step]["params"], f"rank {rank} differs"
+    assert steps[0][1]["averaged"].abs().sum() > 0
 
 
 def test_sparse_gradient_is_named(run_workers):

@@ -55,6 +55,12 @@ struct GradientOptions {
   std::optional<Plan> plan;
   // Gradient accumulation: gradients are exchanged during every k-th backward pass only.
   int backward_passes_per_step = 1;
+  // As DDP's option of that name: after each exchange the ranks agree (one small allreduce)
+  // on which parameters got a gradient on some rank; one that got none on any rank, and
+  // whose mean is zero (error feedback may still flush a residual into it), is left with
+  // no gradient (.grad undefined, None in Python) on every rank, so optimizers that skip such
+  // parameters (Adam, weight decay) leave it alone. Off: it gets the zero mean.
+  bool find_unused_parameters = false;
   // Queues `end` to run when the backward pass now running ends. Called from a gradient hook
   // (without locks held) on the first gradient of each pass. Empty: autograd's engine queues
   // it (Engine::queue_callback); the Python front end queues a Python callable instead, so

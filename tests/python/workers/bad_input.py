@@ -124,6 +124,29 @@ def unused_parameter(rank, out):
     return {"done": True}
 
 
+def unused_parameter_found(rank, out):
+    """As unused_parameter, under Adam with weight decay and find_unused_parameters=True."""
+    model = WithExtra()
+    adam = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    opt = gc.DistributedOptimizer(adam, model.named_parameters(), compression="none",
+                                  find_unused_parameters=True)
+    steps = []
+    for step in range(2):
+        use = step == 1 and rank == 0
+        before = model.extra.weight.detach().clone()
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(*[common.batch(rank, step)[0], use]),
+                                     common.batch(rank, step)[1]).backward()
+        grad = model.extra.weight.grad
+        steps.append({"grad_is_none": grad is None,
+                      "averaged": None if grad is None else grad.clone()})
+        opt.step()
+        steps[-1]["extra_moved"] = not torch.equal(before, model.extra.weight.detach())
+        steps[-1]["params"] = common.state_bytes(model)
+    common.save(out, "unused_found", rank, steps)
+    return {"done": True}
+
+
 def sparse_gradient(rank, out):
     model = torch.nn.Sequential(torch.nn.Embedding(100, 16, sparse=True),
                                 torch.nn.Linear(16, 4))
@@ -182,7 +205,8 @@ def different_models(rank, out):
 
 CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, bad_plan, route_and_small_model,
                                  float64_parameter, frozen_parameter,
-                                 unused_parameter, sparse_gradient, backward_twice,
+                                 unused_parameter, unused_parameter_found, sparse_gradient,
+                                 backward_twice,
                                  different_models)}
 
 
