@@ -62,6 +62,14 @@ std::span<float> float_span(const at::Tensor& t, const std::string& what) {
   return {t.data_ptr<float>(), static_cast<size_t>(t.numel())};
 }
 
+// The bytes of a dense contiguous CPU tensor of any type (broadcast copies bytes exactly).
+std::span<std::byte> byte_span(const at::Tensor& t, const std::string& what) {
+  if (!t.is_contiguous() || !t.device().is_cpu() || t.is_sparse()) {
+    throw Error(what + " must be a dense contiguous CPU tensor");
+  }
+  return {static_cast<std::byte*>(t.data_ptr()), t.numel() * t.element_size()};
+}
+
 // A Python-owned engine over caller tensors (the DDP hook's buckets).
 class PyEngine {
  public:
@@ -152,13 +160,12 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "broadcast_",
           [](Transport& t, const at::Tensor& tensor, int root) {
-            auto values = float_span(tensor, "the tensor");
-            auto bytes = std::as_writable_bytes(values);
+            auto bytes = byte_span(tensor, "the tensor");
             py::gil_scoped_release release;
             t.broadcast(bytes, root)->wait(t.timeout());
           },
           py::arg("tensor"), py::arg("root") = 0,
-          "Copies root's float32 tensor into every rank's, in place (blocking).")
+          "Copies root's tensor (any type, its bytes) into every rank's, in place (blocking).")
       .def("barrier", [](Transport& t) {
         py::gil_scoped_release release;
         t.barrier()->wait(t.timeout());

@@ -143,29 +143,21 @@ def _number(name, value, low, high=None, integer=True):
     return value
 
 
-_BROADCAST_TYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
 def broadcast_parameters(params, root=0, transport=None):
-    """Copies rank `root`'s parameters (or any float32 tensors) into every rank's, in place, so
-    all ranks start from the same model. `params`: model.parameters(), named_parameters() or
-    a state_dict. A collective."""
-    if isinstance(params, dict):
-        params = params.values()
+    """Copies rank `root`'s tensors into every rank's, in place, bit for bit, so all ranks
+    start from the same model. `params`: model.parameters(), model.buffers() (BatchNorm's
+    running statistics and its int64 batch counter too), named_parameters(), or a state_dict.
+    A collective: every rank passes the same tensors, in the same order."""
+    items = params.items() if isinstance(params, dict) else params
     link = get_transport(transport)
     with torch.no_grad():
-        for p in params:
-            t = p[1] if isinstance(p, tuple) else p
-            if t.dtype not in _BROADCAST_TYPES or not t.is_contiguous() or t.device.type != "cpu":
-                raise Error(f"broadcast_parameters: a {t.dtype} tensor on {t.device}; only "
-                            "contiguous float32, float16 and bfloat16 CPU tensors can be "
-                            "broadcast")
-            if t.dtype == torch.float32:
-                link.broadcast_(t.data, root)
-            else:
-                wide = t.data.float()  # exact, and exact back
-                link.broadcast_(wide, root)
-                t.data.copy_(wide)
+        for i, item in enumerate(items):
+            name, t = item if isinstance(item, tuple) else (f"tensor {i}", item)
+            if t.device.type != "cpu" or t.is_sparse or not t.is_contiguous():
+                raise Error(f"broadcast_parameters: {name} is a {t.dtype} tensor on {t.device}"
+                            f"{' (sparse)' if t.is_sparse else ''}; only dense contiguous CPU "
+                            "tensors can be broadcast")
+            link.broadcast_(t.data, root)
 
 
 def _plan_json(plan):

@@ -89,7 +89,9 @@ EngineState read_engine_state(std::span<const std::byte> bytes, const StateOwner
   const auto world = in.get<uint32_t>("world size");
   if (rank != owner.rank || world != owner.world_size) {
     throw Error(fmt::format("engine state was saved by rank {} of {}; this is rank {} of {}: "
-                            "every rank loads the state it saved itself",
+                            "every rank loads the state it saved itself (for one file that "
+                            "every rank resumes from, save the state of every rank: in Python "
+                            "state_dict(all_ranks=True), called on every rank)",
                             rank, world, owner.rank, owner.world_size));
   }
   EngineState state;
