@@ -1,6 +1,7 @@
 // gradcomp_soak: many small training steps on every rank, with the plan changed and the engine
-// checkpointed along the way, watching that resident memory, open files and threads stay flat and
-// that every rank ends with bit-identical parameters (docs/soak.md).
+// checkpointed along the way, watching that malloc's bytes in use, open files and threads stay flat
+// (and reporting resident memory by kind) and that every rank ends with bit-identical parameters
+// (docs/soak.md).
 //
 //   gradcomp launch -n 4 -- gradcomp_soak --steps 100000 --out soak.json
 //   mpirun -np 4 gradcomp_soak --steps 100000              (the MPI transport)
@@ -17,6 +18,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -55,7 +57,10 @@ struct Settings {
   uint64_t checkpoint_every = 2'500;
   uint64_t sample_every = 0;   // 0: steps / 10
   uint64_t baseline_step = 0;  // 0: steps / 10 (step 10,000 of 100,000)
-  double max_rss_growth = 1.0;  // percent, from the baseline step to the end
+  // Largest growth of malloc's bytes in use from the baseline step to the end, in percent of
+  // the baseline's RSS: what a leak grows. RSS itself is reported, not checked: it also grows by
+  // the free memory glibc's per-thread arenas keep (docs/soak.md).
+  double max_heap_growth = 1.0;
   // Small enough that top-k at 1% with error feedback (a coordinate's update comes about every
   // 100 steps, all at once) and DGC's momentum stay stable on the quadratic below.
   double learning_rate = 0.001;
@@ -78,22 +83,49 @@ uint64_t sample_every_of(const Settings& s) {
 // ---- what the process holds -----------------------------------------------------------------
 
 struct Resources {
-  int64_t rss_kb = 0;
+  int64_t rss_kb = 0;  // VmRSS: the sum of the three below
+  // VmRSS split by what backs the pages (/proc/self/status): anonymous memory (the heap, the
+  // stacks, private copies), mapped files (code and file-backed mappings) and shared memory
+  // (shmem/tmpfs, e.g. an MPI library's shared-memory segments, counted as each page is touched).
+  int64_t rss_anon_kb = 0;
+  int64_t rss_file_kb = 0;
+  int64_t rss_shmem_kb = 0;
   // Bytes in malloc's in-use chunks (all arenas, mmapped blocks included): a leak grows it,
   // while RSS also grows by memory the allocator keeps after a free. glibc counts the freed
   // chunks each thread caches (tcache) as in use, so it may rise by up to some 100 KiB per
   // thread before it levels off; GLIBC_TUNABLES=glibc.malloc.tcache_count=0 takes that out.
   int64_t heap_kb = 0;
+  // What malloc holds from the system (mallinfo2 arena + hblkhd: the sbrk'd heap and every other
+  // arena, plus the mmapped blocks): the heap in use plus the free chunks it keeps.
+  int64_t arena_kb = 0;
   int64_t fds = 0;
   int64_t threads = 0;
 };
 
-int64_t rss_kb() {
+// VmRSS, RssAnon, RssFile and RssShmem from /proc/self/status.
+void read_status(Resources& r) {
+  struct Field {
+    const char* name;
+    int64_t Resources::*field;
+  };
+  static constexpr Field kFields[] = {{"VmRSS:", &Resources::rss_kb},
+                                      {"RssAnon:", &Resources::rss_anon_kb},
+                                      {"RssFile:", &Resources::rss_file_kb},
+                                      {"RssShmem:", &Resources::rss_shmem_kb}};
+  size_t found = 0;
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+    for (const Field& f : kFields) {
+      const std::string_view name(f.name);
+      if (line.compare(0, name.size(), name) == 0) {
+        r.*f.field = std::stoll(line.substr(name.size()));
+        ++found;
+      }
+    }
   }
-  throw Error("soak: no VmRSS in /proc/self/status");
+  if (found != std::size(kFields)) {
+    throw Error("soak: no VmRSS, RssAnon, RssFile or RssShmem in /proc/self/status");
+  }
 }
 
 // Entries of a /proc directory, without "." and "..". The directory's own descriptor is open
@@ -109,13 +141,15 @@ int64_t entries(const char* path) {
   return count;
 }
 
-int64_t heap_kb() {
-  const struct mallinfo2 info = ::mallinfo2();
-  return static_cast<int64_t>((info.uordblks + info.hblkhd) / 1024);
-}
-
 Resources measure() {
-  return {rss_kb(), heap_kb(), entries("/proc/self/fd"), entries("/proc/self/task")};
+  Resources r;
+  read_status(r);
+  const struct mallinfo2 info = ::mallinfo2();
+  r.heap_kb = static_cast<int64_t>((info.uordblks + info.hblkhd) / 1024);
+  r.arena_kb = static_cast<int64_t>((info.arena + info.hblkhd) / 1024);
+  r.fds = entries("/proc/self/fd");
+  r.threads = entries("/proc/self/task");
+  return r;
 }
 
 // ---- the model ------------------------------------------------------------------------------
@@ -326,6 +360,20 @@ class Soak {
     samples_.push_back(
         {step, plan_, measure(), static_cast<double>(since) / seconds, model_.mean_abs()});
     last_sample_time_ = now;
+    if (world_->rank() == 0) print_progress(samples_.back());
+  }
+
+  // Rank 0's own figures as they come: a long run shows how it goes (and a run that is stopped
+  // leaves them behind); the table of every rank comes at the end.
+  void print_progress(const Sample& sample) const {
+    const auto in_mib = [](int64_t kb) { return static_cast<double>(kb) / 1024; };
+    const Resources& r = sample.live;
+    fmt::print("step {}: {}; rank 0: RSS {:.2f} MiB (anon {:.2f}, file {:.2f}, shmem {:.2f}), "
+               "heap {:.2f} MiB in use of {:.2f} held, {} fds, {} threads; {:.0f} steps/s\n",
+               sample.step, settings_.rotation[sample.plan], in_mib(r.rss_kb),
+               in_mib(r.rss_anon_kb), in_mib(r.rss_file_kb), in_mib(r.rss_shmem_kb),
+               in_mib(r.heap_kb), in_mib(r.arena_kb), r.fds, r.threads, sample.steps_per_second);
+    std::fflush(stdout);
   }
 
  private:
@@ -350,10 +398,17 @@ struct Gathered {
   std::vector<uint64_t> hashes;
 };
 
+// Resources' figures in one order, to send them as one array of int64.
+constexpr int64_t Resources::*kFigures[] = {
+    &Resources::rss_kb,       &Resources::rss_anon_kb, &Resources::rss_file_kb,
+    &Resources::rss_shmem_kb, &Resources::heap_kb,     &Resources::arena_kb,
+    &Resources::fds,          &Resources::threads};
+constexpr size_t kFigureCount = std::size(kFigures);
+
 std::vector<int64_t> flatten(const std::vector<Sample>& samples, const std::vector<Idle>& idles) {
   std::vector<int64_t> out;
   auto add = [&](const Resources& r) {
-    out.insert(out.end(), {r.rss_kb, r.heap_kb, r.fds, r.threads});
+    for (auto field : kFigures) out.push_back(r.*field);
   };
   for (const auto& s : samples) add(s.live);
   for (const auto& i : idles) add(i.between);
@@ -377,9 +432,11 @@ Gathered gather(Transport& world, const Soak& soak) {
   for (int r = 0; r < world.size(); ++r) {
     auto& live = g.live.emplace_back();
     auto& idle = g.idle.emplace_back();
-    for (size_t k = 0; k < per_rank / 4; ++k) {
-      const int64_t* v = all.data() + static_cast<size_t>(r) * per_rank + 4 * k;
-      (k < soak.samples().size() ? live : idle).push_back({v[0], v[1], v[2], v[3]});
+    for (size_t k = 0; k < per_rank / kFigureCount; ++k) {
+      const int64_t* v = all.data() + static_cast<size_t>(r) * per_rank + kFigureCount * k;
+      Resources figures;
+      for (size_t f = 0; f < kFigureCount; ++f) figures.*kFigures[f] = v[f];
+      (k < soak.samples().size() ? live : idle).push_back(figures);
     }
   }
   return g;
@@ -388,11 +445,15 @@ Gathered gather(Transport& world, const Soak& soak) {
 struct Verdict {
   bool identical = true;
   bool finite = true;  // a diverged run could be identical everywhere and still wrong
-  double max_rss_growth = -100;  // percent, the largest over ranks
-  bool rss_ok = true;
+  // Percent, the largest over ranks, from the baseline step to the end. Only the heap in use is
+  // checked; the rest is reported.
+  double max_heap_growth = -100;  // malloc's bytes in use, in percent of the baseline's RSS
+  double max_rss_growth = -100;   // VmRSS, in percent of the baseline's RSS
+  Resources largest_change;       // per figure, the largest change over ranks (kB or count)
+  bool heap_ok = true;
   std::string resources_compared;  // which figures the fds/threads check compared
   bool fds_ok = true, threads_ok = true;
-  bool ok() const { return identical && finite && rss_ok && fds_ok && threads_ok; }
+  bool ok() const { return identical && finite && heap_ok && fds_ok && threads_ok; }
 };
 
 size_t sample_index(const std::vector<Sample>& samples, uint64_t step) {
@@ -437,12 +498,19 @@ Verdict check(const Soak& soak, const Gathered& g, const Settings& s) {
                             [&](uint64_t h) { return h == g.hashes[0]; });
   v.finite = std::isfinite(soak.model().mean_abs());
   const size_t baseline = sample_index(soak.samples(), baseline_step_of(s));
+  for (size_t f = 0; f < kFigureCount; ++f) v.largest_change.*kFigures[f] = INT64_MIN;
   for (const auto& rank : g.live) {
-    const double growth = 100.0 * static_cast<double>(rank.back().rss_kb - rank[baseline].rss_kb) /
-                          static_cast<double>(rank[baseline].rss_kb);
-    v.max_rss_growth = std::max(v.max_rss_growth, growth);
+    const Resources &from = rank[baseline], &to = rank.back();
+    const auto percent = [&](int64_t kb) {
+      return 100.0 * static_cast<double>(kb) / static_cast<double>(from.rss_kb);
+    };
+    v.max_heap_growth = std::max(v.max_heap_growth, percent(to.heap_kb - from.heap_kb));
+    v.max_rss_growth = std::max(v.max_rss_growth, percent(to.rss_kb - from.rss_kb));
+    for (auto field : kFigures) {
+      v.largest_change.*field = std::max(v.largest_change.*field, to.*field - from.*field);
+    }
   }
-  v.rss_ok = v.max_rss_growth < s.max_rss_growth;
+  v.heap_ok = v.max_heap_growth < s.max_heap_growth;
   check_counts(soak, g, baseline, s, v);
   return v;
 }
@@ -464,17 +532,26 @@ std::string over_ranks(const std::vector<std::vector<Resources>>& figures, size_
 }
 
 void print_table(const Soak& soak, const Gathered& g, const Settings& s) {
-  fmt::print("{:>7}  {:<58} {:>13} {:>13} {:>5} {:>7} {:>7} {:>8}\n", "step", "plan (live)",
-             "RSS MiB", "heap MiB", "fds", "threads", "steps/s", "mean|p|");
+  fmt::print("{:>7}  {:<58} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>5} {:>7} {:>7} {:>8}\n",
+             "step", "plan (live)", "RSS MiB", "anon MiB", "file MiB", "shmem MiB",
+             "heap MiB", "held MiB", "fds", "threads", "steps/s", "mean|p|");
   for (size_t k = 0; k < soak.samples().size(); ++k) {
     const Sample& sample = soak.samples()[k];
-    fmt::print("{:>7}  {:<58} {:>13} {:>13} {:>5} {:>7} {:>7.0f} {:>8.5f}\n", sample.step,
-               s.rotation[sample.plan], over_ranks(g.live, k, &Resources::rss_kb, true),
+    fmt::print("{:>7}  {:<58} {:>13} {:>13} {:>13} {:>13} {:>13} {:>13} {:>5} {:>7} {:>7.0f} "
+               "{:>8.5f}\n",
+               sample.step, s.rotation[sample.plan],
+               over_ranks(g.live, k, &Resources::rss_kb, true),
+               over_ranks(g.live, k, &Resources::rss_anon_kb, true),
+               over_ranks(g.live, k, &Resources::rss_file_kb, true),
+               over_ranks(g.live, k, &Resources::rss_shmem_kb, true),
                over_ranks(g.live, k, &Resources::heap_kb, true),
+               over_ranks(g.live, k, &Resources::arena_kb, true),
                over_ranks(g.live, k, &Resources::fds, false),
                over_ranks(g.live, k, &Resources::threads, false), sample.steps_per_second,
                sample.mean_abs_parameter);
   }
+  fmt::print("(heap: malloc's bytes in use; held: what malloc holds from the system, in use or "
+             "free)\n");
   fmt::print("(min..max over ranks; rank 0 also serves the rendezvous store under gradcomp launch)\n");
 }
 
@@ -483,9 +560,16 @@ void print_verdict(const Soak& soak, const Gathered& g, const Verdict& v, const 
              "{} plan changes\n",
              soak.wall_seconds(), static_cast<double>(s.steps) / soak.wall_seconds(),
              soak.checkpoints(), soak.resumes(), soak.idles().size());
-  fmt::print("RSS growth from step {} to {}: {:+.3f}% (largest over ranks; limit {}%): {}\n",
-             baseline_step_of(s), s.steps, v.max_rss_growth, s.max_rss_growth,
-             v.rss_ok ? "ok" : "FAILED");
+  const Resources& c = v.largest_change;
+  fmt::print("RSS growth from step {} to {}: {:+.3f}% (largest over ranks; reported, not checked); "
+             "largest changes in KiB: anon {:+}, file {:+}, shmem {:+}, malloc held {:+}, "
+             "malloc in use {:+}\n",
+             baseline_step_of(s), s.steps, v.max_rss_growth, c.rss_anon_kb, c.rss_file_kb,
+             c.rss_shmem_kb, c.arena_kb, c.heap_kb);
+  fmt::print("heap (malloc in use) growth from step {} to {}: {:+.3f}% of RSS (largest over ranks; "
+             "limit {}%): {}\n",
+             baseline_step_of(s), s.steps, v.max_heap_growth, s.max_heap_growth,
+             v.heap_ok ? "ok" : "FAILED");
   fmt::print("fds {}, threads {} ({})\n", v.fds_ok ? "flat" : "GREW",
              v.threads_ok ? "flat" : "GREW", v.resources_compared);
   fmt::print("parameters bit-identical on all {} ranks: {} (fnv1a64 {:016x}); finite: {}\n",
@@ -493,7 +577,10 @@ void print_verdict(const Soak& soak, const Gathered& g, const Verdict& v, const 
 }
 
 nlohmann::json resources_json(const Resources& r) {
-  return {{"rss_kb", r.rss_kb}, {"heap_kb", r.heap_kb}, {"fds", r.fds}, {"threads", r.threads}};
+  return {{"rss_kb", r.rss_kb},           {"rss_anon_kb", r.rss_anon_kb},
+          {"rss_file_kb", r.rss_file_kb}, {"rss_shmem_kb", r.rss_shmem_kb},
+          {"heap_kb", r.heap_kb},         {"arena_kb", r.arena_kb},
+          {"fds", r.fds},                 {"threads", r.threads}};
 }
 
 nlohmann::json report(const Transport& world, const Soak& soak, const Gathered& g,
@@ -520,7 +607,7 @@ nlohmann::json report(const Transport& world, const Soak& soak, const Gathered& 
           {"settings",
            {{"steps", s.steps}, {"plan_every", s.plan_every},
             {"checkpoint_every", s.checkpoint_every}, {"baseline_step", baseline_step_of(s)},
-            {"max_rss_growth_percent", s.max_rss_growth}, {"seed", s.seed},
+            {"max_heap_growth_percent_of_rss", s.max_heap_growth}, {"seed", s.seed},
             {"learning_rate", s.learning_rate}, {"rotation", s.rotation}}},
           {"wall_seconds", soak.wall_seconds()},
           {"steps_per_second", static_cast<double>(s.steps) / soak.wall_seconds()},
@@ -531,7 +618,8 @@ nlohmann::json report(const Transport& world, const Soak& soak, const Gathered& 
           {"parameter_hashes", hashes},
           {"checks",
            {{"bit_identical", v.identical}, {"finite", v.finite}, {"rss_growth_percent", v.max_rss_growth},
-            {"rss_ok", v.rss_ok}, {"fds_flat", v.fds_ok}, {"threads_flat", v.threads_ok},
+            {"largest_change", resources_json(v.largest_change)},
+            {"heap_growth_percent_of_rss", v.max_heap_growth}, {"heap_ok", v.heap_ok}, {"fds_flat", v.fds_ok}, {"threads_flat", v.threads_ok},
             {"counts_compared", v.resources_compared}, {"passed", v.ok()}}}};
 }
 
@@ -598,9 +686,10 @@ int main(int argc, char** argv) {
   app.add_option("--sample-every", settings.sample_every,
                  "steps between measurements (default: steps / 10)");
   app.add_option("--baseline-step", settings.baseline_step,
-                 "the step RSS, fds and threads are compared from (default: steps / 10)");
-  app.add_option("--max-rss-growth", settings.max_rss_growth,
-                 "largest RSS growth allowed from the baseline step to the end, in percent")
+                 "the step the heap, RSS, fds and threads are compared from (default: steps / 10)");
+  app.add_option("--max-heap-growth", settings.max_heap_growth,
+                 "largest growth of malloc's bytes in use allowed from the baseline step to the "
+                 "end, in percent of the baseline's RSS (RSS itself is reported, not checked)")
       ->capture_default_str();
   app.add_option("--rotation", settings.rotation,
                  "plan options in rotation, short form codec|feedback|route, ';'-separated")
