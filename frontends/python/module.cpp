@@ -120,6 +120,8 @@ PYBIND11_MODULE(_C, m) {
   register_errors(m);
 
   m.def("codec_names", &codec_names);
+  m.def("codec_uses_layout",
+        [](const std::string& spec) { return make_codec(spec)->traits().uses_layout; });
   m.def("feedback_names", &feedback_names);
   m.def("route_names", &route_names);
   m.def("transport_names", &transport_names);

@@ -3,6 +3,7 @@
 #include "gradcomp/torch/distributed_gradients.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -174,7 +175,9 @@ Plan make_plan(const std::vector<std::string>& names, const std::vector<at::Tens
                const GradientOptions& options) {
   std::vector<TensorInfo> tensors;
   for (size_t i = 0; i < names.size(); ++i) {
-    tensors.push_back({names[i], static_cast<size_t>(params[i].numel())});
+    const auto sizes = params[i].sizes();
+    tensors.push_back({names[i], static_cast<size_t>(params[i].numel()),
+                       std::vector<size_t>(sizes.begin(), sizes.end())});
   }
   if (!options.plan) {
     DefaultPlanSettings settings;
@@ -183,25 +186,33 @@ Plan make_plan(const std::vector<std::string>& names, const std::vector<at::Tens
     settings.compressed = options.compression;
     return make_default_plan(std::move(tensors), settings);
   }
-  // A given plan must cover exactly the trainable parameters.
-  std::map<std::string, size_t> ours;
-  for (const auto& t : tensors) ours[t.name] = t.elements;
-  for (const auto& t : options.plan->tensors) {
+  // A given plan must cover exactly the trainable parameters. A plan without shapes (from a
+  // profile) gets the parameters' own, so shape-aware codecs see each tensor.
+  std::map<std::string, const TensorInfo*> ours;
+  for (const auto& t : tensors) ours[t.name] = &t;
+  Plan plan = *options.plan;
+  for (auto& t : plan.tensors) {
     auto it = ours.find(t.name);
     if (it == ours.end()) {
       throw Error(fmt::format("plan tensor '{}' is not a trainable parameter of the model",
                               t.name));
     }
-    if (it->second != t.elements) {
+    const TensorInfo& param = *it->second;
+    if (param.elements != t.elements) {
       throw Error(fmt::format("plan tensor '{}' has {} elements, the parameter has {}", t.name,
-                              t.elements, it->second));
+                              t.elements, param.elements));
     }
+    if (!t.shape.empty() && t.shape != param.shape) {
+      throw Error(fmt::format("plan tensor '{}' has shape [{}], the parameter [{}]", t.name,
+                              fmt::join(t.shape, ", "), fmt::join(param.shape, ", ")));
+    }
+    t.shape = param.shape;
     ours.erase(it);
   }
   if (!ours.empty()) {
     throw Error(fmt::format("parameter '{}' is in no bucket of the plan", ours.begin()->first));
   }
-  return *options.plan;
+  return plan;
 }
 
 }  // namespace

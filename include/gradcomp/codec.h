@@ -86,6 +86,18 @@ struct CodecTraits {
   // The codec keeps state across steps (save_state is not empty after a step: Signum's
   // momentum, PowerSGD's warm start), which discard() must take back when a step is skipped.
   bool stateful = false;
+  // The codec compresses each tensor of the bucket on its own when set_layout gives their
+  // shapes (powersgd); a front end that fuses tensors itself then passes them one by one.
+  bool uses_layout = false;
+};
+
+// One tensor of a bucket as a codec may see it: its element count and, when known, its shape
+// (outermost dimension first; empty: unknown). A bucket is its tensors fused in this order.
+struct TensorShape {
+  size_t elements = 0;
+  std::vector<size_t> dims;
+
+  bool operator==(const TensorShape&) const = default;
 };
 
 // Where and when a codec call happens; keys the counter-based randomness.
@@ -106,6 +118,12 @@ class Codec {
   // The canonical spec, every parameter spelled out: "qsgd:levels=16,bucket=0".
   virtual std::string spec() const = 0;
   virtual CodecTraits traits() const = 0;
+
+  // The tensors the bucket is made of (element counts summing to the bucket's), given once
+  // before the first encode; routes pass the plan's shapes. A codec that compresses each
+  // tensor on its own (powersgd: every tensor of two or more dimensions its own matrix) uses
+  // it, and then refuses any other element count; the others ignore it.
+  virtual void set_layout(std::span<const TensorShape> /*tensors*/) {}
 
   // An upper bound on the frame size (header included) for n elements in the last round.
   virtual size_t max_frame_bytes(size_t n) const = 0;

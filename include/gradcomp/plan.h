@@ -8,18 +8,30 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 namespace gradcomp {
 
-inline constexpr int kPlanVersion = 1;
+// The newest plan format: version 2 added tensor shapes. A plan is written in the lowest
+// version that holds it (1 when no tensor has a shape), so a plan without shapes keeps the JSON,
+// and hence the hash checkpoints store, it always had; both versions are read.
+inline constexpr int kPlanVersion = 2;
 
 // A gradient the engine will receive every step.
 struct TensorInfo {
   std::string name;
   size_t elements = 0;
+  // Dimensions, outermost first (their product is `elements`); empty when not known. Codecs
+  // that compress each tensor on its own use them (powersgd: one matrix per tensor of two or
+  // more dimensions, a convolution's output channels as rows).
+  std::vector<size_t> shape;
+
+  TensorInfo() = default;
+  TensorInfo(std::string name_in, size_t elements_in, std::vector<size_t> shape_in = {})
+      : name(std::move(name_in)), elements(elements_in), shape(std::move(shape_in)) {}
 
   bool operator==(const TensorInfo&) const = default;
 };
@@ -72,7 +84,6 @@ struct DefaultPlanSettings {
 };
 
 struct Plan {
-  int version = kPlanVersion;
   std::vector<TensorInfo> tensors;  // backward order: the order gradients usually become ready
   // Launch order: the engine sends bucket i only after bucket i-1 (every rank the same order).
   std::vector<Bucket> buckets;
@@ -81,6 +92,8 @@ struct Plan {
 
   // Elements of one bucket (sum over its tensors).
   size_t bucket_elements(size_t bucket) const;
+  // The format version to_json writes: 2 when any tensor has a shape, else 1.
+  int format_version() const;
 
   // Throws Error naming the first problem: a tensor in no bucket or in two, an index out of
   // range, an empty or duplicate name, a bad codec, feedback or route spec, or a codec the

@@ -455,7 +455,11 @@ class CommHook:
         self._codec_threads = int(codec_threads)
         self._local_size = int(local_size)
         self._engine = None
-        self._layout = None        # bucket sizes of the engine's plan
+        # A codec that compresses each tensor on its own (PowerSGD: one matrix per layer) gets
+        # the bucket's parameters one by one; the others get the bucket as one tensor.
+        self._per_tensor = _C.codec_uses_layout(_C.parse_option(compression)[0])
+        self._layout = None        # per bucket, the shapes of its gradients, of the engine's plan
+        self._first_tensor = []    # per bucket, the plan index of its first tensor
         self._previous = None      # sizes seen in the last iteration
         self._current = []         # sizes seen so far in this iteration
         self._futures = []
@@ -463,18 +467,29 @@ class CommHook:
         self._failed = None        # the first error of the backward pass in progress
 
     def plan(self, layout):
-        """The plan for DDP buckets of these sizes: one gradcomp bucket per DDP bucket."""
-        tensors = [{"name": f"ddp_bucket.{i}", "elements": n} for i, n in enumerate(layout)]
+        """The plan for DDP buckets of these layouts (per bucket, the shapes of its gradients):
+        one gradcomp bucket per DDP bucket, holding the bucket as one tensor, or its gradients
+        one by one, with their shapes, for a codec that compresses each tensor on its own."""
         codec, feedback, route, start_step = _C.parse_option(self.compression)
-        buckets = []
-        for i, n in enumerate(layout):
+        tensors, buckets = [], []
+        for i, shapes in enumerate(layout):
+            n = sum(math.prod(s) for s in shapes)
+            first = len(tensors)
+            if self._per_tensor:
+                tensors += [{"name": f"ddp_bucket.{i}.{j}", "elements": math.prod(s),
+                             "shape": list(s)} for j, s in enumerate(shapes)]
+            else:
+                tensors.append({"name": f"ddp_bucket.{i}", "elements": n})
             big = n >= self.min_compress_elements
-            buckets.append({"tensors": [i], "codec": codec if big else "none",
+            buckets.append({"tensors": list(range(first, len(tensors))),
+                            "codec": codec if big else "none",
                             "feedback": feedback if big else "none",
                             "route": route if big else "allreduce", "encode_on": "engine"})
             if big and start_step:  # "...|start=N": compressed from the engine's step N
                 buckets[-1]["start_step"] = start_step
-        return {"format": "gradcomp-plan", "version": 1, "tensors": tensors, "buckets": buckets}
+        version = 2 if self._per_tensor else 1  # shapes came with version 2
+        return {"format": "gradcomp-plan", "version": version, "tensors": tensors,
+                "buckets": buckets}
 
     def __call__(self, state, bucket):
         """DDP calls this for each bucket during backward. An error (a dead peer, a bad
@@ -494,12 +509,12 @@ class CommHook:
         index = bucket.index()
         if index == 0:
             self._current = []
-        self._current.append(tensor.numel())
+        self._current.append(tuple(tuple(g.shape) for g in bucket.gradients()))
         if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
             raise Error(f"DDP bucket {index} is {tensor.dtype} on {tensor.device}; the gradcomp "
                         "hook exchanges float32 CPU buckets")
         if self._engine is not None:
-            return self._compressed(index, tensor, bucket.is_last())
+            return self._compressed(index, tensor, bucket)
         fut = torch.futures.Future()
         self._transport.allreduce_(tensor)
         tensor.div_(self._transport.size)
@@ -508,15 +523,20 @@ class CommHook:
             self._learn_layout()
         return fut
 
-    def _compressed(self, index, tensor, is_last):
-        if index >= len(self._layout) or self._layout[index] != tensor.numel():
-            raise Error(f"DDP bucket {index} has {tensor.numel()} elements; the hook's plan "
-                        f"expected {self._layout[index] if index < len(self._layout) else 'no bucket'}"
-                        " (DDP changed its bucket layout after the hook fixed it)")
+    def _compressed(self, index, tensor, bucket):
+        if index >= len(self._layout) or self._layout[index] != self._current[-1]:
+            expected = self._layout[index] if index < len(self._layout) else "no bucket"
+            raise Error(f"DDP bucket {index} holds gradients of shapes {self._current[-1]}; the "
+                        f"hook's plan expected {expected} (DDP changed its bucket layout after "
+                        "the hook fixed it)")
         fut = torch.futures.Future()
         self._futures.append((fut, tensor))
-        self._engine.ready(index, tensor)
-        if is_last:
+        if self._per_tensor:  # views of the bucket's buffer: the mean is written through them
+            for j, grad in enumerate(bucket.gradients()):
+                self._engine.ready(self._first_tensor[index] + j, grad)
+        else:
+            self._engine.ready(index, tensor)
+        if bucket.is_last():
             # The last bucket: the exchange finishes when backward ends, in a callback queued
             # before DDP's (which waits for these futures), as the optimizer's does.
             futures, self._futures = self._futures, []
@@ -547,6 +567,8 @@ class CommHook:
         layout = list(self._current)
         if layout == self._previous:
             self._layout = layout
+            counts = [len(shapes) if self._per_tensor else 1 for shapes in layout]
+            self._first_tensor = [sum(counts[:i]) for i in range(len(counts))]
             self._engine = _C.Engine(self._transport, json.dumps(self.plan(layout)), self._seed,
                                      self._timeline, self._local_size, self._codec_threads)
             if self._pending_state is not None:

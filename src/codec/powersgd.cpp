@@ -1,8 +1,10 @@
 // powersgd: rank-r power iteration with warm start (Vogels et al., NeurIPS 2019).
 //
-// The bucket of n floats is a rows x cols row-major matrix M (see powersgd_matrix.h for the
-// shape rule). Every rank holds the same Q (cols x r): drawn from shared randomness the first
-// time, afterwards the aggregated Q of the previous step (warm start).
+// The bucket is cut into matrices and plain ranges (powersgd_view.h): every tensor of two or
+// more dimensions its own matrix when the plan gives shapes, else the whole bucket as one
+// rows x cols matrix (powersgd_matrix.h). For each matrix M, every rank holds the same Q
+// (cols x r): drawn from shared randomness the first time, afterwards the aggregated Q of the
+// previous step (warm start).
 //   round 0: P_i = M_i Q            (rows x r)  -> allreduce sum -> P_hat = orthonormalise(sum P_i)
 //   round 1: Q_i = M_i^T P_hat      (cols x r)  -> allreduce sum -> decode adds P_hat (sum Q_i)^T
 // finalize divides by W, giving P_hat P_hat^T mean(M_i). The reduced Q of round 1 is the next
@@ -10,21 +12,27 @@
 // the column scale of Q, and this keeps M Q far from overflow) and a zero or non-finite column
 // is redrawn from the shared randomness so one bad step does not stall later ones.
 //
-// Payloads (float32, little-endian, column-major so each column is contiguous):
-//   round 0: P, rank * rows values, P[i][k] at index k * rows + i
-//   round 1: Q, rank * cols values, Q[c][k] at index k * cols + c
-// Header aux is 0. Both payloads are summable as float32.
+// The plain ranges are summed as they are, in round 1's payload.
 //
-// State (save_state): "PSGS", u32 version 1, u8 has_q, then when has_q: u64 n, u64 rows,
-// u64 cols, u64 rank, and rank * cols float32 (the warm-start Q, column-major). round 0 keeps
-// a copy of Q as it was (rank * cols floats, small beside the n of the bucket) for discard().
+// Payloads (float32, little-endian, column-major so each column is contiguous), per matrix:
+//   round 0: P, rank * rows values, P[i][k] at index k * rows + i
+//   round 1: Q, rank * cols values, Q[c][k] at index k * cols + c; then the plain values
+// the matrices one after another (powersgd_view.h). Header aux is 0. Both payloads are
+// summable as float32.
+//
+// State (save_state): "PSGS", u32 version 2, u8 has_q, then when has_q: u64 n, u64 matrices,
+// per matrix u64 rows, u64 cols, u64 rank, then every matrix's warm-start Q (rank * cols
+// float32, column-major). Version 1 (one matrix, no count) is still read. round 0 keeps a copy
+// of Q as it was (small beside the n of the bucket) for discard().
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "codec/factories.h"
 #include "codec/powersgd_matrix.h"
+#include "codec/powersgd_view.h"
 #include "gradcomp/error.h"
 #include "gradcomp/random.h"
 
@@ -32,9 +40,12 @@ namespace gradcomp {
 namespace {
 
 using powersgd::Shape;
+using powersgd::View;
+
+constexpr size_t kMaxRank = 1024;  // the rank parameter's upper bound
 
 constexpr uint32_t kStateMagic = 0x53475350;  // "PSGS"
-constexpr uint32_t kStateVersion = 1;
+constexpr uint32_t kStateVersion = 2;
 
 // Appends raw bytes (resize + memcpy: vector::insert of byte ranges trips GCC 12's
 // -Wstringop-overflow false positive).
@@ -101,8 +112,8 @@ class PowerSgdCodec final : public Codec {
                        warm_start_ ? "true" : "false");
   }
   CodecTraits traits() const override {
-    // Nominal size: both rounds for a bucket of 2^20 elements.
-    const Shape s = shape(size_t{1} << 20);
+    // Nominal size: both rounds for a bucket of 2^20 elements viewed as one matrix.
+    const Shape s = powersgd::make_shape(size_t{1} << 20, cols_, rank_);
     const double bits = 32.0 * static_cast<double>(s.rank * (s.rows + s.cols)) / (1 << 20);
     return {.summable = true,
             .payload_type = DType::kF32,
@@ -112,12 +123,14 @@ class PowerSgdCodec final : public Codec {
             .bits_per_element = bits,
             .unbiased = false,
             .payload_carries_nonfinite = true,  // NaN in M spreads through P and Q
-            .stateful = true};
+            .stateful = true,
+            .uses_layout = true};
   }
 
+  void set_layout(std::span<const TensorShape> tensors) override;
   size_t max_frame_bytes(size_t n) const override {
-    const Shape s = shape(n);
-    return kFrameHeaderBytes + 4 * s.rank * s.cols;
+    const View v = view(n);
+    return kFrameHeaderBytes + 4 * (v.q_values + v.plain_values);
   }
   ReduceOp round_op(int round) const override {
     check_round(round, 0, "round_op");
@@ -125,8 +138,7 @@ class PowerSgdCodec final : public Codec {
   }
   size_t max_round_bytes(int round, size_t n) const override {
     check_round(round, 0, "max_round_bytes");
-    const Shape s = shape(n);
-    return kFrameHeaderBytes + 4 * s.rank * s.rows;
+    return kFrameHeaderBytes + 4 * view(n).p_values;
   }
 
   size_t encode_round(int round, std::span<const float> input, std::span<std::byte> out,
@@ -144,31 +156,48 @@ class PowerSgdCodec final : public Codec {
   // What discard() puts back: Q as round 0 of the last step found it.
   struct SavedQ {
     std::vector<float> q;
-    Shape shape;
+    size_t n = 0;
     bool has = false;
     bool open = false;  // a step began and was not discarded
   };
 
-  Shape shape(uint64_t n) const { return powersgd::make_shape(n, cols_, rank_); }
+  View view(size_t n) const;
   void check_round(int round, int last, const char* what) const;
-  void ensure_q(const Shape& s, const Context& ctx);
-  void draw_q_column(size_t k, const Context& ctx);
+  void ensure_q(const View& v, const Context& ctx);
+  void draw_q_column(size_t block, size_t k, const Context& ctx);
   void normalise_q(const Context& ctx);
-  Shape checked_shape(const FrameHeader& h, size_t round) const;
+  View checked_view(const FrameHeader& h, size_t round) const;
   size_t write_frame(uint8_t round, uint64_t n, const std::vector<float>& values,
                      std::span<std::byte> out) const;
+  void read_q_blocks(StateReader& in, uint32_t version, uint64_t n);
 
   size_t rank_, cols_;
   bool warm_start_;
-  std::vector<float> q_;  // warm-start Q (column-major), valid for q_shape_
-  Shape q_shape_;
+  std::optional<View> layout_view_;  // per-tensor view, when set_layout gave shapes
+  std::vector<float> q_;  // warm-start Q of every block (column-major), valid for q_view_
+  View q_view_;
   bool has_q_ = false;
-  std::vector<float> p_;  // P_hat of the current step (column-major), valid for p_shape_
-  Shape p_shape_;
+  std::vector<float> p_;  // P_hat of the current step, every block, valid for p_n_ elements
+  size_t p_n_ = 0;
   bool has_p_ = false;
-  std::vector<float> scratch_;  // this rank's P (round 0) or Q (last round)
+  std::vector<float> scratch_;  // this rank's P (round 0) or Q and plain values (last round)
   SavedQ saved_;
 };
+
+void PowerSgdCodec::set_layout(std::span<const TensorShape> tensors) {
+  // An explicit cols asks for the fused view; a plan without shapes keeps it too.
+  if (cols_ != 0 || !powersgd::shapes_known(tensors)) return;
+  layout_view_ = powersgd::tensor_view(tensors, rank_);
+}
+
+View PowerSgdCodec::view(size_t n) const {
+  if (!layout_view_) return powersgd::fused_view(n, cols_, rank_);
+  if (n != layout_view_->n) {
+    throw Error(fmt::format("codec 'powersgd': {} elements, but the bucket's tensors hold {}", n,
+                            layout_view_->n));
+  }
+  return *layout_view_;
+}
 
 void PowerSgdCodec::check_round(int round, int last, const char* what) const {
   if (round < 0 || round > last) {
@@ -177,38 +206,46 @@ void PowerSgdCodec::check_round(int round, int last, const char* what) const {
   }
 }
 
-// Column k of the initial Q: uniform in [-1, 1) from randomness all ranks share. Keyed by
-// (seed, bucket) only with warm start, so a rank that joins later draws the same start;
-// by step too without warm start, so each step gets a fresh projection.
-void PowerSgdCodec::draw_q_column(size_t k, const Context& ctx) {
+// Column k of a block's initial Q: uniform in [-1, 1) from randomness all ranks share. Keyed
+// by (seed, bucket) only with warm start, so a rank that joins later draws the same start; by
+// step too without warm start, so each step gets a fresh projection. Block 0's streams are
+// those of the fused view (a plan without shapes draws what it always drew).
+void PowerSgdCodec::draw_q_column(size_t block, size_t k, const Context& ctx) {
+  const auto stream = static_cast<uint32_t>(block * kMaxRank + k);
   const CounterRng rng(ctx.seed, ctx.bucket, warm_start_ ? 0 : ctx.step, CounterRng::kSharedRank,
-                       static_cast<uint32_t>(k));
-  float* q = q_.data() + k * q_shape_.cols;
-  for (size_t c = 0; c < q_shape_.cols; ++c) {
+                       stream);
+  const powersgd::Block& b = q_view_.blocks[block];
+  float* q = q_.data() + b.q_at + k * b.shape.cols;
+  for (size_t c = 0; c < b.shape.cols; ++c) {
     q[c] = 2.0f * rng.uniform(static_cast<uint32_t>(c)) - 1.0f;
   }
 }
 
-void PowerSgdCodec::ensure_q(const Shape& s, const Context& ctx) {
-  if (warm_start_ && has_q_ && q_shape_.n == s.n) return;
-  q_shape_ = s;
-  q_.assign(s.rank * s.cols, 0.0f);
-  for (size_t k = 0; k < s.rank; ++k) draw_q_column(k, ctx);
+void PowerSgdCodec::ensure_q(const View& v, const Context& ctx) {
+  if (warm_start_ && has_q_ && q_view_.n == v.n) return;
+  q_view_ = v;
+  q_.assign(v.q_values, 0.0f);
+  for (size_t b = 0; b < v.blocks.size(); ++b) {
+    for (size_t k = 0; k < v.blocks[b].shape.rank; ++k) draw_q_column(b, k, ctx);
+  }
   has_q_ = true;
 }
 
 // Unit-length columns; zero or non-finite ones are redrawn (see the file comment).
 void PowerSgdCodec::normalise_q(const Context& ctx) {
-  for (size_t k = 0; k < q_shape_.rank; ++k) {
-    float* q = q_.data() + k * q_shape_.cols;
-    double norm2 = 0;
-    for (size_t c = 0; c < q_shape_.cols; ++c) norm2 += double{q[c]} * q[c];
-    if (!(norm2 > 0) || !std::isfinite(norm2)) {
-      draw_q_column(k, ctx);
-      continue;
+  for (size_t b = 0; b < q_view_.blocks.size(); ++b) {
+    const powersgd::Block& block = q_view_.blocks[b];
+    for (size_t k = 0; k < block.shape.rank; ++k) {
+      float* q = q_.data() + block.q_at + k * block.shape.cols;
+      double norm2 = 0;
+      for (size_t c = 0; c < block.shape.cols; ++c) norm2 += double{q[c]} * q[c];
+      if (!(norm2 > 0) || !std::isfinite(norm2)) {
+        draw_q_column(b, k, ctx);
+        continue;
+      }
+      const double inv = 1.0 / std::sqrt(norm2);
+      for (size_t c = 0; c < block.shape.cols; ++c) q[c] = static_cast<float>(q[c] * inv);
     }
-    const double inv = 1.0 / std::sqrt(norm2);
-    for (size_t c = 0; c < q_shape_.cols; ++c) q[c] = static_cast<float>(q[c] * inv);
   }
 }
 
@@ -234,34 +271,38 @@ size_t PowerSgdCodec::write_frame(uint8_t round, uint64_t n, const std::vector<f
 size_t PowerSgdCodec::encode_round(int round, std::span<const float> input,
                                    std::span<std::byte> out, const Context& ctx) {
   check_round(round, 0, "encode_round");
-  const Shape s = shape(input.size());
+  const View v = view(input.size());
   saved_.q.assign(q_.begin(), q_.end());  // the step begins: Q as it was, for discard()
-  saved_.shape = q_shape_;
+  saved_.n = q_view_.n;
   saved_.has = has_q_;
   saved_.open = true;
-  ensure_q(s, ctx);
-  scratch_.assign(s.rank * s.rows, 0.0f);
-  powersgd::multiply_q(input, s, q_.data(), scratch_.data(), ctx.threads);
-  return write_frame(0, s.n, scratch_, out);
+  ensure_q(v, ctx);
+  scratch_.assign(v.p_values, 0.0f);
+  for (const powersgd::Block& b : v.blocks) {
+    powersgd::multiply_q(input.subspan(b.offset, b.shape.n), b.shape, q_.data() + b.q_at,
+                         scratch_.data() + b.p_at, ctx.threads);
+  }
+  return write_frame(0, v.n, scratch_, out);
 }
 
-// The shape of the frame's element count, after checking that the payload holds exactly
-// rank * extent float32 values (extent = rows for round 0, cols for round 1), overflow-safe.
-Shape PowerSgdCodec::checked_shape(const FrameHeader& h, size_t round) const {
+// The view of the frame's element count, after checking that the payload holds exactly the
+// values of that round (P of every block; or Q of every block and the plain values),
+// overflow-safe.
+View PowerSgdCodec::checked_view(const FrameHeader& h, size_t round) const {
   // Non-finite values travel in the float32 payload (absorb redraws a non-finite Q column), so
   // no flag is ever written, and aux is 0.
   check_plain_header(h, "powersgd", /*summable=*/true, /*allowed_flags=*/0);
-  const Shape s = shape(h.elements);
-  const size_t extent = round == 0 ? s.rows : s.cols;
-  size_t values = 0, bytes = 0;
-  if (__builtin_mul_overflow(extent, s.rank, &values) ||
-      __builtin_mul_overflow(values, size_t{4}, &bytes) || bytes != h.payload_bytes) {
+  View v = view(h.elements);
+  const size_t values = round == 0 ? v.p_values : v.q_values + v.plain_values;
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(values, size_t{4}, &bytes) || bytes != h.payload_bytes) {
     throw FrameError(fmt::format(
-        "codec 'powersgd': round-{} payload of {} bytes does not match {} elements as a {} x {} "
-        "matrix at rank {} ({} x {} float32 values expected)",
-        round, h.payload_bytes, h.elements, s.rows, s.cols, s.rank, extent, s.rank));
+        "codec 'powersgd': round-{} payload of {} bytes does not match {} elements as {} "
+        "matri{} at rank {} ({} float32 values expected)",
+        round, h.payload_bytes, h.elements, v.blocks.size(), v.blocks.size() == 1 ? "x" : "ces",
+        rank_, values));
   }
-  return s;
+  return v;
 }
 
 void PowerSgdCodec::absorb_round(int round, std::span<const std::byte> reduced,
@@ -271,17 +312,20 @@ void PowerSgdCodec::absorb_round(int round, std::span<const std::byte> reduced,
   FrameHeader h;
   const auto payload =
       check_frame(reduced, expectation(peek.elements, static_cast<uint8_t>(round)), &h);
-  const Shape s = checked_shape(h, static_cast<size_t>(round));
+  const View v = checked_view(h, static_cast<size_t>(round));
   std::vector<float> values(payload.size() / 4);
   if (!payload.empty()) std::memcpy(values.data(), payload.data(), payload.size());
-  if (round == 0) {  // P_hat for this step's last round and decode
-    powersgd::orthonormalize(values.data(), s.rows, s.rank);
+  if (round == 0) {  // P_hat of every block, for this step's last round and decode
+    for (const powersgd::Block& b : v.blocks) {
+      powersgd::orthonormalize(values.data() + b.p_at, b.shape.rows, b.shape.rank);
+    }
     p_ = std::move(values);
-    p_shape_ = s;
+    p_n_ = v.n;
     has_p_ = true;
-  } else {  // the aggregated Q: next step's warm start
+  } else {  // the aggregated Q of every block: next step's warm start
+    values.resize(v.q_values);  // the plain values that follow are not state
     q_ = std::move(values);
-    q_shape_ = s;
+    q_view_ = v;
     has_q_ = true;
     normalise_q(ctx);
   }
@@ -289,31 +333,43 @@ void PowerSgdCodec::absorb_round(int round, std::span<const std::byte> reduced,
 
 size_t PowerSgdCodec::encode(std::span<const float> input, std::span<std::byte> out,
                              const Context& ctx, std::span<float> residual) {
-  const Shape s = shape(input.size());
-  if (!has_p_ || p_shape_.n != s.n) {
+  const View v = view(input.size());
+  if (!has_p_ || p_n_ != v.n) {
     throw Error(
         fmt::format("codec 'powersgd': the last round of {} elements needs round 0 of "
                     "the same elements absorbed first (encode_round(0), allreduce, "
                     "absorb_round(0))",
-                    s.n));
+                    v.n));
   }
   check_residual("powersgd", input, residual);
-  scratch_.assign(s.rank * s.cols, 0.0f);
-  powersgd::multiply_p(input, s, p_.data(), scratch_.data(), ctx.threads);
-  const size_t size = write_frame(1, s.n, scratch_, out);
-  // The residual pass: input - P_hat Q_i^T, over the input itself when they alias.
-  if (!residual.empty()) {
-    const bool in_place = residual.data() == input.data();
+  scratch_.assign(v.q_values + v.plain_values, 0.0f);
+  for (const powersgd::Block& b : v.blocks) {
+    powersgd::multiply_p(input.subspan(b.offset, b.shape.n), b.shape, p_.data() + b.p_at,
+                         scratch_.data() + b.q_at, ctx.threads);
+  }
+  float* plain = scratch_.data() + v.q_values;
+  for (const powersgd::Range& r : v.plain) {
+    std::copy_n(input.data() + r.offset, r.n, plain);
+    plain += r.n;
+  }
+  const size_t size = write_frame(1, v.n, scratch_, out);
+  if (residual.empty()) return size;
+  // The residual: input - P_hat Q_i^T over each matrix (over the input itself when they
+  // alias); a plain range is sent exactly, so nothing of it is left.
+  const bool in_place = residual.data() == input.data();
+  for (const powersgd::Block& b : v.blocks) {
     powersgd::for_each_reconstructed_row(
-        s, p_.data(), scratch_.data(), ctx.threads,
+        b.shape, p_.data() + b.p_at, scratch_.data() + b.q_at, ctx.threads,
         [&](size_t begin, const float* row, size_t len) {
+          const size_t at = b.offset + begin;
           if (in_place) {
-            powersgd::subtract_row_in_place(residual.data() + begin, row, len);
+            powersgd::subtract_row_in_place(residual.data() + at, row, len);
           } else {
-            powersgd::subtract_row(input.data() + begin, row, residual.data() + begin, len);
+            powersgd::subtract_row(input.data() + at, row, residual.data() + at, len);
           }
         });
   }
+  for (const powersgd::Range& r : v.plain) std::fill_n(residual.data() + r.offset, r.n, 0.0f);
   return size;
 }
 
@@ -321,19 +377,27 @@ void PowerSgdCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
                                       const Context& ctx) const {
   FrameHeader h;
   const auto payload = check_frame(frame, expectation(sum.size(), 1), &h);
-  const Shape s = checked_shape(h, 1);
-  if (!has_p_ || p_shape_.n != s.n) {
+  const View v = checked_view(h, 1);
+  if (!has_p_ || p_n_ != v.n) {
     throw Error(
         fmt::format("codec 'powersgd': a last-round frame of {} elements decodes with "
                     "P_hat from round 0, and round 0 of {} elements was not absorbed",
-                    s.n, s.n));
+                    v.n, v.n));
   }
-  std::vector<float> q(s.rank * s.cols);  // the frame's Q, aligned for the kernels
-  if (!payload.empty()) std::memcpy(q.data(), payload.data(), payload.size());
-  powersgd::for_each_reconstructed_row(s, p_.data(), q.data(), ctx.threads,
-                                       [&](size_t begin, const float* row, size_t len) {
-                                         powersgd::add_row(row, sum.data() + begin, len);
-                                       });
+  std::vector<float> values(v.q_values + v.plain_values);  // aligned for the kernels
+  if (!payload.empty()) std::memcpy(values.data(), payload.data(), payload.size());
+  for (const powersgd::Block& b : v.blocks) {
+    powersgd::for_each_reconstructed_row(
+        b.shape, p_.data() + b.p_at, values.data() + b.q_at, ctx.threads,
+        [&](size_t begin, const float* row, size_t len) {
+          powersgd::add_row(row, sum.data() + b.offset + begin, len);
+        });
+  }
+  const float* plain = values.data() + v.q_values;
+  for (const powersgd::Range& r : v.plain) {
+    powersgd::add_row(plain, sum.data() + r.offset, r.n);
+    plain += r.n;
+  }
 }
 
 std::vector<std::byte> PowerSgdCodec::save_state() const {
@@ -343,9 +407,13 @@ std::vector<std::byte> PowerSgdCodec::save_state() const {
   const uint8_t has = has_q_ ? 1 : 0;
   put(out, &has, 1);
   if (!has_q_) return out;
-  for (uint64_t v : {uint64_t{q_shape_.n}, uint64_t{q_shape_.rows}, uint64_t{q_shape_.cols},
-                     uint64_t{q_shape_.rank}}) {
-    put(out, &v, 8);
+  const uint64_t n = q_view_.n, blocks = q_view_.blocks.size();
+  put(out, &n, 8);
+  put(out, &blocks, 8);
+  for (const powersgd::Block& b : q_view_.blocks) {
+    for (uint64_t v : {uint64_t{b.shape.rows}, uint64_t{b.shape.cols}, uint64_t{b.shape.rank}}) {
+      put(out, &v, 8);
+    }
   }
   put(out, q_.data(), 4 * q_.size());
   return out;
@@ -357,9 +425,40 @@ void PowerSgdCodec::discard() {
                 "step, after decode");
   }
   q_.swap(saved_.q);
-  q_shape_ = saved_.shape;
+  if (saved_.has) q_view_ = view(saved_.n);
   has_q_ = saved_.has;
   saved_.open = false;
+}
+
+// The blocks of a saved Q must be those this codec views n elements as: version 1 (the
+// fused view only) holds one block without a count.
+void PowerSgdCodec::read_q_blocks(StateReader& in, uint32_t version, uint64_t n) {
+  const View v = view(n);
+  const uint64_t blocks = version == 1 ? 1 : in.get<uint64_t>();
+  const auto mismatch = [&](const std::string& what) {
+    return Error(fmt::format("codec 'powersgd': state for {} elements {}; this codec ({}) "
+                             "views {} elements as {} matri{} ({} float32 values of Q)",
+                             n, what, spec(), n, v.blocks.size(),
+                             v.blocks.size() == 1 ? "x" : "ces", v.q_values));
+  };
+  if (blocks != v.blocks.size()) throw mismatch(fmt::format("holds {} matrices", blocks));
+  for (size_t b = 0; b < v.blocks.size(); ++b) {
+    const Shape& s = v.blocks[b].shape;
+    const uint64_t rows = in.get<uint64_t>(), cols = in.get<uint64_t>(),
+                   rank = in.get<uint64_t>();
+    if (rows != s.rows || cols != s.cols || rank != s.rank) {
+      throw mismatch(fmt::format("holds matrix {} as {} x {} at rank {}, not {} x {} at rank {}",
+                                 b, rows, cols, rank, s.rows, s.cols, s.rank));
+    }
+  }
+  if (in.left() != 4 * v.q_values) {
+    throw mismatch(fmt::format("has {} bytes of values", in.left()));
+  }
+  std::vector<float> q(v.q_values);
+  in.take(q.data(), 4 * q.size());
+  q_ = std::move(q);
+  q_view_ = v;
+  has_q_ = true;
 }
 
 void PowerSgdCodec::load_state(std::span<const std::byte> state) {
@@ -367,10 +466,10 @@ void PowerSgdCodec::load_state(std::span<const std::byte> state) {
   StateReader in(state);
   const auto magic = in.get<uint32_t>();
   const auto version = in.get<uint32_t>();
-  if (magic != kStateMagic || version != kStateVersion) {
+  if (magic != kStateMagic || version < 1 || version > kStateVersion) {
     throw Error(
         fmt::format("codec 'powersgd': not a powersgd state (magic 0x{:08x}, version {}; "
-                    "expected 0x{:08x}, version {})",
+                    "expected 0x{:08x}, version 1 to {})",
                     magic, version, kStateMagic, kStateVersion));
   }
   const auto has = in.get<uint8_t>();
@@ -381,26 +480,13 @@ void PowerSgdCodec::load_state(std::span<const std::byte> state) {
     q_.clear();
     return;
   }
-  const uint64_t n = in.get<uint64_t>(), rows = in.get<uint64_t>(), cols = in.get<uint64_t>(),
-                 rank = in.get<uint64_t>();
-  const Shape s = shape(n);
-  if (rows != s.rows || cols != s.cols || rank != s.rank || in.left() != 4 * s.rank * s.cols) {
-    throw Error(fmt::format(
-        "codec 'powersgd': state holds a {} x {} rank-{} Q for {} elements with {} bytes of "
-        "values; this codec ({}) views {} elements as {} x {} at rank {} ({} bytes)",
-        rows, cols, rank, n, in.left(), spec(), n, s.rows, s.cols, s.rank, 4 * s.rank * s.cols));
-  }
-  std::vector<float> q(s.rank * s.cols);
-  in.take(q.data(), 4 * q.size());
-  q_ = std::move(q);
-  q_shape_ = s;
-  has_q_ = true;
+  read_q_blocks(in, version, in.get<uint64_t>());
 }
 
 }  // namespace
 
 std::unique_ptr<Codec> make_powersgd(Spec& spec) {
-  const auto rank = spec.get_int("rank", 1, 1, 1024);
+  const auto rank = spec.get_int("rank", 1, 1, static_cast<int64_t>(kMaxRank));
   const auto cols = spec.get_int("cols", 0, 0, int64_t{1} << 30);
   const bool warm_start = spec.get_bool("warm_start", true);
   return std::make_unique<PowerSgdCodec>(static_cast<size_t>(rank), static_cast<size_t>(cols),

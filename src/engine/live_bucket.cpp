@@ -11,17 +11,19 @@ LiveBucket::LiveBucket(const Plan& plan, size_t index_in, const RouteEnv& env,
     : index(index_in), phases(index_in, timeout, nullptr) {
   const auto& tensors = plan.buckets[index].tensors;
   tensor_count_ = tensors.size();
+  std::vector<TensorShape> layout;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const size_t t = tensors[i];
     slots[t] = TensorSlot{.bucket = index, .position = i, .offset = elements,
                           .elements = plan.tensors[t].elements};
     offsets_.push_back(elements);
     elements += plan.tensors[t].elements;
+    layout.push_back({plan.tensors[t].elements, plan.tensors[t].shape});
   }
   targets_.resize(tensor_count_);
   if (tensor_count_ > 1) fused_.assign(elements, 0.0f);
   pending = tensor_count_;
-  route = make_route(plan.buckets[index].option, index, elements, env);
+  route = make_route(plan.buckets[index].option, index, elements, env, layout);
 }
 
 void LiveBucket::take(const TensorSlot& slot, std::span<float> grad) {

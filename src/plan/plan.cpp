@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -109,23 +110,34 @@ EncodeOn read_encode_on(const json& bucket, const std::string& path) {
               fmt::format("'{}' is not allowed; allowed: engine, caller", text));
 }
 
-void check_version(const json& root) {
+int read_version(const json& root) {
   const json& value = required(root, "", "version", fmt::format("the integer {}", kPlanVersion));
   if (!value.is_number_integer()) field_error("version", "must be an integer");
   const int64_t version = value.get<int64_t>();
-  if (version != kPlanVersion) {
-    throw Error(fmt::format("version {} is not supported; this gradcomp reads version {}",
+  if (version < 1 || version > kPlanVersion) {
+    throw Error(fmt::format("version {} is not supported; this gradcomp reads versions 1 to {}",
                             version, kPlanVersion));
   }
+  return static_cast<int>(version);
 }
 
-TensorInfo read_tensor(const json& value, const std::string& path) {
+TensorInfo read_tensor(const json& value, const std::string& path, int version) {
   check_object(value, path);
-  check_keys(value, path, {"name", "elements"});
+  if (version >= 2) {
+    check_keys(value, path, {"name", "elements", "shape"});
+  } else {
+    check_keys(value, path, {"name", "elements"});
+  }
   TensorInfo tensor;
   tensor.name = read_string(required(value, path, "name", "a string"), path + ".name");
   tensor.elements = read_count(required(value, path, "elements", "a non-negative integer"),
                                path + ".elements");
+  if (const auto it = value.find("shape"); it != value.end()) {
+    const json& dims = read_array(*it, path + ".shape");
+    for (size_t d = 0; d < dims.size(); ++d) {
+      tensor.shape.push_back(read_count(dims[d], fmt::format("{}.shape[{}]", path, d)));
+    }
+  }
   return tensor;
 }
 
@@ -154,6 +166,20 @@ Bucket read_bucket(const json& value, const std::string& path) {
 
 // ---- validation
 
+// A shape must hold exactly the tensor's elements (no overflow on the way).
+void check_shape(const TensorInfo& tensor, size_t t) {
+  if (tensor.shape.empty()) return;
+  uint64_t product = 1;
+  bool overflow = false;
+  for (size_t d : tensor.shape) overflow = overflow || __builtin_mul_overflow(product, d, &product);
+  if (overflow || product != tensor.elements) {
+    throw Error(fmt::format("tensors[{}].shape: [{}] holds {} elements, not the tensor's {}", t,
+                            fmt::join(tensor.shape, ", "),
+                            overflow ? std::string("more than 2^64") : std::to_string(product),
+                            tensor.elements));
+  }
+}
+
 std::string tensor_label(const Plan& plan, size_t t) {
   return fmt::format("tensor '{}' (tensors[{}])", plan.tensors[t].name, t);
 }
@@ -170,6 +196,7 @@ void validate_tensors(const Plan& plan) {
       throw Error(fmt::format("tensors[{}].elements: must be at most 2^40, not {}", t,
                               plan.tensors[t].elements));
     }
+    check_shape(plan.tensors[t], t);
     const auto [it, inserted] = first_with_name.emplace(name, t);
     if (!inserted) {
       throw Error(fmt::format("tensors[{}]: the name '{}' is already used by tensors[{}]; "
@@ -241,11 +268,13 @@ size_t Plan::bucket_elements(size_t bucket) const {
   return sum;
 }
 
+int Plan::format_version() const {
+  const bool shapes = std::any_of(tensors.begin(), tensors.end(),
+                                  [](const TensorInfo& t) { return !t.shape.empty(); });
+  return shapes ? 2 : 1;
+}
+
 void Plan::validate() const {
-  if (version != kPlanVersion) {
-    throw Error(fmt::format("version {} is not supported; this gradcomp reads version {}",
-                            version, kPlanVersion));
-  }
   validate_tensors(*this);
   validate_membership(*this);
   for (size_t b = 0; b < buckets.size(); ++b) validate_option(buckets[b].option, b);
@@ -260,7 +289,9 @@ uint64_t Plan::hash() const {
 nlohmann::json Plan::to_json() const {
   json tensor_list = json::array();
   for (const TensorInfo& t : tensors) {
-    tensor_list.push_back({{"name", t.name}, {"elements", t.elements}});
+    json tensor = {{"name", t.name}, {"elements", t.elements}};
+    if (!t.shape.empty()) tensor["shape"] = t.shape;
+    tensor_list.push_back(std::move(tensor));
   }
   json bucket_list = json::array();
   for (const Bucket& b : buckets) {
@@ -275,7 +306,7 @@ nlohmann::json Plan::to_json() const {
     bucket_list.push_back(std::move(bucket));
   }
   return {{"format", kFormat},
-          {"version", version},
+          {"version", format_version()},
           {"tensors", std::move(tensor_list)},
           {"buckets", std::move(bucket_list)}};
 }
@@ -289,13 +320,13 @@ Plan Plan::from_json(const nlohmann::json& root) {
     field_error("format", fmt::format("'{}' is not a gradcomp plan; expected \"{}\"", format,
                                       kFormat));
   }
-  check_version(root);
+  const int version = read_version(root);
 
   Plan plan;
   const json& tensors =
       read_array(required(root, "", "tensors", "an array of tensors"), "tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {
-    plan.tensors.push_back(read_tensor(tensors[i], fmt::format("tensors[{}]", i)));
+    plan.tensors.push_back(read_tensor(tensors[i], fmt::format("tensors[{}]", i), version));
   }
   const json& buckets =
       read_array(required(root, "", "buckets", "an array of buckets"), "buckets");

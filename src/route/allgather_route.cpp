@@ -67,7 +67,7 @@ AllgatherRoute::AllgatherRoute(const RouteConfig& c)
       n_(c.elements),
       rank_(static_cast<uint32_t>(world_.rank())),
       world_size_(static_cast<uint32_t>(world_.size())),
-      codec_(make_codec(c.codec)),
+      codec_(make_bucket_codec(c)),
       feedback_(make_feedback(c.feedback)),
       keeper_({feedback_.get()}, {codec_.get()}),
       max_frame_(codec_->max_frame_bytes(n_)),

@@ -108,6 +108,12 @@ void check_codec_fits(const std::string& route, const Codec& codec) {
                           route, codec.spec(), why, route, fmt::join(codecs_fitting(route), ", ")));
 }
 
+std::unique_ptr<Codec> make_bucket_codec(const RouteConfig& config) {
+  auto codec = make_codec(config.codec);
+  if (!config.layout.empty()) codec->set_layout(config.layout);
+  return codec;
+}
+
 std::unique_ptr<Route> make_flat_route(const RouteConfig& config) {
   const std::string& name = config.spec.name;
   if (config.env.world == nullptr) {
@@ -133,12 +139,14 @@ void check_route(const Option& option) {
 namespace {
 
 std::unique_ptr<Route> make_option_route(const Option& option, size_t bucket, size_t elements,
-                                         const RouteEnv& env) {
+                                         const RouteEnv& env,
+                                         std::span<const TensorShape> layout) {
   route::RouteConfig config{.codec = option.codec,
                             .feedback = option.feedback,
                             .spec = route::parse_route_spec(option),
                             .bucket = bucket,
                             .elements = elements,
+                            .layout = {layout.begin(), layout.end()},
                             .env = env};
   if (config.spec.name == "hierarchical") return route::make_hierarchical_route(config);
   return route::make_flat_route(config);
@@ -147,13 +155,19 @@ std::unique_ptr<Route> make_option_route(const Option& option, size_t bucket, si
 }  // namespace
 
 std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
-                                  const RouteEnv& env) {
+                                  const RouteEnv& env, std::span<const TensorShape> layout) {
   check_route(option);
-  auto main = make_option_route(option, bucket, elements, env);
+  size_t layout_elements = 0;
+  for (const TensorShape& t : layout) layout_elements += t.elements;
+  if (!layout.empty() && layout_elements != elements) {
+    throw Error(fmt::format("bucket {}: its {} tensors hold {} elements, not the bucket's {}",
+                            bucket, layout.size(), layout_elements, elements));
+  }
+  auto main = make_option_route(option, bucket, elements, env, layout);
   if (option.start_step == 0) return main;
   // Warm-up: an uncompressed allreduce over the whole world (Option's defaults) until
   // start_step.
-  return route::make_warmup_route(make_option_route(Option{}, bucket, elements, env),
+  return route::make_warmup_route(make_option_route(Option{}, bucket, elements, env, layout),
                                   std::move(main), option.start_step);
 }
 

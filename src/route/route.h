@@ -114,8 +114,10 @@ class Route {
 // Builds the route of `option` for bucket `bucket` of `elements` elements. Throws SpecError on
 // a bad route spec, Error when the codec cannot travel this way (allreduce needs a summable
 // codec, twoway a shardable single-round codec) or a transport the route needs is missing.
+// `layout` lists the bucket's tensors when known (their elements sum to `elements`): codecs
+// that compress each tensor on its own use it.
 std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
-                                  const RouteEnv& env);
+                                  const RouteEnv& env, std::span<const TensorShape> layout = {});
 // The route names make_route accepts.
 const std::vector<std::string>& route_names();
 // Checks an option without building it (plan validation): the same errors as make_route.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gradcomp/codec.h"
 #include "route/route.h"
@@ -28,8 +29,12 @@ struct RouteConfig {
   RouteSpec spec;
   size_t bucket = 0;
   size_t elements = 0;
+  std::vector<TensorShape> layout;  // the bucket's tensors (empty: not known)
   RouteEnv env;
 };
+
+// The codec of a route that encodes the whole bucket, told the bucket's layout.
+std::unique_ptr<Codec> make_bucket_codec(const RouteConfig& config);
 
 // Parses the spec (SpecError on unknown names or keys) and fills in defaults that depend on
 // the option (the server feedback defaults to the worker's).

@@ -24,8 +24,11 @@ using testing::hex;
 // exactly like an allreduce route.
 class Cluster {
  public:
-  Cluster(const std::string& spec, uint32_t world) {
-    for (uint32_t r = 0; r < world; ++r) codecs_.push_back(make_codec(spec));
+  Cluster(const std::string& spec, uint32_t world, std::span<const TensorShape> layout = {}) {
+    for (uint32_t r = 0; r < world; ++r) {
+      codecs_.push_back(make_codec(spec));
+      if (!layout.empty()) codecs_.back()->set_layout(layout);
+    }
   }
   Codec& operator[](size_t r) { return *codecs_[r]; }
   size_t size() const { return codecs_.size(); }
@@ -244,6 +247,113 @@ TEST(PowerSgd, GoldenBytes) {
     const double want = (x[col] * pv[0] + x[3 + col] * pv[1]) / norm;
     EXPECT_NEAR(qv[col], want, 1e-5) << col;
   }
+}
+
+// ---- one matrix per tensor (the plan gives shapes)
+
+// A convolution (8 x 3 x 5 x 5: 8 x 75), its bias, a linear layer (64 x 100) and a 2 x 3
+// matrix too small to gain from rank 2: three of them plain.
+const std::vector<TensorShape> kLayout = {
+    {600, {8, 3, 5, 5}}, {8, {8}}, {6400, {64, 100}}, {6, {2, 3}}};
+constexpr size_t kLayoutElements = 600 + 8 + 6400 + 6;
+
+// Rank-2 matrices where the layout has matrices, anything in the plain tensors.
+std::vector<float> layered_input(uint64_t seed) {
+  std::vector<float> x;
+  const auto conv = low_rank(8, 75, {3.0f, 1.0f});
+  const auto fc = low_rank(64, 100, {2.0f, 0.5f});
+  const auto bias = gradient(8, seed), small = gradient(6, seed + 1);
+  for (const auto* part : {&conv, &bias, &fc, &small}) x.insert(x.end(), part->begin(), part->end());
+  return x;
+}
+
+TEST(PowerSgd, EveryTensorOfTwoOrMoreDimensionsIsItsOwnMatrix) {
+  auto c = make_codec("powersgd:rank=2");
+  c->set_layout(kLayout);
+  // Round 0: P of the convolution (8 x 2) and of the linear layer (64 x 2); round 1: their Q
+  // (75 x 2 and 100 x 2), then the 8 + 6 plain values.
+  EXPECT_EQ(c->max_round_bytes(0, kLayoutElements), kFrameHeaderBytes + 4 * (16 + 128));
+  EXPECT_EQ(c->max_frame_bytes(kLayoutElements), kFrameHeaderBytes + 4 * (150 + 200 + 14));
+  try {
+    c->max_frame_bytes(kLayoutElements + 1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the bucket's tensors hold 7014"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PowerSgd, PerTensorMatricesReconstructLowRankTensorsAndSendTheRestExactly) {
+  const std::vector<std::vector<float>> inputs = {layered_input(1), layered_input(2)};
+  const auto want = mean_of(inputs);
+  Cluster per_tensor("powersgd:rank=2", 2, kLayout);
+  Cluster fused("powersgd:rank=2", 2);
+  std::vector<float> got, fused_got;
+  for (uint64_t step = 0; step < 4; ++step) {
+    got = per_tensor.step(inputs, Context{.seed = 3, .step = step});
+    fused_got = fused.step(inputs, Context{.seed = 3, .step = step});
+  }
+  EXPECT_LT(relative_error(got, want), 1e-4);
+  EXPECT_GT(relative_error(fused_got, want), 0.1);  // one matrix of all four: rank 2 is not enough
+  for (size_t i : {600, 601, 607, 7008, 7013}) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
+}
+
+TEST(PowerSgd, PlainTensorsLeaveNoResidual) {
+  auto c = make_codec("powersgd:rank=1");
+  c->set_layout(kLayout);
+  const auto x = layered_input(4);
+  absorb_p(*c, x, Context{});
+  std::vector<std::byte> f(c->max_frame_bytes(x.size()));
+  std::vector<float> residual(x.size(), 99.0f);
+  c->encode(x, f, Context{}, residual);
+  for (size_t i = 600; i < 608; ++i) EXPECT_EQ(residual[i], 0.0f) << i;
+  for (size_t i = 7008; i < 7014; ++i) EXPECT_EQ(residual[i], 0.0f) << i;
+  // Rank 1 of a rank-2 matrix leaves something of the convolution.
+  double conv = 0;
+  for (size_t i = 0; i < 600; ++i) conv += std::abs(residual[i]);
+  EXPECT_GT(conv, 1.0);
+}
+
+// Without shapes (a plan written before them, or an explicit cols) the bucket stays one matrix:
+// the same bytes as a codec never told a layout.
+TEST(PowerSgd, WithoutShapesTheBucketIsOneMatrixAsBefore) {
+  const std::vector<TensorShape> unknown = {{600, {}}, {8, {}}, {6400, {}}, {6, {}}};
+  const auto x = layered_input(5);
+  for (const auto& [spec, layout] :
+       {std::pair{"powersgd:rank=2", unknown}, std::pair{"powersgd:rank=2,cols=100", kLayout}}) {
+    auto plain = make_codec(spec), told = make_codec(spec);
+    told->set_layout(layout);
+    absorb_p(*plain, x, Context{.seed = 2});
+    absorb_p(*told, x, Context{.seed = 2});
+    EXPECT_EQ(encode(*told, x, Context{.seed = 2}), encode(*plain, x, Context{.seed = 2})) << spec;
+  }
+}
+
+TEST(PowerSgd, PerTensorStateContinuesBitExactlyAndVersion1StillLoads) {
+  const std::vector<std::vector<float>> inputs = {layered_input(1), layered_input(2)};
+  Cluster a("powersgd:rank=2", 2, kLayout);
+  for (uint64_t step = 0; step < 2; ++step) a.step(inputs, Context{.seed = 6, .step = step});
+  Cluster b("powersgd:rank=2", 2, kLayout);
+  for (size_t r = 0; r < 2; ++r) b[r].load_state(a[r].save_state());
+  EXPECT_EQ(b.step(inputs, Context{.seed = 6, .step = 2}),
+            a.step(inputs, Context{.seed = 6, .step = 2}));
+  // A per-tensor state does not fit the fused view of the same elements.
+  try {
+    make_codec("powersgd:rank=2")->load_state(a[0].save_state());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 2 matrices"), std::string::npos) << e.what();
+  }
+  // Version 1 (one matrix, no count), as checkpoints before per-tensor matrices hold it.
+  Cluster fused("powersgd:rank=1,cols=3", 1);
+  fused.step({{1, 2, 3, -4, 0.5f, 6}}, Context{});
+  auto v2 = fused[0].save_state();
+  std::vector<std::byte> v1(v2.begin(), v2.begin() + 9 + 8);  // magic, version, has, n
+  v1[4] = std::byte{1};
+  v1.insert(v1.end(), v2.begin() + 9 + 16, v2.end());  // rows, cols, rank, Q: no count
+  auto c = make_codec("powersgd:rank=1,cols=3");
+  c->load_state(v1);
+  EXPECT_EQ(c->save_state(), v2);
 }
 
 TEST(PowerSgd, ReconstructsALowRankMeanAtSufficientRank) {

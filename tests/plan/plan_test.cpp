@@ -1,5 +1,6 @@
 #include "gradcomp/plan.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -44,11 +45,12 @@ std::filesystem::path temp_path(const std::string& name) {
 
 // Field by field: TensorInfo declares no operator==, so Plan's defaulted one is deleted.
 void expect_same(const Plan& a, const Plan& b) {
-  EXPECT_EQ(a.version, b.version);
+  EXPECT_EQ(a.format_version(), b.format_version());
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (size_t t = 0; t < a.tensors.size(); ++t) {
     EXPECT_EQ(a.tensors[t].name, b.tensors[t].name) << "tensors[" << t << "]";
     EXPECT_EQ(a.tensors[t].elements, b.tensors[t].elements) << "tensors[" << t << "]";
+    EXPECT_EQ(a.tensors[t].shape, b.tensors[t].shape) << "tensors[" << t << "]";
   }
   EXPECT_EQ(a.buckets, b.buckets);
 }
@@ -93,6 +95,34 @@ TEST(Plan, JsonRoundTrip) {
   expect_same(Plan::from_json(plan.to_json()), plan);
   expect_same(Plan::from_json(json::parse(plan.to_json().dump())), plan);
   expect_same(Plan::from_json(Plan{}.to_json()), Plan{});
+}
+
+// Shapes need version 2; a plan without them is still written as version 1, byte for byte
+// as before shapes existed (its hash is what checkpoints store).
+TEST(Plan, ShapesTravelInVersion2) {
+  Plan plan = sample_plan();
+  const std::string without_shapes = plan.to_json().dump();
+  EXPECT_EQ(plan.format_version(), 1);
+  plan.tensors[0].shape = {200, 200};
+  plan.tensors[2].shape = {10, 9, 1000};
+  const json j = plan.to_json();
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["tensors"][0]["shape"], json::array({200, 200}));
+  EXPECT_FALSE(j["tensors"][1].contains("shape"));
+  expect_same(Plan::parse(j.dump()), plan);
+  plan.tensors[0].shape.clear();
+  plan.tensors[2].shape.clear();
+  EXPECT_EQ(plan.to_json().dump(), without_shapes);
+  // A version-2 file without shapes reads as the same plan.
+  json v2 = sample_plan().to_json();
+  v2["version"] = 2;
+  expect_same(Plan::from_json(v2), sample_plan());
+  v2["tensors"][1]["shape"] = {"x"};
+  EXPECT_EQ(error_text([&] { Plan::from_json(v2); }),
+            "tensors[1].shape[0]: must be a non-negative integer");
+  v2["tensors"][1]["shape"] = {99};
+  EXPECT_EQ(error_text([&] { Plan::parse(v2.dump()); }),
+            "plan: tensors[1].shape: [99] holds 99 elements, not the tensor's 100");
 }
 
 TEST(Plan, SpecsAreKeptAsWritten) {
@@ -195,10 +225,10 @@ TEST(Plan, FileErrorsNameTheFile) {
   EXPECT_EQ(error_text([&] { Plan::load(path.string()); })
                 .find("plan file '" + path.string() + "': not valid JSON: parse error at line 1, column "),
             0u);
-  std::ofstream(path) << R"({"format": "gradcomp-plan", "version": 2})";
+  std::ofstream(path) << R"({"format": "gradcomp-plan", "version": 3})";
   EXPECT_EQ(error_text([&] { Plan::load(path.string()); }),
             "plan file '" + path.string() +
-                "': version 2 is not supported; this gradcomp reads version 1");
+                "': version 3 is not supported; this gradcomp reads versions 1 to 2");
   std::filesystem::remove_all(path.parent_path());
 }
 
@@ -251,7 +281,7 @@ TEST(Plan, HashChangesWithAnyField) {
       [](Plan& p) { p.buckets[0].option.route = "allreduce"; },
       [](Plan& p) { p.buckets[0].option.encode_on = EncodeOn::kEngine; },
       [](Plan& p) { p.buckets[0].option.start_step = 1; },
-      [](Plan& p) { p.version = 2; },
+      [](Plan& p) { p.tensors[0].shape = {p.tensors[0].elements}; },
   };
   std::set<uint64_t> hashes = {sample_plan().hash()};
   for (const auto& edit : edits) {
@@ -269,10 +299,15 @@ TEST(Plan, FromJsonErrorsNameTheField) {
   EXPECT_EQ(from_json_error([](json& j) { j["format"] = "other"; }),
             "format: 'other' is not a gradcomp plan; expected \"gradcomp-plan\"");
   EXPECT_EQ(from_json_error([](json& j) { j.erase("version"); }),
-            "version: missing; expected the integer 1");
+            "version: missing; expected the integer 2");
   EXPECT_EQ(from_json_error([](json& j) { j["version"] = "1"; }), "version: must be an integer");
-  EXPECT_EQ(from_json_error([](json& j) { j["version"] = 2; }),
-            "version 2 is not supported; this gradcomp reads version 1");
+  EXPECT_EQ(from_json_error([](json& j) { j["version"] = 3; }),
+            "version 3 is not supported; this gradcomp reads versions 1 to 2");
+  EXPECT_EQ(from_json_error([](json& j) { j["version"] = 0; }),
+            "version 0 is not supported; this gradcomp reads versions 1 to 2");
+  // Shapes came with version 2: a version-1 plan holding one is refused, by name.
+  EXPECT_EQ(from_json_error([](json& j) { j["tensors"][0]["shape"] = {4}; }),
+            "tensors[0]: unknown field 'shape'; allowed: name, elements");
   EXPECT_EQ(from_json_error([](json& j) { j["extra"] = 1; }),
             "plan: unknown field 'extra'; allowed: format, version, tensors, buckets");
 }
@@ -340,8 +375,13 @@ TEST(Plan, ValidateTensorErrors) {
   EXPECT_EQ(validate_error([](Plan& p) { p.tensors[2].name = "fc.weight"; }),
             "tensors[2]: the name 'fc.weight' is already used by tensors[0]; tensor names must "
             "be unique");
-  EXPECT_EQ(validate_error([](Plan& p) { p.version = 2; }),
-            "version 2 is not supported; this gradcomp reads version 1");
+  EXPECT_EQ(validate_error([](Plan& p) { p.tensors[0].shape = {3, 7}; }),
+            fmt::format("tensors[0].shape: [3, 7] holds 21 elements, not the tensor's {}",
+                        sample_plan().tensors[0].elements));
+  EXPECT_EQ(validate_error([](Plan& p) { p.tensors[0].shape = {size_t{1} << 40, 1u << 30}; }),
+            fmt::format("tensors[0].shape: [{}, {}] holds more than 2^64 elements, not the "
+                        "tensor's {}",
+                        size_t{1} << 40, 1u << 30, sample_plan().tensors[0].elements));
 }
 
 TEST(Plan, ValidateMembershipErrors) {

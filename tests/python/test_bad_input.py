@@ -60,6 +60,13 @@ def test_bad_plans_say_where(shared):
     for report in shared.reports():
         assert_error(report["bad_plan"]["syntax"], "plan", "not valid JSON", "line 1")
         assert_error(report["bad_plan"]["codec"], "buckets[0].codec", "nosuch")
+        assert_error(report["bad_plan"]["shape"], "plan tensor '0.weight' has shape [16384], "
+                     "the parameter [256, 64]")
+        # Every parameter's shape is in the plan (PowerSGD makes each weight its own matrix),
+        # and a given plan without shapes gets them.
+        shapes = [tuple(s) for _, s in report["bad_plan"]["default_shapes"]]
+        assert sorted(shapes) == sorted([(256, 64), (256,), (64, 256), (64,), (8, 64), (8,)])
+        assert report["bad_plan"]["filled_shapes"] == report["bad_plan"]["default_shapes"]
 
 
 def test_float64_parameter_is_named(shared):

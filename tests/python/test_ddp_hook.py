@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-CODECS = ["fp16", "topk:ratio=0.05"]  # deterministic: no randomness, no feedback
+# Deterministic: no feedback; PowerSGD's randomness is shared (the seed), and it compresses the
+# weight as its own 64 x 512 matrix on both paths.
+CODECS = ["fp16", "topk:ratio=0.05", "powersgd:rank=2"]
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +26,20 @@ def test_hook_and_optimizer_agree_bit_for_bit(job, compression):
         r = results[compression]
         # The hook compressed (its layout is fixed: one DDP bucket of the one weight), and the
         # optimizer's plan is one bucket with the same codec.
-        assert r["layout"] == [64 * 512], r["layout"]
+        assert r["layout"] == [((64, 512),)], r["layout"]
         assert len(r["plan"]["buckets"]) == 1
         for stats in (r["hook_stats"], r["optimizer_stats"]):
             assert 0 < stats["bytes_sent"] < stats["uncompressed_bytes"], stats
         assert r["hook_stats"]["bytes_sent"] == r["optimizer_stats"]["bytes_sent"]
+        if compression.startswith("powersgd"):
+            # The weight as its own 64 x 512 matrix: P (64 x 2) and Q (512 x 2) float32 payloads
+            # (one matrix of 32768 fused elements would be 171 x 192: 2904 bytes).
+            assert r["optimizer_stats"]["bytes_sent"] == 4 * 2 * (64 + 512)
         for step, (hook, opt) in enumerate(zip(r["hook"], r["optimizer"])):
             assert raw(hook) == raw(opt), f"rank {rank}, step {step}: the gradients differ"
     # Compression changed the gradients: the comparison above is between compressed results.
-    fp16, topk = (job.load("grads", 0)[c]["hook"][0][0] for c in CODECS)
+    fp16, topk, powersgd = (job.load("grads", 0)[c]["hook"][0][0] for c in CODECS)
+    assert torch.linalg.matrix_rank(powersgd) <= 2
     assert not torch.equal(fp16, topk)
     assert (topk != 0).float().mean() < 0.2  # top-k keeps 5% per rank, at most 10% together
 
@@ -55,9 +62,30 @@ def test_hook_plan_keeps_the_start_step():
     # "|start=N" must reach the hook's plan (it builds the plan itself), not be dropped.
     from gradcomp import _C
     from gradcomp.torch import CommHook
-    warm = CommHook("topk:ratio=0.01|ef||start=7", min_compress_elements=100).plan([1000, 10])
+    warm = CommHook("topk:ratio=0.01|ef||start=7", min_compress_elements=100).plan(
+        [((1000,),), ((10,),)])
     assert warm["buckets"][0]["start_step"] == 7
     assert "start_step" not in warm["buckets"][1]  # uncompressed: nothing to warm up
     _C.validate_plan(json.dumps(warm))
-    plain = CommHook("topk:ratio=0.01|ef", min_compress_elements=100).plan([1000, 10])
+    plain = CommHook("topk:ratio=0.01|ef", min_compress_elements=100).plan(
+        [((1000,),), ((10,),)])
     assert all("start_step" not in b for b in plain["buckets"])
+
+
+def test_hook_plan_gives_powersgd_every_parameter_with_its_shape():
+    """PowerSGD compresses each layer as its own matrix, so the hook's plan lists the DDP
+    bucket's gradients one by one with their shapes; other codecs get the bucket as one."""
+    from gradcomp import _C
+    from gradcomp.torch import CommHook
+    layout = [((20, 50), (50,)), ((10,),)]
+    plan = CommHook("powersgd:rank=2|ef", min_compress_elements=100).plan(layout)
+    assert plan["version"] == 2
+    assert [(t["elements"], t["shape"]) for t in plan["tensors"]] == [
+        (1000, [20, 50]), (50, [50]), (10, [10])]
+    assert [b["tensors"] for b in plan["buckets"]] == [[0, 1], [2]]
+    assert plan["buckets"][0]["codec"].startswith("powersgd")
+    assert plan["buckets"][1]["codec"] == "none"
+    _C.validate_plan(json.dumps(plan))
+    fused = CommHook("topk:ratio=0.01|ef", min_compress_elements=100).plan(layout)
+    assert [t["elements"] for t in fused["tensors"]] == [1050, 10]
+    assert "shape" not in fused["tensors"][0]

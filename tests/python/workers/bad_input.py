@@ -55,12 +55,23 @@ def route_and_small_model(rank, out):
 
 
 def bad_plan(rank, out):
-    """A plan string that is not JSON, and one with an unknown codec: where and which field."""
+    """A plan string that is not JSON, one with an unknown codec: where and which field; a
+    shape that is not the parameter's. A plan without shapes gets the parameters' shapes."""
+    model = common.make_model()
+    plan = wrap(model, compression="powersgd:rank=2|ef").plan
+    given = {**plan, "version": 1,
+             "tensors": [{"name": t["name"], "elements": t["elements"]} for t in plan["tensors"]]}
     return {"syntax": error_of(lambda: wrap(common.make_model(), plan='{"format": "gradcomp-plan",')),
             "codec": error_of(lambda: wrap(common.make_model(), plan={
                 "format": "gradcomp-plan", "version": 1,
                 "tensors": [{"name": "0.weight", "elements": 16384}],
-                "buckets": [{"tensors": [0], "codec": "nosuch"}]}))}
+                "buckets": [{"tensors": [0], "codec": "nosuch"}]})),
+            "shape": error_of(lambda: wrap(common.make_model(), plan={
+                "format": "gradcomp-plan", "version": 2,
+                "tensors": [{"name": "0.weight", "elements": 16384, "shape": [16384]}],
+                "buckets": [{"tensors": [0], "codec": "none"}]})),
+            "default_shapes": [(t["name"], t["shape"]) for t in plan["tensors"]],
+            "filled_shapes": [(t["name"], t["shape"]) for t in wrap(model, plan=given).plan["tensors"]]}
 
 
 def float64_parameter(rank, out):

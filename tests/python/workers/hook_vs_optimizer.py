@@ -49,6 +49,12 @@ def hook_against_optimizer(rank, compression):
     plain = copy.deepcopy(hooked.module)
     sgd = torch.optim.SGD(plain.parameters(), lr=0.1)
     opt = gc.DistributedOptimizer(sgd, plain.named_parameters(), compression=compression)
+    # The hook's engine compressed the last warm-up iteration's gradient (its first step); the
+    # optimizer's engine compresses the same one, so a codec with state (PowerSGD's warm start)
+    # starts the recorded steps from the same state on both paths.
+    opt.zero_grad()
+    common.loss_of(plain, *common.batch(rank, 100 + WARMUP - 1)).backward()
+    opt.synchronize()
     record = {"layout": layout, "hook": [], "optimizer": []}
     for step in range(STEPS):
         x, y = common.batch(rank, step)
