@@ -12,22 +12,24 @@
 # Stops at the first failure and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's heading says when it began, so a slow stage shows in any CI log.
+stage() { echo "== $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
 scripts/setup.sh
 
 jobs=$(nproc)
-echo "== unit tests (Release)"
+stage "unit tests (Release)"
 ctest --test-dir build --output-on-failure -j "$jobs" | tee build/ctest.log
 
-echo "== Python front end, the cluster benchmark's parts and the fault injection (pytest)"
-/usr/bin/python3 -m pytest -q tests/python tests/cluster tests/faults | tee build/pytest.log
+stage "Python front end, the cluster benchmark's parts and the fault injection (pytest)"
+/usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/faults | tee build/pytest.log
 
-echo "== unit tests under ASan + UBSan"
+stage "unit tests under ASan + UBSan"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGRADCOMP_SANITIZE=ON >/dev/null
 cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
-echo "== engine tests under ThreadSanitizer"
+stage "engine tests under ThreadSanitizer"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_TSAN=ON >/dev/null
 cmake --build build-tsan --target engine_test engine_fault_test engine_mptest gradcomp_cli
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
@@ -37,7 +39,7 @@ fuzz_targets=(frame_fuzz plan_fuzz profile_fuzz cluster_fuzz codec_costs_fuzz fe
               codec_state_fuzz engine_state_fuzz)
 fuzz_each=$(( ${GRADCOMP_FUZZ_SECONDS:-160} / ${#fuzz_targets[@]} ))
 (( fuzz_each >= 1 )) || fuzz_each=1
-echo "== fuzzers (libFuzzer, ${#fuzz_targets[@]} targets, ${fuzz_each} s each)"
+stage "fuzzers (libFuzzer, ${#fuzz_targets[@]} targets, ${fuzz_each} s each)"
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRADCOMP_FUZZ=ON -DGRADCOMP_TESTS=OFF >/dev/null
 cmake --build build-fuzz --target fuzz_targets
@@ -70,5 +72,5 @@ done
 total=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' build/ctest.log | tail -n 1)
 python_passed=$(sed -n 's/^\([0-9]*\) passed.*/\1/p' build/pytest.log | tail -n 1)
 total=$((total + ${python_passed:-0}))
-echo "== all tests passed"
+stage "all tests passed"
 echo "gradcomp: ${total} passed, 0 failed"
