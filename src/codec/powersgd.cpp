@@ -22,7 +22,8 @@
 //
 // State (save_state): "PSGS", u32 version 2, u8 has_q, then when has_q: u64 n, u64 matrices,
 // per matrix u64 rows, u64 cols, u64 rank, then every matrix's warm-start Q (rank * cols
-// float32, column-major). Version 1 (one matrix, no count) is still read. round 0 keeps a copy
+// float32, column-major). The fused view writes and reads version 1 (the same without the
+// count), as it always did. round 0 keeps a copy
 // of Q as it was (small beside the n of the bucket) for discard().
 #include <fmt/format.h>
 
@@ -162,6 +163,8 @@ class PowerSgdCodec final : public Codec {
   };
 
   View view(size_t n) const;
+  // The fused view keeps version 1, byte for byte as before per-tensor matrices.
+  uint32_t state_version() const { return layout_view_ ? kStateVersion : 1; }
   void check_round(int round, int last, const char* what) const;
   void ensure_q(const View& v, const Context& ctx);
   void draw_q_column(size_t block, size_t k, const Context& ctx);
@@ -403,13 +406,14 @@ void PowerSgdCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
 std::vector<std::byte> PowerSgdCodec::save_state() const {
   std::vector<std::byte> out;
   put(out, &kStateMagic, 4);
-  put(out, &kStateVersion, 4);
+  const uint32_t version = state_version();
+  put(out, &version, 4);
   const uint8_t has = has_q_ ? 1 : 0;
   put(out, &has, 1);
   if (!has_q_) return out;
   const uint64_t n = q_view_.n, blocks = q_view_.blocks.size();
   put(out, &n, 8);
-  put(out, &blocks, 8);
+  if (layout_view_) put(out, &blocks, 8);  // version 1 (the fused view) has no count
   for (const powersgd::Block& b : q_view_.blocks) {
     for (uint64_t v : {uint64_t{b.shape.rows}, uint64_t{b.shape.cols}, uint64_t{b.shape.rank}}) {
       put(out, &v, 8);
@@ -466,11 +470,12 @@ void PowerSgdCodec::load_state(std::span<const std::byte> state) {
   StateReader in(state);
   const auto magic = in.get<uint32_t>();
   const auto version = in.get<uint32_t>();
-  if (magic != kStateMagic || version < 1 || version > kStateVersion) {
+  if (magic != kStateMagic || version != state_version()) {
     throw Error(
-        fmt::format("codec 'powersgd': not a powersgd state (magic 0x{:08x}, version {}; "
-                    "expected 0x{:08x}, version 1 to {})",
-                    magic, version, kStateMagic, kStateVersion));
+        fmt::format("codec 'powersgd': not a powersgd state for this codec (magic 0x{:08x}, "
+                    "version {}; expected 0x{:08x}, version {}: 1 for one matrix of the whole "
+                    "bucket, 2 for a matrix per tensor)",
+                    magic, version, kStateMagic, state_version()));
   }
   const auto has = in.get<uint8_t>();
   if (has > 1) throw Error("codec 'powersgd': state corrupted: has_q flag is neither 0 nor 1");
