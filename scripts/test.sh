@@ -31,9 +31,10 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 stage "engine tests under ThreadSanitizer"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_TSAN=ON >/dev/null
-cmake --build build-tsan --target engine_test engine_fault_test engine_mptest gradcomp_cli
+cmake --build build-tsan --target engine_test engine_fault_test engine_mptest gradcomp_cli \
+  sparse_select_test
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-  -R '^(Engine|engine_mptest[.]gloo)'
+  -R '^(Engine|engine_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
 fuzz_targets=(frame_fuzz plan_fuzz profile_fuzz cluster_fuzz codec_costs_fuzz feedback_state_fuzz
               codec_state_fuzz engine_state_fuzz)

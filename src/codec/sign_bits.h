@@ -253,7 +253,7 @@ inline SplitSums pack_split_sums(const float* x, size_t n, uint8_t* bits) {
     neg_hi = _mm512_mask_add_pd(neg_hi, static_cast<__mmask8>(m >> 8), neg_hi, vhi);
     pos_lo = _mm512_mask_add_pd(pos_lo, static_cast<__mmask8>(p), pos_lo, vlo);
     pos_hi = _mm512_mask_add_pd(pos_hi, static_cast<__mmask8>(p >> 8), pos_hi, vhi);
-    negatives += static_cast<uint64_t>(std::popcount(static_cast<unsigned>(m)));
+    negatives += _mm_popcnt_u32(_cvtmask16_u32(m));  // not a cast: see sparse_select.cpp
     return m;
   };
   for (; i + kLanes <= n; i += kLanes) store_mask(bits + i / 8, step(0xffff));
