@@ -14,6 +14,7 @@
 #include "gradcomp/plan.h"
 #include "gradcomp/torch/distributed_gradients.h"
 #include "gradcomp/torch/process_group_transport.h"
+#include "gradcomp/torch/sparse_rows.h"
 #include "gradcomp/transport.h"
 #include "route/route.h"
 
@@ -122,6 +123,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("codec_names", &codec_names);
   m.def("codec_uses_layout",
         [](const std::string& spec) { return make_codec(spec)->traits().uses_layout; });
+  m.def(
+      "sparse_rows_mean",
+      [](std::shared_ptr<Transport> transport, const std::string& name, const at::Tensor& grad) {
+        gt::SparseMean mean;
+        {
+          py::gil_scoped_release release;
+          mean = gt::sparse_rows_mean(*transport, name, grad, grad);
+        }
+        return py::make_tuple(mean.grad, mean.bytes_sent);
+      },
+      py::arg("transport"), py::arg("name"), py::arg("grad"),
+      "The mean over ranks of a sparse gradient, exchanged as rows (a collective); returns "
+      "(coalesced sparse mean, bytes this rank sent).");
   m.def("feedback_names", &feedback_names);
   m.def("route_names", &route_names);
   m.def("transport_names", &transport_names);
@@ -210,7 +224,7 @@ PYBIND11_MODULE(_C, m) {
                        uint64_t seed, const std::string& timeline, int local_size,
                        int codec_threads,
                        std::function<void(gt::EndOfBackward)> queue_end_of_backward,
-                       bool find_unused_parameters) {
+                       bool find_unused_parameters, std::vector<std::string> sparse_parameters) {
              gt::GradientOptions options;
              options.compression = parse_option(compression);
              if (!plan_json.empty()) {
@@ -220,6 +234,7 @@ PYBIND11_MODULE(_C, m) {
              options.min_compress_elements = min_compress_elements;
              options.backward_passes_per_step = backward_passes_per_step;
              options.find_unused_parameters = find_unused_parameters;
+             options.sparse_parameters = std::move(sparse_parameters);
              options.engine = engine_options(seed, timeline, local_size, codec_threads);
              options.queue_end_of_backward = std::move(queue_end_of_backward);
              py::gil_scoped_release release;
@@ -231,7 +246,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("backward_passes_per_step"), py::arg("seed"), py::arg("timeline"),
            py::arg("local_size"), py::arg("codec_threads"),
            py::arg("queue_end_of_backward") = nullptr,
-           py::arg("find_unused_parameters") = false)
+           py::arg("find_unused_parameters") = false,
+           py::arg("sparse_parameters") = std::vector<std::string>{})
       .def("synchronize", &gt::DistributedGradients::synchronize,
            py::call_guard<py::gil_scoped_release>())
       .def("step_done", &gt::DistributedGradients::step_done,

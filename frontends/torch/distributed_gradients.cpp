@@ -9,6 +9,8 @@
 
 #include <torch/csrc/autograd/engine.h>
 
+#include <algorithm>
+#include <array>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -17,6 +19,7 @@
 #include <set>
 
 #include "gradcomp/error.h"
+#include "gradcomp/torch/sparse_rows.h"
 
 namespace gradcomp::torch {
 
@@ -78,8 +81,11 @@ struct DistributedGradientsShared {
   }
 
   std::shared_ptr<Transport> transport;  // this exchange's own (see claim_transport)
-  std::vector<std::string> names;        // plan order
-  std::vector<at::Tensor> parameters;    // plan order
+  std::vector<std::string> names;        // plan order, then the sparse ones
+  std::vector<at::Tensor> parameters;    // plan order, then the sparse ones
+  size_t dense_count = 0;                // the plan's tensors: parameters[0, dense_count)
+  size_t sparse_bytes_sent = 0;          // by the last exchange's sparse rows
+  size_t sparse_dense_bytes = 0;         // what those parameters would cost dense
   std::vector<bool> handed;              // handed to the engine in this step's exchange
   bool any_handed = false;
   std::vector<at::Tensor> in_flight;     // what the engine reads and writes until it is done
@@ -110,6 +116,7 @@ struct DistributedGradientsShared {
   void exchange(bool fill_nan);
   void wait_for_engine();
   void forget_unused();
+  void exchange_sparse(bool fill_nan);
 };
 
 namespace {
@@ -233,8 +240,9 @@ void DistributedGradientsShared::hand_over(size_t index) {
   at::Tensor grad = parameters[index].grad();
   if (grad.is_sparse()) {
     throw Error(fmt::format(
-        "gradcomp: parameter '{}' has a sparse gradient; gradcomp exchanges dense gradients (use "
-        "nn.Embedding(sparse=False), or set requires_grad=False on it)",
+        "gradcomp: parameter '{}' has a sparse gradient, and was not declared sparse: name it in "
+        "sparse_parameters (Python: pass the model itself as named_parameters, and "
+        "nn.Embedding(sparse=True) parameters are found), and its rows are exchanged",
         names[index]));
   }
   const at::ScalarType type = parameters[index].scalar_type();
@@ -304,8 +312,9 @@ void DistributedGradientsShared::on_accumulated(
         [end = std::move(*end)] { end(); });
   }
   std::lock_guard lock(mutex);
-  // Gradient accumulation: only the step's last pass hands its gradients over.
-  if (passes_done + 1 < passes_per_step) return;
+  // Gradient accumulation: only the step's last pass hands its gradients over. Sparse ones are
+  // read when the pass ends (exchange_sparse).
+  if (passes_done + 1 < passes_per_step || index >= dense_count) return;
   try {
     hand_over(index);
   } catch (const std::exception& e) {
@@ -339,19 +348,36 @@ void DistributedGradientsShared::wait_for_engine() {
 
 namespace {
 
-// find_unused_parameters adds a collective to every exchange: ranks that disagree on it would
-// pair that collective with another one, so they are an error at construction.
-void agree_on_find_unused(Transport& transport, bool mine) {
-  std::vector<uint8_t> all(static_cast<size_t>(transport.size()));
-  const uint8_t flag = mine ? 1 : 0;
-  transport.allgather(std::as_bytes(std::span(&flag, 1)), std::as_writable_bytes(std::span(all)))
+// find_unused_parameters adds a collective to every exchange, and every sparse parameter
+// several: ranks that disagree on them would pair those collectives with others, so they are
+// an error at construction.
+uint64_t fingerprint(const std::vector<std::string>& names) {
+  uint64_t h = 14695981039346656037ULL;  // FNV-1a over the names, each ended by a 0 byte
+  for (const auto& name : names) {
+    for (char c : name) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ULL;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+void agree_on_settings(Transport& transport, bool find_unused,
+                       const std::vector<std::string>& sparse) {
+  const std::array<uint64_t, 2> mine{find_unused ? 1U : 0U, fingerprint(sparse)};
+  std::vector<std::array<uint64_t, 2>> all(static_cast<size_t>(transport.size()));
+  transport.allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)))
       ->wait(transport.timeout());
   for (size_t r = 0; r < all.size(); ++r) {
-    if ((all[r] != 0) != mine) {
+    if (all[r][0] != mine[0]) {
       throw CommError(fmt::format(
           "gradcomp: the ranks use different find_unused_parameters: {} on rank {}, {} on rank "
           "{}; every rank must use the same",
-          mine, transport.rank(), all[r] != 0, r));
+          find_unused, transport.rank(), all[r][0] != 0, r));
+    }
+    if (all[r][1] != mine[1]) {
+      throw CommError(fmt::format(
+          "gradcomp: the ranks exchange different parameters as sparse rows (rank {}: [{}]; "
+          "rank {} differs); every rank must declare the same sparse parameters",
+          transport.rank(), fmt::join(sparse, ", "), r));
     }
   }
 }
@@ -375,7 +401,7 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   for (size_t i = 0; i < parameters.size(); ++i) {
     used[i] = handed[i] || parameters[i].grad().defined();
   }
-  for (size_t i = 0; i < parameters.size(); ++i) {
+  for (size_t i = 0; i < dense_count; ++i) {
     if (handed[i]) continue;
     if (fill_nan) {
       hand_over(i, at::full(parameters[i].sizes(), std::numeric_limits<float>::quiet_NaN(),
@@ -392,6 +418,7 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   exchanged_since_step = true;
   wait_for_engine();
   finite_since_step = finite_since_step && engine->last_step().finite;
+  exchange_sparse(fill_nan);
   for (auto& [half, wide] : narrowed) half.copy_(wide);  // round to nearest even
   narrowed.clear();
   in_flight.clear();
@@ -411,9 +438,41 @@ void DistributedGradientsShared::forget_unused() {
   } catch (const CommError& e) {
     throw CommError(fmt::format("gradcomp: agreeing on the unused parameters: {}", e.what()));
   }
-  for (size_t i = 0; i < parameters.size(); ++i) {
+  for (size_t i = 0; i < dense_count; ++i) {
     auto& grad = parameters[i].mutable_grad();
     if (!used[i] && grad.defined() && !grad.ne(0).any().item<bool>()) grad = at::Tensor();
+  }
+}
+
+namespace {
+
+// A sparse gradient of `param` whose first row is NaN: what an aborted pass contributes, so
+// that every rank's mean is non-finite, as the plan's NaN buffers make it for dense tensors.
+at::Tensor nan_row(const at::Tensor& param) {
+  if (param.size(0) == 0) return {};
+  std::vector<int64_t> row_shape = param.sizes().vec();
+  row_shape[0] = 1;
+  return at::sparse_coo_tensor(at::zeros({1, 1}, at::TensorOptions().dtype(at::kLong)),
+                               at::full(row_shape, std::numeric_limits<float>::quiet_NaN()),
+                               param.sizes());
+}
+
+}  // namespace
+
+// After the plan's buckets, in the same order on every rank. After an aborted pass this rank
+// sends a NaN row and leaves .grad alone.
+void DistributedGradientsShared::exchange_sparse(bool fill_nan) {
+  sparse_bytes_sent = 0;
+  sparse_dense_bytes = 0;
+  for (size_t i = dense_count; i < parameters.size(); ++i) {
+    const at::Tensor grad = fill_nan ? nan_row(parameters[i]) : parameters[i].grad();
+    SparseMean mean = sparse_rows_mean(*transport, names[i], parameters[i], grad);
+    sparse_bytes_sent += mean.bytes_sent;
+    sparse_dense_bytes += mean.dense_bytes;
+    finite_since_step = finite_since_step && mean.finite;
+    if (fill_nan) continue;
+    const bool no_rows = mean.grad._nnz() == 0;
+    parameters[i].mutable_grad() = find_unused && no_rows ? at::Tensor() : mean.grad;
   }
 }
 
@@ -431,13 +490,27 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
   s.passes_per_step = options.backward_passes_per_step;
   s.queue_end_of_backward = std::move(options.queue_end_of_backward);
   // Backward order: the last registered parameters get their gradients first.
+  const std::set<std::string> sparse_names(options.sparse_parameters.begin(),
+                                           options.sparse_parameters.end());
+  std::vector<std::string> sparse;
+  std::vector<at::Tensor> sparse_params;
   for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
     if (!it->second.requires_grad()) continue;
     check_parameter(it->first, it->second);
-    s.names.push_back(it->first);
-    s.parameters.push_back(it->second);
+    const bool is_sparse = sparse_names.contains(it->first);
+    (is_sparse ? sparse : s.names).push_back(it->first);
+    (is_sparse ? sparse_params : s.parameters).push_back(it->second);
   }
-  if (s.names.empty()) throw Error("DistributedGradients: no parameter requires a gradient");
+  for (const auto& name : sparse_names) {
+    if (std::find(sparse.begin(), sparse.end(), name) == sparse.end()) {
+      throw Error(fmt::format("sparse_parameters names '{}', which is not a trainable "
+                              "parameter of the model",
+                              name));
+    }
+  }
+  if (s.names.empty() && sparse.empty()) {
+    throw Error("DistributedGradients: no parameter requires a gradient");
+  }
   Plan plan = make_plan(s.names, s.parameters, options);
   // The engine's tensor indices follow the plan; map our parameters onto them by name.
   std::map<std::string, size_t> index_of;
@@ -448,13 +521,24 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
     ordered.push_back(s.parameters[index_of.at(t.name)]);
     names.push_back(t.name);
   }
+  s.dense_count = ordered.size();
+  // Sparse parameters after them, sorted by name: the same order on every rank.
+  std::vector<size_t> by_name(sparse.size());
+  std::iota(by_name.begin(), by_name.end(), size_t{0});
+  std::sort(by_name.begin(), by_name.end(), [&](size_t a, size_t b) { return sparse[a] < sparse[b]; });
+  for (size_t j : by_name) {
+    ordered.push_back(sparse_params[j]);
+    names.push_back(sparse[j]);
+  }
   s.parameters = std::move(ordered);
   s.names = std::move(names);
   s.handed.assign(s.names.size(), false);
   s.used.assign(s.names.size(), 0);
   s.find_unused = options.find_unused_parameters;
   s.engine = std::make_unique<Engine>(s.transport, std::move(plan), options.engine);
-  agree_on_find_unused(*s.transport, s.find_unused);
+  agree_on_settings(*s.transport, s.find_unused,
+                    std::vector<std::string>(s.names.begin() + static_cast<std::ptrdiff_t>(s.dense_count),
+                                             s.names.end()));
   for (size_t i = 0; i < s.parameters.size(); ++i) {
     auto accumulator = ::torch::autograd::impl::grad_accumulator(s.parameters[i]);
     accumulator->add_pre_hook(std::make_unique<BeforeAccumulationHook>(shared_, i));
@@ -512,7 +596,13 @@ std::string DistributedGradients::aborted_step() const {
 void DistributedGradients::set_learning_rate(double lr) { shared_->engine->set_learning_rate(lr); }
 void DistributedGradients::set_loss_scale(double scale) { shared_->engine->set_loss_scale(scale); }
 const Plan& DistributedGradients::plan() const { return shared_->engine->plan(); }
-const StepStats& DistributedGradients::last_step() const { return shared_->engine->last_step(); }
+StepStats DistributedGradients::last_step() const {
+  std::lock_guard lock(shared_->mutex);
+  StepStats stats = shared_->engine->last_step();
+  stats.bytes_sent += shared_->sparse_bytes_sent;
+  stats.uncompressed_bytes += shared_->sparse_dense_bytes;
+  return stats;
+}
 uint64_t DistributedGradients::steps() const { return shared_->engine->step(); }
 Transport& DistributedGradients::transport() const { return *shared_->transport; }
 std::vector<std::byte> DistributedGradients::save_state() const {

@@ -181,9 +181,41 @@ _NON_FINITE_STEP = (
     "raised on another rank): the optimizer step is skipped on every rank, as a GradScaler does")
 
 
+def _sparse_modules_parameters(model):
+    """Names of the parameters of model's nn.Embedding / nn.EmbeddingBag with sparse=True:
+    their gradients are sparse."""
+    names = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+            names.append(f"{prefix}.weight" if prefix else "weight")
+    return names
+
+
+def _sparse_names(named, sparse_parameters, found):
+    """The names to exchange as sparse rows: those given (names or parameters), plus those
+    found in the model's sparse embeddings."""
+    trainable = {n for n, p in named if p.requires_grad}
+    names = [n for n in found if n in trainable]  # a frozen embedding has nothing to exchange
+    name_of = {id(p): n for n, p in named}
+    for item in sparse_parameters or ():
+        if isinstance(item, torch.Tensor):
+            if id(item) not in name_of:
+                raise Error(f"sparse_parameters holds a tensor of shape {tuple(item.shape)} that "
+                            "is not one of the optimizer's parameters")
+            item = name_of[id(item)]
+        if not isinstance(item, str):
+            raise Error(f"sparse_parameters holds {type(item).__name__} {item!r}; give "
+                        "parameter names or the parameters themselves")
+        if item not in names:
+            names.append(item)
+    return names
+
+
 def _named_parameters(optimizer, named_parameters):
     """(name, parameter) pairs of the optimizer's parameters, checked against each other."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    if isinstance(named_parameters, torch.nn.Module):
+        named_parameters = named_parameters.named_parameters()
     if named_parameters is None:
         return [(f"param.{i}", p) for i, p in enumerate(params)]
     named = list(named_parameters)
@@ -215,8 +247,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     compression: "codec[|feedback[|route]]", e.g. "fp16", "topk:ratio=0.01|ef",
         "powersgd:rank=4|ef"; used for tensors of at least min_compress_elements (smaller ones
         stay uncompressed), fused into buckets of bucket_mb megabytes.
+    named_parameters: model.named_parameters(), or the model itself (then the weights of its
+        nn.Embedding and nn.EmbeddingBag with sparse=True are exchanged as sparse rows).
     plan: a gradcomp plan (dict, JSON string or file) instead; its tensors are the parameter
-        names.
+        names (sparse parameters are not in it).
     transport: see gradcomp.torch.get_transport().
     backward_passes_per_step: gradient accumulation; gradients are exchanged during every k-th
         backward pass.
@@ -231,12 +265,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
     find_unused_parameters: as DDP's: a parameter that got no gradient on any rank in a step
         keeps .grad None (so Adam and weight decay leave it alone) instead of the zero mean;
         costs one small collective per step. The same on every rank.
+    sparse_parameters: parameters (or their names) whose gradients are sparse, besides those
+        found in the model: each is exchanged as rows after the buckets, uncompressed: the
+        union of the rows the ranks touched, the mean bit-identical on every rank; .grad is
+        then a coalesced sparse tensor (torch.optim.SparseAdam and SGD take it).
     """
 
     def __init__(self, optimizer, named_parameters=None, compression="none", plan=None,
                  transport=None, backward_passes_per_step=1, seed=0, bucket_mb=25.0,
                  min_compress_elements=16384, timeline=None, codec_threads=1, local_size=0,
-                 broadcast=True, loss_scale=None, find_unused_parameters=False):
+                 broadcast=True, loss_scale=None, find_unused_parameters=False,
+                 sparse_parameters=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise Error(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
@@ -248,12 +287,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         _number("local_size", local_size, 0, 1 << 20)
         self.optimizer = optimizer
         self._loss_scale = _scale_reader(loss_scale)
+        found = (_sparse_modules_parameters(named_parameters)
+                 if isinstance(named_parameters, torch.nn.Module) else [])
         named = _named_parameters(optimizer, named_parameters)
+        sparse = _sparse_names(named, sparse_parameters, found)
         self._gradients = _C.DistributedGradients(
             named, _exchange_transport(transport), compression, _plan_json(plan),
             int(bucket_mb * (1 << 20)), int(min_compress_elements), int(backward_passes_per_step),
             int(seed), timeline or "", int(local_size), int(codec_threads),
-            self._backward_begins, bool(find_unused_parameters))
+            self._backward_begins, bool(find_unused_parameters), sparse)
         self._gradients.set_learning_rate(self._lr())
         self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements)
         if broadcast:
@@ -432,6 +474,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"gradcomp.torch.DistributedOptimizer({self.optimizer!r})"
 
 
+_SPARSE = "sparse"  # a DDP bucket's entry in the hook's layout when it holds a sparse gradient
+
+
 class CommHook:
     """A DistributedDataParallel communication hook running gradcomp's codecs and routes on
     DDP's buckets: ddp_model.register_comm_hook(None, gradcomp.torch.comm_hook(...)).
@@ -441,6 +486,10 @@ class CommHook:
     uncompressed, as PyTorch's own PowerSGD hook does in its first iterations; then one engine
     is built for the layout (collectively, in the same iteration on every rank) and every later
     bucket is compressed, sent while backward continues, and written back in place.
+
+    DDP puts a sparse gradient (nn.Embedding(sparse=True)) in a bucket of its own; such a bucket
+    is exchanged as rows (uncompressed, the union of the ranks' rows, bit-identical on every
+    rank), after the engine's buckets, when backward ends.
     """
 
     def __init__(self, compression="none", transport=None, seed=0, min_compress_elements=16384,
@@ -463,6 +512,7 @@ class CommHook:
         self._previous = None      # sizes seen in the last iteration
         self._current = []         # sizes seen so far in this iteration
         self._futures = []
+        self._sparse = []          # (future, bucket index, tensor) of this pass's sparse buckets
         self._pending_state = None
         self._failed = None        # the first error of the backward pass in progress
 
@@ -473,6 +523,8 @@ class CommHook:
         codec, feedback, route, start_step = _C.parse_option(self.compression)
         tensors, buckets = [], []
         for i, shapes in enumerate(layout):
+            if shapes == _SPARSE:
+                continue  # exchanged as rows, outside the engine
             n = sum(math.prod(s) for s in shapes)
             first = len(tensors)
             if self._per_tensor:
@@ -509,16 +561,21 @@ class CommHook:
         index = bucket.index()
         if index == 0:
             self._current = []
-        self._current.append(tuple(tuple(g.shape) for g in bucket.gradients()))
+        self._current.append(_SPARSE if tensor.is_sparse
+                             else tuple(tuple(g.shape) for g in bucket.gradients()))
         if tensor.dtype != torch.float32 or tensor.device.type != "cpu":
             raise Error(f"DDP bucket {index} is {tensor.dtype} on {tensor.device}; the gradcomp "
                         "hook exchanges float32 CPU buckets")
         if self._engine is not None:
             return self._compressed(index, tensor, bucket)
         fut = torch.futures.Future()
-        self._transport.allreduce_(tensor)
-        tensor.div_(self._transport.size)
-        fut.set_result(tensor)
+        if tensor.is_sparse:
+            fut.set_result(_C.sparse_rows_mean(self._transport, f"ddp_bucket.{index}",
+                                               tensor)[0])
+        else:
+            self._transport.allreduce_(tensor)
+            tensor.div_(self._transport.size)
+            fut.set_result(tensor)
         if bucket.is_last():
             self._learn_layout()
         return fut
@@ -530,29 +587,39 @@ class CommHook:
                         f"hook's plan expected {expected} (DDP changed its bucket layout after "
                         "the hook fixed it)")
         fut = torch.futures.Future()
-        self._futures.append((fut, tensor))
-        if self._per_tensor:  # views of the bucket's buffer: the mean is written through them
+        if tensor.is_sparse:
+            # After the engine's buckets (in _finish): collectives issued here, from this
+            # thread, would interleave with the engine's differently on different ranks.
+            self._sparse.append((fut, index, tensor))
+        elif self._per_tensor:  # views of the bucket's buffer: the mean is written through them
             for j, grad in enumerate(bucket.gradients()):
                 self._engine.ready(self._first_tensor[index] + j, grad)
         else:
-            self._engine.ready(index, tensor)
+            self._engine.ready(self._first_tensor[index], tensor)
+        if not tensor.is_sparse:
+            self._futures.append((fut, tensor))
         if bucket.is_last():
             # The last bucket: the exchange finishes when backward ends, in a callback queued
             # before DDP's (which waits for these futures), as the optimizer's does.
             futures, self._futures = self._futures, []
-            _queue_end_of_backward(lambda: self._finish(futures))
+            sparse, self._sparse = self._sparse, []
+            _queue_end_of_backward(lambda: self._finish(futures, sparse))
         return fut
 
-    def _finish(self, futures):
+    def _finish(self, futures, sparse):
         try:
             self._engine.synchronize()
+            means = [_C.sparse_rows_mean(self._transport, f"ddp_bucket.{i}", t)[0]
+                     for _, i, t in sparse]
         except Exception as e:
             error = _gradcomp_error(e)
-            for f, _ in futures:
+            for f in [f for f, _ in futures] + [f for f, _, _ in sparse]:
                 f.set_exception(error)
             raise error from e
         for f, t in futures:
             f.set_result(t)
+        for (f, _, _), mean in zip(sparse, means):
+            f.set_result(mean)
 
     def _raise_at_end_of_backward(self, error):
         if self._failed is None:  # the first error of this backward pass is the one to tell
@@ -567,7 +634,8 @@ class CommHook:
         layout = list(self._current)
         if layout == self._previous:
             self._layout = layout
-            counts = [len(shapes) if self._per_tensor else 1 for shapes in layout]
+            counts = [0 if shapes == _SPARSE else len(shapes) if self._per_tensor else 1
+                      for shapes in layout]
             self._first_tensor = [sum(counts[:i]) for i in range(len(counts))]
             self._engine = _C.Engine(self._transport, json.dumps(self.plan(layout)), self._seed,
                                      self._timeline, self._local_size, self._codec_threads)

@@ -61,6 +61,12 @@ struct GradientOptions {
   // no gradient (.grad undefined, None in Python) on every rank, so optimizers that skip such
   // parameters (Adam, weight decay) leave it alone. Off: it gets the zero mean.
   bool find_unused_parameters = false;
+  // Parameters whose gradients are sparse (nn.Embedding(sparse=True), nn.EmbeddingBag(sparse=
+  // True)), by name: they stay out of the plan and are exchanged as rows after the plan's
+  // buckets (sparse_rows.h), uncompressed; .grad then holds the coalesced sparse mean, the
+  // union of the ranks' rows (an empty sparse tensor when no rank touched a row, or no gradient
+  // with find_unused_parameters). Every rank must name the same ones (CommError otherwise).
+  std::vector<std::string> sparse_parameters;
   // Queues `end` to run when the backward pass now running ends. Called from a gradient hook
   // (without locks held) on the first gradient of each pass. Empty: autograd's engine queues
   // it (Engine::queue_callback); the Python front end queues a Python callable instead, so
@@ -85,8 +91,8 @@ class DistributedGradients {
   // (a difference is a CommError naming the first one, from the engine's check). Parameters
   // that do not require gradients are skipped; the others must be dense float32, float16 or
   // bfloat16 CPU tensors (Error naming the parameter otherwise; half-precision gradients are
-  // exchanged, and their feedback kept, in float32). Tensors enter the default plan in reverse order of
-  // `parameters`, the order backward usually produces their gradients.
+  // exchanged, and their feedback kept, in float32). Tensors enter the default plan in reverse
+  // order of `parameters`, the order backward usually produces their gradients.
   DistributedGradients(NamedParameters parameters, std::shared_ptr<Transport> transport,
                        GradientOptions options = {});
   ~DistributedGradients();  // removes nothing from the graph: hooks of a dead object do nothing
@@ -127,7 +133,9 @@ class DistributedGradients {
   // Between steps, or from queue_end_of_backward (called before the pass hands anything over).
   void set_loss_scale(double scale);
   const Plan& plan() const;
-  const StepStats& last_step() const;
+  // The engine's figures for the last exchange, with the sparse rows' bytes added to
+  // bytes_sent and their dense size to uncompressed_bytes.
+  StepStats last_step() const;
   uint64_t steps() const;
   Transport& transport() const;
 
