@@ -591,13 +591,13 @@ class CommHook:
             # After the engine's buckets (in _finish): collectives issued here, from this
             # thread, would interleave with the engine's differently on different ranks.
             self._sparse.append((fut, index, tensor))
-        elif self._per_tensor:  # views of the bucket's buffer: the mean is written through them
-            for j, grad in enumerate(bucket.gradients()):
-                self._engine.ready(self._first_tensor[index] + j, grad)
         else:
-            self._engine.ready(self._first_tensor[index], tensor)
-        if not tensor.is_sparse:
             self._futures.append((fut, tensor))
+            if self._per_tensor:  # views of the bucket's buffer: the mean is written through them
+                for j, grad in enumerate(bucket.gradients()):
+                    self._engine.ready(self._first_tensor[index] + j, grad)
+            else:
+                self._engine.ready(self._first_tensor[index], tensor)
         if bucket.is_last():
             # The last bucket: the exchange finishes when backward ends, in a callback queued
             # before DDP's (which waits for these futures), as the optimizer's does.
