@@ -90,15 +90,33 @@ CODECS = [
 BASELINE = dict(name="none", option="none", why="uncompressed float32 allreduce")
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def sweep_parser(description):
+    """The flags both accuracy sweeps take (parse them with parse_sweep)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--codecs", help="comma-separated subset of: "
                    + ",".join(c["name"] for c in CODECS) + " (default: all)")
-    p.add_argument("--epochs", type=float, default=2.0, help="epochs per run (2)")
-    p.add_argument("--world", type=int, default=4, help="ranks per run (4)")
     p.add_argument("--seed", type=int, default=0, help="seed of every codec run (0)")
     p.add_argument("--baseline-seeds", default="0,1,2",
                    help="seeds of the uncompressed runs; the first must be --seed (0,1,2)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse summaries of runs already done with the same settings")
+    return p
+
+
+def parse_sweep(p):
+    """Parses a sweep_parser's flags: baseline_seeds as a list, selected as CODECS entries."""
+    args = p.parse_args()
+    args.baseline_seeds = [int(s) for s in args.baseline_seeds.split(",") if s]
+    if not args.baseline_seeds or args.baseline_seeds[0] != args.seed:
+        p.error("--baseline-seeds must start with --seed (the codecs are compared to that run)")
+    args.selected = select_codecs(p, args.codecs)
+    return args
+
+
+def parse_args():
+    p = sweep_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=float, default=2.0, help="epochs per run (2)")
+    p.add_argument("--world", type=int, default=4, help="ranks per run (4)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank (32)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (0.05)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
@@ -107,13 +125,7 @@ def parse_args():
                                  "build/accuracy-subset.md with --codecs)")
     p.add_argument("--runs", help="directory of the runs' JSON summaries and logs "
                                   "(build/accuracy-runs/e<epochs>-w<world>)")
-    p.add_argument("--resume", action="store_true",
-                   help="reuse summaries of runs already done with the same settings")
-    args = p.parse_args()
-    args.baseline_seeds = [int(s) for s in args.baseline_seeds.split(",") if s]
-    if not args.baseline_seeds or args.baseline_seeds[0] != args.seed:
-        p.error("--baseline-seeds must start with --seed (the codecs are compared to that run)")
-    args.selected = select_codecs(p, args.codecs)
+    args = parse_sweep(p)
     # A quick check of a few codecs must not overwrite the committed table.
     if args.out is None:
         args.out = os.path.join(ROOT, *(("build", "accuracy-subset.md") if args.codecs
@@ -157,22 +169,34 @@ def train_command(args, entry, seed, json_path):
 
 def run(args, entry, seed):
     """Trains once; returns the summary dict, or dict(error=...) when the run failed."""
-    os.makedirs(args.runs, exist_ok=True)
     stem = os.path.join(args.runs, f"{entry['name']}.seed{seed}")
+    return run_launched(stem, lambda json_path: train_command(args, entry, seed, json_path),
+                        args.resume, f"{entry['name']} (seed {seed}): {entry['option']}",
+                        lambda s: f"{100 * s['test_accuracy']:.2f} %")
+
+
+def run_launched(stem, command, resume, label, describe):
+    """Runs command(stem + ".json") (a `gradcomp launch`), its output in stem + ".log"; returns
+    the summary it wrote (with the run's settings and seconds added), or dict(error=...).
+    With resume, a summary already there from the same settings is returned instead."""
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
     json_path, log_path = stem + ".json", stem + ".log"
-    cmd = train_command(args, entry, seed, json_path)
-    # The settings of the run (the command without port and output path), to tell whether a
-    # stored summary can be reused.
-    key = shlex.join(cmd[2:4] + cmd[6:cmd.index("--json")] + cmd[cmd.index("--json") + 2:])
-    if args.resume and os.path.exists(json_path):
+    cmd = command(json_path)
+    # The settings of the run: the command after `<launcher> launch`, without the rendezvous
+    # port and the output path.
+    skip = {0, 1}
+    for flag in ("--master-port", "--json"):
+        skip |= {cmd.index(flag), cmd.index(flag) + 1}
+    key = shlex.join(word for i, word in enumerate(cmd) if i not in skip)
+    if resume and os.path.exists(json_path):
         with open(json_path, encoding="utf-8") as f:
             summary = json.load(f)
         if summary.get("accuracy_py_command") == key:
-            print(f"  {entry['name']} (seed {seed}): reused {json_path}", flush=True)
+            print(f"  {label}: reused {json_path}", flush=True)
             return summary
     if os.path.exists(json_path):
         os.remove(json_path)
-    print(f"  {entry['name']} (seed {seed}): {entry['option']} ...", end="", flush=True)
+    print(f"  {label} ...", end="", flush=True)
     start = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -188,7 +212,7 @@ def run(args, entry, seed):
     summary["run_seconds"] = seconds
     with open(json_path, "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
-    print(f" {100 * summary['test_accuracy']:.2f} % in {seconds:.0f} s", flush=True)
+    print(f" {describe(summary)} in {seconds:.0f} s", flush=True)
     return summary
 
 
@@ -325,16 +349,22 @@ def write_report(args, baselines, results):
         f.write("\n".join(lines))
 
 
+def sweep(args, run_one, train_script, what):
+    """The baseline on every seed, then every selected codec: (baselines, {codec: result})."""
+    for path in (LAUNCH, train_script):
+        if not os.path.exists(path):
+            sys.exit(f"{os.path.basename(sys.argv[0])}: {path} is missing; run "
+                     "scripts/setup.sh first")
+    print(f"{len(args.selected)} codec(s) + {len(args.baseline_seeds)} baseline run(s), "
+          f"{what} each, {args.world} ranks", flush=True)
+    baselines = [run_one(args, BASELINE, seed) for seed in args.baseline_seeds]
+    return baselines, {entry["name"]: run_one(args, entry, args.seed) for entry in args.selected}
+
+
 def main():
     args = parse_args()
-    for path in (LAUNCH, TRAIN):
-        if not os.path.exists(path):
-            sys.exit(f"accuracy.py: {path} is missing; run scripts/setup.sh first")
     start = time.perf_counter()
-    print(f"accuracy: {len(args.selected)} codec(s) + {len(args.baseline_seeds)} baseline "
-          f"run(s), {args.epochs:g} epoch(s) each, {args.world} ranks", flush=True)
-    baselines = [run(args, BASELINE, seed) for seed in args.baseline_seeds]
-    results = {entry["name"]: run(args, entry, args.seed) for entry in args.selected}
+    baselines, results = sweep(args, run, TRAIN, f"{args.epochs:g} epoch(s)")
     write_report(args, baselines, results)
     print(f"accuracy: wrote {args.out} ({(time.perf_counter() - start) / 60:.1f} min)")
 

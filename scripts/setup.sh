@@ -20,6 +20,7 @@ packages=(
   python3-dev python3-torch libtorch-dev pybind11-dev python3-numpy python3-tqdm
   python3-matplotlib python3-pytest dataset-fashion-mnist libopenblas0-pthread
   python3-torchvision                          # CNN shapes for scripts/make_profiles.py
+  fortunes                                     # the language model's text (examples/language_model)
   zlib1g-dev                                   # the C++ trainer reads the gzip'd idx files
   iproute2 util-linux                          # bench/cluster: ip netns, tc; tests: setpriv
 )

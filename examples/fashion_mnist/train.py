@@ -229,6 +229,23 @@ class StepTotals:
         self.exchange_seconds += last["exchange_seconds"]
 
 
+def exchange_summary(comm, totals, train_seconds):
+    """Time and bytes per step: means over the steps and the ranks of what each rank's engine
+    reported."""
+    sent, raw, step_s, exch_s = (v / (comm.world * totals.steps) for v in comm.sum(
+        [totals.bytes_sent, totals.uncompressed_bytes, totals.step_seconds,
+         totals.exchange_seconds]))
+    return {
+        "train_seconds": train_seconds,
+        "wall_step_seconds": train_seconds / totals.steps,
+        "engine_step_seconds": step_s,
+        "exchange_seconds": exch_s,
+        "bytes_sent_per_step": sent,
+        "uncompressed_bytes_per_step": raw,
+        "compression_ratio": raw / sent if sent else float("inf"),
+    }
+
+
 def progress_bar(enabled, total, desc):
     if not enabled:
         return None
@@ -315,10 +332,6 @@ def train(args):
 
     digest = check_identical(model, comm)
     accuracy = evaluate(model, test_x, test_y, comm)
-    # Means over steps and ranks of what each rank's engine reported.
-    sent, raw, step_s, exch_s = (v / (world * totals.steps) for v in comm.sum(
-        [totals.bytes_sent, totals.uncompressed_bytes, totals.step_seconds,
-         totals.exchange_seconds]))
     summary = {
         "compression": args.compression,
         "transport": comm.transport.name,
@@ -334,13 +347,7 @@ def train(args):
         "test_accuracy": accuracy,
         "final_epoch_loss": epoch_losses[-1],
         "epoch_losses": epoch_losses,
-        "train_seconds": train_seconds,
-        "wall_step_seconds": train_seconds / totals.steps,
-        "engine_step_seconds": step_s,
-        "exchange_seconds": exch_s,
-        "bytes_sent_per_step": sent,
-        "uncompressed_bytes_per_step": raw,
-        "compression_ratio": raw / sent if sent else float("inf"),
+        **exchange_summary(comm, totals, train_seconds),
         "parameter_hash": digest,
         "plan_buckets": optimizer.plan.get("buckets"),
     }
@@ -378,20 +385,25 @@ def launcher_rank():
     return "0"
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    where = f"train.py (rank {launcher_rank()})"
+def run_reporting_errors(script, train_function, args):
+    """train_function(args), with the failures a user can act on as one line naming the script
+    and the rank, without a traceback."""
+    where = f"{script} (rank {launcher_rank()})"
     try:
         import gradcomp
     except ImportError as e:
         sys.exit(f"{where}: cannot import gradcomp ({e}); run scripts/setup.sh and use "
                  "/usr/bin/python3")
     try:
-        train(args)
+        train_function(args)
     except TrainError as e:
         sys.exit(f"{where}: {e}")
     except gradcomp.Error as e:  # bad spec, a peer that died, a timeout: the message says which
         sys.exit(f"{where}: {type(e).__name__}: {e}")
+
+
+def main(argv=None):
+    run_reporting_errors("train.py", train, parse_args(argv))
 
 
 if __name__ == "__main__":
