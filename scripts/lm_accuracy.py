@@ -105,7 +105,8 @@ def relative(result, reference):
 def table_row(entry, option, result, reference):
     cell = option.replace("|", "\\|")
     if "error" in result:
-        return f"| {entry['name']} | `{cell}` | failed: {result['error'].replace('|', '/')} | | | | | |"
+        error = result["error"].replace("|", "/")
+        return f"| {entry['name']} | `{cell}` | failed: {error} | | | | | |"
     diff = relative(result, reference)
     flag = " **(!)**" if diff > TOLERANCE_PERCENT else ""
     return (f"| {entry['name']} | `{cell}` | {result['val_loss']:.4f} | {diff:+.2f}{flag} | "
@@ -134,11 +135,14 @@ def plot(args, baselines, results):
         return [statistics.mean(curve[max(0, i - width + 1):i + 1]) for i in range(len(curve))]
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for name, result in [("none", baselines[0]), *results.items()]:
+    colors = plt.get_cmap("tab20").colors  # one colour per codec, dashes for every other one
+    for i, (name, result) in enumerate([("none", baselines[0]), *results.items()]):
         if "error" in result:
             continue
         ax.plot(smooth(result["train_loss_curve"]), label=name,
-                linewidth=2.5 if name == "none" else 1, color="black" if name == "none" else None)
+                linewidth=2.5 if name == "none" else 1.2,
+                color="black" if name == "none" else colors[(i - 1) % len(colors)],
+                linestyle="-" if i % 2 or name == "none" else "--")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (mean of the ranks, 20-step moving average)")
     ax.set_title(f"Language model, {args.optimizer}, {args.world} ranks: training loss per codec")
@@ -173,7 +177,8 @@ def write_report(args, baselines, results):
         "every codec. Codec settings are those of the Fashion-MNIST table "
         "([accuracy.md](accuracy.md)); its optimizer changes for signsgd, signum and dgc are "
         "not applied here. Tensors of at least 16,384 elements are compressed (the embedding, "
-        "the output layer and the blocks' matrices, 99.2% of the parameters; the position embedding, biases and norms travel uncompressed).",
+        "the output layer and the blocks' matrices, 99.2% of the parameters; the position "
+        "embedding, biases and norms travel uncompressed).",
         "",
     ]
     if "error" in reference:

@@ -66,7 +66,8 @@ def build(directory=DEFAULT_DIR, vocab_size=4096):
     """Returns dict(train=LongTensor, valid=LongTensor, vocab=[str]): token ids in reading
     order, vocab[0] is '<unk>'."""
     if vocab_size < 3:
-        raise ValueError(f"vocab_size must be at least 3 (<unk>, <eos> and a word), not {vocab_size}")
+        raise ValueError(f"vocab_size must be at least 3 (<unk>, <eos> and a word), not "
+                         f"{vocab_size}")
     split = collections.defaultdict(list)
     for fortune in read_fortunes(directory):
         split["valid" if is_validation(fortune) else "train"].extend(tokens_of(fortune))
