@@ -12,6 +12,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
 #include "gradcomp/plan.h"
+#include "gradcomp/recommended.h"
 #include "gradcomp/torch/distributed_gradients.h"
 #include "gradcomp/torch/process_group_transport.h"
 #include "gradcomp/torch/sparse_rows.h"
@@ -121,6 +122,15 @@ PYBIND11_MODULE(_C, m) {
   register_errors(m);
 
   m.def("codec_names", &codec_names);
+  m.def("recommendations", [] {
+    py::list out;
+    for (const auto& r : recommendations()) {
+      out.append(py::dict(py::arg("codec") = r.codec, py::arg("option") = r.option,
+                          py::arg("sgd") = r.sgd, py::arg("adam") = r.adam,
+                          py::arg("changes_optimizer") = r.changes_optimizer));
+    }
+    return out;
+  });
   m.def("codec_uses_layout",
         [](const std::string& spec) { return make_codec(spec)->traits().uses_layout; });
   m.def(

@@ -19,6 +19,23 @@ from gradcomp._C import (  # noqa: E402
     transport_names,
 )
 
+from gradcomp._C import recommendations as _recommendations  # noqa: E402
+
 __version__ = "0.1.0"
 __all__ = ["Error", "SpecError", "CommError", "TimeoutError", "codec_names", "feedback_names",
-           "route_names", "transport_names"]
+           "route_names", "transport_names", "recommended"]
+
+
+def recommended(optimizer=None):
+    """The compression options the accuracy tables back (docs/accuracy.md, "Recommended"): a
+    list of dicts {codec, option, sgd, adam}, one per codec, with the option as measured and
+    whether it held under SGD (Fashion-MNIST CNN, within 0.5 pp) and under AdamW (a small
+    language model, within 2% of the validation loss). With optimizer="sgd" or "adam", the
+    options that held under it, "none" first."""
+    table = _recommendations()
+    if optimizer is None:
+        return table
+    if optimizer not in ("sgd", "adam"):
+        raise SpecError(f"optimizer must be 'sgd' or 'adam' (an Adam-family optimizer), not "
+                        f"{optimizer!r}")
+    return ["none"] + [r["option"] for r in table if r[optimizer]]

@@ -181,6 +181,33 @@ _NON_FINITE_STEP = (
     "raised on another rank): the optimizer step is skipped on every rank, as a GradScaler does")
 
 
+def _optimizer_family(optimizer):
+    """"adam" for optimizers that divide each coordinate's step by a running scale of its
+    gradient (Adam, AdamW, and their kin, RMSprop, Adagrad), "sgd" for SGD, else None."""
+    adaptive = (torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.RMSprop)
+    if "betas" in optimizer.defaults or isinstance(optimizer, adaptive):
+        return "adam"
+    return "sgd" if isinstance(optimizer, torch.optim.SGD) else None
+
+
+def _warn_if_not_recommended(optimizer, compression):
+    """The accuracy tables measured this codec losing under this kind of optimizer: say so, and
+    what held (gradcomp.recommended())."""
+    family = _optimizer_family(optimizer)
+    codec = _C.parse_option(compression)[0].split(":")[0]
+    entry = next((r for r in _C.recommendations() if r["codec"] == codec), None)
+    if family is None or entry is None or entry[family]:
+        return
+    kind = "SGD" if family == "sgd" else "Adam-family optimizers"
+    held = ", ".join(r["option"] for r in _C.recommendations() if r[family])
+    table = "docs/accuracy-5-epochs.md" if family == "sgd" else "docs/accuracy-lm.md"
+    warnings.warn(
+        f"gradcomp: compression '{compression}' is not recommended with "
+        f"{type(optimizer).__name__}: {codec} ({entry['option']}) lost accuracy under {kind} "
+        f"in gradcomp's accuracy tables ({table}); these held: {held} "
+        "(gradcomp.recommended() lists them)", stacklevel=3)
+
+
 def _sparse_modules_parameters(model):
     """Names of the parameters of model's nn.Embedding / nn.EmbeddingBag with sparse=True:
     their gradients are sparse."""
@@ -297,7 +324,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             int(seed), timeline or "", int(local_size), int(codec_threads),
             self._backward_begins, bool(find_unused_parameters), sparse)
         self._gradients.set_learning_rate(self._lr())
-        self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements)
+        self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements, sparse)
+        if plan is None and any(b["codec"] != "none" for b in self.plan["buckets"]):
+            _warn_if_not_recommended(optimizer, compression)
         if broadcast:
             # As DDP does: every rank starts from rank 0's parameters (frozen ones too).
             broadcast_parameters([p for _, p in named], 0, transport)
@@ -331,12 +360,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         groups = self.optimizer.param_groups
         return float(groups[0].get("lr", 0.0)) if groups else 0.0
 
-    def _warn_if_nothing_is_compressed(self, compression, plan, min_compress_elements):
+    def _warn_if_nothing_is_compressed(self, compression, plan, min_compress_elements, sparse):
         """A small model under the default plan is never compressed: say so once, rather than
         let the user believe it is."""
         if plan is not None or _C.parse_option(compression)[0] == "none":
             return
         if any(b["codec"] != "none" for b in self.plan["buckets"]):
+            return
+        if sparse and not self.plan["buckets"]:
+            warnings.warn(
+                f"gradcomp: compression '{compression}' has nothing to compress: this optimizer "
+                f"holds only sparse parameters ({', '.join(sparse)}), whose gradients are "
+                "exchanged as rows, uncompressed", stacklevel=3)
             return
         warnings.warn(
             f"gradcomp: compression '{compression}' applies to tensors of at least "

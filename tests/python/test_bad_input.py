@@ -6,7 +6,7 @@ import reference as ref
 
 # Cases that leave the ranks able to go on share one job.
 SHARED = ["unknown_codec", "bad_numbers", "bad_plan", "route_and_small_model", "float64_parameter", "frozen_parameter", "unused_parameter",
-          "unused_parameter_found"]
+          "unused_parameter_found", "not_recommended"]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,23 @@ def test_a_model_too_small_to_compress_warns(shared):
         r = report["route_and_small_model"]
         assert any("min_compress_elements" in m for m in r["small"]), r["small"]
         assert not r["large"], r["large"]
+        # An optimizer of sparse parameters only: nothing is compressed, and not for the size.
+        assert len(r["sparse_only"]) == 1, r["sparse_only"]
+        assert "only sparse parameters (weight)" in r["sparse_only"][0], r["sparse_only"]
+        assert "min_compress_elements" not in r["sparse_only"][0], r["sparse_only"]
+
+
+def test_a_codec_that_lost_under_this_optimizer_warns(shared):
+    for report in shared.reports():
+        r = report["not_recommended"]
+        assert len(r["adamw_topk"]) == 1, r["adamw_topk"]
+        for words in ("'topk:ratio=0.01|ef' is not recommended with AdamW",
+                      "Adam-family optimizers", "docs/accuracy-lm.md", "fp16"):
+            assert words in r["adamw_topk"][0], r["adamw_topk"][0]
+        assert len(r["sgd_efsignsgd"]) == 1 and "with SGD" in r["sgd_efsignsgd"][0], r
+        assert "docs/accuracy-5-epochs.md" in r["sgd_efsignsgd"][0], r["sgd_efsignsgd"]
+        # What held, and a plan written by hand, say nothing.
+        assert not r["adamw_fp16"] and not r["sgd_topk"] and not r["adamw_plan"], r
 
 
 def test_numbers_out_of_range_are_named(shared):

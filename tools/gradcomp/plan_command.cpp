@@ -2,13 +2,16 @@
 #include "plan_command.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
+#include "gradcomp/recommended.h"
 #include "cli_checks.h"
 #include "model_options.h"
 
@@ -20,7 +23,9 @@ struct PlanFlags {
   int workers = 0;
   ClusterFlags cluster;
   CostFlags costs;
-  std::vector<std::string> codecs{"none", "fp16"};
+  // Empty: the options recommended under `optimizer` (gradcomp/recommended.h).
+  std::vector<std::string> codecs;
+  std::string optimizer = "any";
   double lambda = 1.0;
   bool one_lossy_step = false;
   bool no_caller_encoding = false;
@@ -57,13 +62,26 @@ double single_codec_time(const model::Profile& profile, const std::string& codec
   return model::simulate(profile, plan, cost, sim).iteration_s;
 }
 
+// The options the accuracy tables back under that optimizer family; "any": under both.
+std::vector<std::string> recommended_candidates(const std::string& optimizer) {
+  if (optimizer == "sgd") return recommended_options(OptimizerFamily::kSgd);
+  if (optimizer == "adam") return recommended_options(OptimizerFamily::kAdam);
+  std::vector<std::string> both;
+  const auto adam = recommended_options(OptimizerFamily::kAdam);
+  for (const auto& option : recommended_options(OptimizerFamily::kSgd)) {
+    if (std::find(adam.begin(), adam.end(), option) != adam.end()) both.push_back(option);
+  }
+  return both;
+}
+
 int run_plan(const PlanFlags& flags) {
   const model::Profile profile = model::load_profile(flags.profile);
   const model::CostModel cost(
       flags.cluster.cluster(flags.workers > 0 ? std::optional<int>(flags.workers) : std::nullopt),
       flags.costs.load());
   model::PlannerSettings settings;
-  settings.codecs = split_specs(flags.codecs);
+  settings.codecs = flags.codecs.empty() ? recommended_candidates(flags.optimizer)
+                                         : split_specs(flags.codecs);
   settings.one_lossy_step = flags.one_lossy_step;
   settings.try_caller_encoding = !flags.no_caller_encoding;
   settings.min_compress_elements = flags.min_compress_elements;
@@ -75,10 +93,15 @@ int run_plan(const PlanFlags& flags) {
              profile.model, profile.tensors.size(), profile.total_elements() / 1e6,
              profile.forward_s * 1e3, profile.backward_s * 1e3);
   const auto& c = cost.cluster();
-  fmt::print("cluster  {} workers ({} nodes x {}), inter {} + {:.3g} us, intra {} + {:.3g} us\n\n",
+  fmt::print("cluster  {} workers ({} nodes x {}), inter {} + {:.3g} us, intra {} + {:.3g} us\n",
              c.workers, c.nodes(), c.per_node, model::format_rate(c.inter.bytes_per_s),
              c.inter.latency_s * 1e6, model::format_rate(c.intra.bytes_per_s),
              c.intra.latency_s * 1e6);
+  const char* under = flags.optimizer == "sgd"    ? "SGD"
+                      : flags.optimizer == "adam" ? "Adam-family optimizers"
+                                                  : "SGD and Adam-family optimizers alike";
+  fmt::print("options  {}{}\n\n", fmt::join(settings.codecs, ", "),
+             flags.codecs.empty() ? fmt::format(" (recommended under {})", under) : "");
   print_plan(result.plan, cost);
   const double best = result.predicted.iteration_s;
   fmt::print("\n{:<44} {:>10.2f} ms\n", "predicted iteration time of this plan", best * 1e3);
@@ -120,7 +143,12 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   flags.costs.add_to(*plan);
   plan->add_option("--codecs", flags.codecs,
                    "Allowed compression, 'codec[|feedback[|route]]' separated by ',' (none is "
-                   "always allowed)");
+                   "always allowed; default: the options recommended under --optimizer, "
+                   "docs/accuracy.md)");
+  plan->add_option("--optimizer", flags.optimizer,
+                   "Without --codecs: candidates recommended under sgd, adam (Adam-family), or "
+                   "any (both)")
+      ->check(CLI::IsMember({"sgd", "adam", "any"}));
   plan->add_option("--lambda", flags.lambda, "Compute slow-down while communicating (>= 1)")
       ->check(finite_range(1, 10));
   plan->add_flag("--one-lossy-step", flags.one_lossy_step,

@@ -51,7 +51,33 @@ def route_and_small_model(rank, out):
         warnings.simplefilter("always")
         wrap(common.make_model(), compression="topk:ratio=0.01|ef")
         large = [str(w.message) for w in caught]
-    return {"route": route, "small": small, "large": large}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        embedding = torch.nn.Embedding(100, 4, sparse=True)
+        gc.DistributedOptimizer(torch.optim.SparseAdam(embedding.parameters()), embedding,
+                                compression="topk:ratio=0.01|ef")
+        sparse_only = [str(w.message) for w in caught]
+    return {"route": route, "small": small, "large": large, "sparse_only": sparse_only}
+
+
+def not_recommended(rank, out):
+    """A codec the accuracy tables saw losing under this optimizer's family warns, naming it;
+    one that held does not; a plan given by hand is the user's choice (no warning)."""
+    import warnings
+
+    def warnings_of(optimizer_class, compression, **options):
+        model = common.make_model()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gc.DistributedOptimizer(optimizer_class(model.parameters(), lr=1e-3),
+                                    model.named_parameters(), compression=compression, **options)
+        return [str(w.message) for w in caught]
+    plan = wrap(common.make_model(), compression="topk:ratio=0.01|ef").plan
+    return {"adamw_topk": warnings_of(torch.optim.AdamW, "topk:ratio=0.01|ef"),
+            "adamw_fp16": warnings_of(torch.optim.AdamW, "fp16"),
+            "sgd_topk": warnings_of(torch.optim.SGD, "topk:ratio=0.01|ef"),
+            "sgd_efsignsgd": warnings_of(torch.optim.SGD, "efsignsgd|ef"),
+            "adamw_plan": warnings_of(torch.optim.AdamW, "none", plan=plan)}
 
 
 def bad_plan(rank, out):
@@ -215,6 +241,7 @@ def different_models(rank, out):
 
 
 CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, bad_plan, route_and_small_model,
+                                 not_recommended,
                                  float64_parameter, frozen_parameter,
                                  unused_parameter, unused_parameter_found, sparse_gradient,
                                  backward_twice,

@@ -1,0 +1,41 @@
+// Which compression options the accuracy tables back, and for which optimizers: the
+// "recommended" column of docs/accuracy.md. A label needs evidence: within 0.5 pp of the
+// uncompressed test accuracy on the Fashion-MNIST CNN under SGD (5 epochs,
+// docs/accuracy-5-epochs.md), and within 2% of the uncompressed validation loss on the small
+// language model under AdamW (docs/accuracy-lm.md). tests/python/test_recommended.py checks the
+// table against those two documents, so neither can change without the other.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gradcomp {
+
+// The optimizers a recommendation is measured under.
+enum class OptimizerFamily {
+  kSgd,   // SGD with or without momentum (the CNN's table)
+  kAdam,  // Adam, AdamW and their kin: a per-coordinate normalised step (the language model's)
+};
+
+struct Recommendation {
+  std::string codec;   // the codec's name: "topk"
+  std::string option;  // the option measured: "topk:ratio=0.01|ef"
+  bool sgd = false;    // held under SGD
+  bool adam = false;   // held under AdamW
+  // Its SGD row changed the optimizer (signsgd, signum: learning rate 0.001, no momentum; dgc:
+  // no optimizer momentum): recommended with that change only, so never a default candidate.
+  bool changes_optimizer = false;
+};
+
+// One entry per codec other than none, in the codec table's order.
+const std::vector<Recommendation>& recommendations();
+
+// The entry of option's codec ("topk:ratio=0.05|ef" -> topk's), or nullptr for none.
+const Recommendation* recommendation_for(std::string_view option);
+
+// The options recommended under `family` that need no change of the optimizer, "none" first
+// (the planner's default candidates).
+std::vector<std::string> recommended_options(OptimizerFamily family);
+
+}  // namespace gradcomp

@@ -1,0 +1,58 @@
+// The recommended table's look-ups (what it says is checked against the accuracy documents by
+// tests/python/test_recommended.py).
+#include "gradcomp/recommended.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "gradcomp/codec.h"
+#include "gradcomp/error.h"
+
+namespace gradcomp {
+namespace {
+
+TEST(Recommended, EveryCodecButNoneHasOneEntryInTableOrder) {
+  std::vector<std::string> codecs;
+  for (const auto& r : recommendations()) codecs.push_back(r.codec);
+  std::vector<std::string> expected = codec_names();
+  expected.erase(std::find(expected.begin(), expected.end(), "none"));
+  EXPECT_EQ(codecs, expected);
+  for (const auto& r : recommendations()) {
+    // The option measured parses and names its own codec.
+    const auto* found = recommendation_for(r.option);
+    ASSERT_NE(found, nullptr) << r.option;
+    EXPECT_EQ(found->codec, r.codec);
+  }
+}
+
+TEST(Recommended, AnOptionFindsItsCodecWhateverItsSettings) {
+  const auto* topk = recommendation_for("topk:ratio=0.05|ef|allgather");
+  ASSERT_NE(topk, nullptr);
+  EXPECT_EQ(topk->codec, "topk");
+  EXPECT_EQ(recommendation_for("none"), nullptr);
+  EXPECT_THROW(recommendation_for("topk|ef|nosuchroute|x|y"), SpecError);
+}
+
+TEST(Recommended, DefaultCandidatesHeldAndChangeNoOptimizer) {
+  for (const auto family : {OptimizerFamily::kSgd, OptimizerFamily::kAdam}) {
+    const auto options = recommended_options(family);
+    ASSERT_FALSE(options.empty());
+    EXPECT_EQ(options.front(), "none");
+    for (size_t i = 1; i < options.size(); ++i) {
+      const auto* r = recommendation_for(options[i]);
+      ASSERT_NE(r, nullptr) << options[i];
+      EXPECT_TRUE(family == OptimizerFamily::kSgd ? r->sgd : r->adam) << options[i];
+      EXPECT_FALSE(r->changes_optimizer) << options[i];
+    }
+    // Every entry that held and changes nothing is offered.
+    size_t held = 0;
+    for (const auto& r : recommendations()) {
+      held += (family == OptimizerFamily::kSgd ? r.sgd : r.adam) && !r.changes_optimizer;
+    }
+    EXPECT_EQ(options.size(), held + 1);
+  }
+}
+
+}  // namespace
+}  // namespace gradcomp

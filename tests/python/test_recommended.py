@@ -1,0 +1,55 @@
+"""The recommended column: the library's table (gradcomp/recommended.h) says what the two
+accuracy tables measured, and what follows from it (the planner's default candidates)."""
+import subprocess
+import sys
+
+import pytest
+
+import gradcomp
+from conftest import GRADCOMP, ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import recommended  # noqa: E402
+
+
+def test_the_library_says_what_the_accuracy_tables_measured():
+    found = recommended.evidence()
+    assert set(found) == set(gradcomp.codec_names()) - {"none"}, "every codec has a row in each"
+    problems = recommended.disagreements(found, gradcomp.recommended())
+    assert not problems, "\n".join(problems)
+
+
+def test_a_disagreement_is_named():
+    found = recommended.evidence()
+    library = [dict(r) for r in gradcomp.recommended()]
+    library[0]["adam"] = not library[0]["adam"]
+    problems = recommended.disagreements(found, library)
+    assert len(problems) == 1 and problems[0].startswith(library[0]["codec"] + ":"), problems
+
+
+def test_recommended_lists_by_optimizer():
+    table = gradcomp.recommended()
+    assert [r["codec"] for r in table] == [c for c in gradcomp.codec_names() if c != "none"]
+    for family in ("sgd", "adam"):
+        options = gradcomp.recommended(family)
+        assert options[0] == "none"
+        assert options[1:] == [r["option"] for r in table if r[family]]
+    with pytest.raises(gradcomp.SpecError, match="'sgd' or 'adam'"):
+        gradcomp.recommended("lamb")
+
+
+def test_the_planner_considers_only_what_held_unless_told():
+    def options_line(*flags):
+        run = subprocess.run([str(GRADCOMP), "plan", "--profile", "resnet50", "--workers", "4",
+                              "--inter", "1gbit", *flags], capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, run.stderr
+        return next(line for line in run.stdout.splitlines() if line.startswith("options"))
+
+    table = gradcomp.recommended()
+    both = [r["option"] for r in table if r["sgd"] and r["adam"] and not r["changes_optimizer"]]
+    sgd = [r["option"] for r in table if r["sgd"] and not r["changes_optimizer"]]
+    assert options_line() == f"options  {', '.join(['none', *both])} (recommended under SGD " \
+                             "and Adam-family optimizers alike)"
+    assert options_line("--optimizer", "sgd").startswith(f"options  {', '.join(['none', *sgd])} (")
+    assert options_line("--codecs", "fp16") == "options  fp16"  # none is always allowed
