@@ -9,8 +9,6 @@
 #   3. the engine's tests built with ThreadSanitizer (its stage threads and the transports');
 #   4. every libFuzzer target (clang; docs/fuzzing.md) for a bounded time: GRADCOMP_FUZZ_SECONDS
 #      in total (default 160), split evenly among the targets.
-# The builds of stages 2-4 run in the background during stage 1 (logs in
-# build/background-builds/).
 # Stops at the first failure and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,52 +17,6 @@ stage() { echo "== $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
 scripts/setup.sh
 
 jobs=$(nproc)
-# The sanitizer and fuzzer builds take about 15 minutes of both cores; the Release tests and
-# pytest leave much of the machine idle (ranks waiting on each other, timeouts, rate-limited
-# links). So those builds run in the background at the lowest priority from here on, where they
-# take only what the tests leave, and each later stage waits for its own build.
-bg=build/background-builds
-rm -rf "$bg" && mkdir -p "$bg"
-background_builds() {
-  local name
-  for name in asan tsan fuzz; do
-    "build_$name" >"$bg/$name.log" 2>&1 || { touch "$bg/$name.failed"; return; }
-    touch "$bg/$name.done"
-  done
-}
-build_asan() {
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGRADCOMP_SANITIZE=ON
-  cmake --build build-asan
-}
-build_tsan() {
-  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_TSAN=ON
-  cmake --build build-tsan --target engine_test engine_fault_test engine_mptest gradcomp_cli \
-    sparse_select_test
-}
-build_fuzz() {
-  CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DGRADCOMP_FUZZ=ON -DGRADCOMP_TESTS=OFF
-  cmake --build build-fuzz --target fuzz_targets
-}
-# await <name>: until that background build has finished; its log if it failed.
-await() {
-  while [[ ! -e "$bg/$1.done" ]]; do
-    if [[ -e "$bg/$1.failed" ]] || ! kill -0 "$builder" 2>/dev/null; then
-      [[ -e "$bg/$1.done" ]] && break  # it finished between the two looks
-      tail -n 60 "$bg/$1.log" 2>/dev/null || true
-      echo "the $1 build failed (the lines above say why; the whole log: $bg/$1.log)"
-      exit 1
-    fi
-    sleep 2
-  done
-}
-export -f background_builds build_asan build_tsan build_fuzz
-export bg
-# Its own process group (setsid), so that leaving early stops every compiler it started.
-setsid nice -n 19 bash -c background_builds &
-builder=$!
-trap 'kill -- -"$builder" 2>/dev/null || true' EXIT
-
 stage "unit tests (Release)"
 ctest --test-dir build --output-on-failure -j "$jobs" | tee build/ctest.log
 
@@ -72,12 +24,15 @@ stage "Python front end, the cluster benchmark's parts and the fault injection (
 /usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/faults | tee build/pytest.log
 
 stage "unit tests under ASan + UBSan"
-await asan
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DGRADCOMP_SANITIZE=ON >/dev/null
+cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 stage "engine tests under ThreadSanitizer"
-await tsan
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADCOMP_TSAN=ON >/dev/null
+cmake --build build-tsan --target engine_test engine_fault_test engine_mptest gradcomp_cli \
+  sparse_select_test
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
   -R '^(Engine|engine_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
@@ -86,7 +41,9 @@ fuzz_targets=(frame_fuzz plan_fuzz profile_fuzz cluster_fuzz codec_costs_fuzz fe
 fuzz_each=$(( ${GRADCOMP_FUZZ_SECONDS:-160} / ${#fuzz_targets[@]} ))
 (( fuzz_each >= 1 )) || fuzz_each=1
 stage "fuzzers (libFuzzer, ${#fuzz_targets[@]} targets, ${fuzz_each} s each)"
-await fuzz
+CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DGRADCOMP_FUZZ=ON -DGRADCOMP_TESTS=OFF >/dev/null
+cmake --build build-fuzz --target fuzz_targets
 # frame_fuzz's seeds are generated (every codec's frames); the others are committed under
 # tests/fuzz/corpus/<target>. New units go to build-fuzz/corpus/<target>, findings to
 # build-fuzz/findings/<target>-crash-*. UBSan halts, so undefined behaviour is a finding too.
