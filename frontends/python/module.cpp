@@ -115,6 +115,18 @@ void register_errors(py::module_& m) {
   });
 }
 
+py::dict recommendation_dict(const Recommendation& r) {
+  return py::dict(py::arg("codec") = r.codec, py::arg("option") = r.option,
+                  py::arg("sgd") = r.sgd, py::arg("adam") = r.adam,
+                  py::arg("changes_optimizer") = r.changes_optimizer);
+}
+
+OptimizerFamily optimizer_family(const std::string& name) {
+  if (name == "sgd") return OptimizerFamily::kSgd;
+  if (name == "adam") return OptimizerFamily::kAdam;
+  throw Error("optimizer family '" + name + "' is unknown; use 'sgd' or 'adam'");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -124,12 +136,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("codec_names", &codec_names);
   m.def("recommendations", [] {
     py::list out;
-    for (const auto& r : recommendations()) {
-      out.append(py::dict(py::arg("codec") = r.codec, py::arg("option") = r.option,
-                          py::arg("sgd") = r.sgd, py::arg("adam") = r.adam,
-                          py::arg("changes_optimizer") = r.changes_optimizer));
-    }
+    for (const auto& r : recommendations()) out.append(recommendation_dict(r));
     return out;
+  });
+  m.def("recommendation_for", [](const std::string& option) -> py::object {
+    const auto* r = recommendation_for(option);
+    return r == nullptr ? py::none() : py::object(recommendation_dict(*r));
+  });
+  m.def("recommended_options", [](const std::string& family) {
+    return recommended_options({optimizer_family(family)});
   });
   m.def("codec_uses_layout",
         [](const std::string& spec) { return make_codec(spec)->traits().uses_layout; });

@@ -40,13 +40,13 @@ void warn_if_not_recommended(::torch::optim::Optimizer& optimizer, const Plan& p
   if (!family) return;
   for (const auto& bucket : plan.buckets) {
     const auto* r = recommendation_for(bucket.option.codec);
-    if (r == nullptr || (*family == OptimizerFamily::kSgd ? r->sgd : r->adam)) continue;
+    if (r == nullptr || held_under(*r, *family)) continue;
     const bool sgd = *family == OptimizerFamily::kSgd;
     TORCH_WARN("gradcomp: compression with ", r->codec, " is not recommended with ",
                sgd ? "SGD" : "an Adam-family optimizer", ": ", r->option,
                " lost accuracy under it in gradcomp's accuracy tables (",
                sgd ? "docs/accuracy-5-epochs.md" : "docs/accuracy-lm.md", "); these held: ",
-               fmt::format("{}", fmt::join(recommended_options(*family), ", ")));
+               fmt::format("{}", fmt::join(recommended_options({*family}), ", ")));
     return;
   }
 }
@@ -62,11 +62,17 @@ DistributedOptimizer::DistributedOptimizer(
     ::torch::optim::Optimizer& optimizer,
     const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     std::shared_ptr<Transport> transport, GradientOptions options)
+    : DistributedOptimizer(optimizer, named_parameters, std::move(transport), std::move(options),
+                           !options.plan.has_value()) {}
+
+DistributedOptimizer::DistributedOptimizer(
+    ::torch::optim::Optimizer& optimizer,
+    const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    std::shared_ptr<Transport> transport, GradientOptions&& options, bool default_plan)
     : optimizer_(optimizer),
-      default_plan_(!options.plan.has_value()),
       gradients_(to_pairs(named_parameters), std::move(transport), std::move(options)) {
   gradients_.set_learning_rate(first_learning_rate(optimizer_));
-  if (default_plan_) warn_if_not_recommended(optimizer_, gradients_.plan());
+  if (default_plan) warn_if_not_recommended(optimizer_, gradients_.plan());
 }
 
 void DistributedOptimizer::synchronize() { gradients_.synchronize(); }

@@ -6,6 +6,7 @@
 // table against those two documents, so neither can change without the other.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,11 +32,14 @@ struct Recommendation {
 // One entry per codec other than none, in the codec table's order.
 const std::vector<Recommendation>& recommendations();
 
+// Whether r held under `family`.
+bool held_under(const Recommendation& r, OptimizerFamily family);
+
 // The entry of option's codec ("topk:ratio=0.05|ef" -> topk's), or nullptr for none.
 const Recommendation* recommendation_for(std::string_view option);
 
-// The options recommended under `family` that need no change of the optimizer, "none" first
-// (the planner's default candidates).
-std::vector<std::string> recommended_options(OptimizerFamily family);
+// The options that held under every one of `families` and need no change of the optimizer,
+// "none" first (the planner's default candidates): {kSgd, kAdam} for a plan that must suit both.
+std::vector<std::string> recommended_options(std::initializer_list<OptimizerFamily> families);
 
 }  // namespace gradcomp

@@ -20,6 +20,7 @@ from gradcomp._C import (  # noqa: E402
 )
 
 from gradcomp._C import recommendations as _recommendations  # noqa: E402
+from gradcomp._C import recommended_options as _recommended_options  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Error", "SpecError", "CommError", "TimeoutError", "codec_names", "feedback_names",
@@ -31,11 +32,12 @@ def recommended(optimizer=None):
     list of dicts {codec, option, sgd, adam}, one per codec, with the option as measured and
     whether it held under SGD (Fashion-MNIST CNN, within 0.5 pp) and under AdamW (a small
     language model, within 2% of the validation loss). With optimizer="sgd" or "adam", the
-    options that held under it, "none" first."""
+    options that held under it and need no change of the optimizer, "none" first (the
+    planner's default candidates)."""
     table = _recommendations()
     if optimizer is None:
         return table
     if optimizer not in ("sgd", "adam"):
         raise SpecError(f"optimizer must be 'sgd' or 'adam' (an Adam-family optimizer), not "
                         f"{optimizer!r}")
-    return ["none"] + [r["option"] for r in table if r[optimizer]]
+    return _recommended_options(optimizer)

@@ -194,16 +194,15 @@ def _warn_if_not_recommended(optimizer, compression):
     """The accuracy tables measured this codec losing under this kind of optimizer: say so, and
     what held (gradcomp.recommended())."""
     family = _optimizer_family(optimizer)
-    codec = _C.parse_option(compression)[0].split(":")[0]
-    entry = next((r for r in _C.recommendations() if r["codec"] == codec), None)
+    entry = _C.recommendation_for(compression)
     if family is None or entry is None or entry[family]:
         return
     kind = "SGD" if family == "sgd" else "Adam-family optimizers"
-    held = ", ".join(r["option"] for r in _C.recommendations() if r[family])
+    held = ", ".join(_C.recommended_options(family))
     table = "docs/accuracy-5-epochs.md" if family == "sgd" else "docs/accuracy-lm.md"
     warnings.warn(
         f"gradcomp: compression '{compression}' is not recommended with "
-        f"{type(optimizer).__name__}: {codec} ({entry['option']}) lost accuracy under {kind} "
+        f"{type(optimizer).__name__}: {entry['codec']} ({entry['option']}) lost accuracy under {kind} "
         f"in gradcomp's accuracy tables ({table}); these held: {held} "
         "(gradcomp.recommended() lists them)", stacklevel=3)
 

@@ -1,6 +1,8 @@
 // The recommended column: which options the accuracy tables back (gradcomp/recommended.h).
 #include "gradcomp/recommended.h"
 
+#include <algorithm>
+
 #include "gradcomp/plan.h"
 
 namespace gradcomp {
@@ -39,10 +41,15 @@ const Recommendation* recommendation_for(std::string_view option) {
   return nullptr;
 }
 
-std::vector<std::string> recommended_options(OptimizerFamily family) {
+bool held_under(const Recommendation& r, OptimizerFamily family) {
+  return family == OptimizerFamily::kSgd ? r.sgd : r.adam;
+}
+
+std::vector<std::string> recommended_options(std::initializer_list<OptimizerFamily> families) {
   std::vector<std::string> options{"none"};
   for (const auto& r : recommendations()) {
-    const bool held = family == OptimizerFamily::kSgd ? r.sgd : r.adam;
+    const bool held = std::all_of(families.begin(), families.end(),
+                                  [&](OptimizerFamily f) { return held_under(r, f); });
     if (held && !r.changes_optimizer) options.push_back(r.option);
   }
   return options;

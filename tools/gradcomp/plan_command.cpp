@@ -64,14 +64,9 @@ double single_codec_time(const model::Profile& profile, const std::string& codec
 
 // The options the accuracy tables back under that optimizer family; "any": under both.
 std::vector<std::string> recommended_candidates(const std::string& optimizer) {
-  if (optimizer == "sgd") return recommended_options(OptimizerFamily::kSgd);
-  if (optimizer == "adam") return recommended_options(OptimizerFamily::kAdam);
-  std::vector<std::string> both;
-  const auto adam = recommended_options(OptimizerFamily::kAdam);
-  for (const auto& option : recommended_options(OptimizerFamily::kSgd)) {
-    if (std::find(adam.begin(), adam.end(), option) != adam.end()) both.push_back(option);
-  }
-  return both;
+  if (optimizer == "sgd") return recommended_options({OptimizerFamily::kSgd});
+  if (optimizer == "adam") return recommended_options({OptimizerFamily::kAdam});
+  return recommended_options({OptimizerFamily::kSgd, OptimizerFamily::kAdam});
 }
 
 int run_plan(const PlanFlags& flags) {

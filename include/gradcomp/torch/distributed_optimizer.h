@@ -40,8 +40,14 @@ class DistributedOptimizer {
   DistributedGradients& gradients() { return gradients_; }
 
  private:
+  // default_plan: no plan was given, so the caller named the compression (warned about when
+  // it lost under this optimizer). options is moved from only here, after that was read.
+  DistributedOptimizer(::torch::optim::Optimizer& optimizer,
+                       const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                       std::shared_ptr<Transport> transport, GradientOptions&& options,
+                       bool default_plan);
+
   ::torch::optim::Optimizer& optimizer_;
-  bool default_plan_;  // no plan was given: the compression is the one the caller named
   DistributedGradients gradients_;
 };
 
