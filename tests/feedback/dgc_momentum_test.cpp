@@ -17,6 +17,7 @@ struct ReferenceDgc {
   double clip;
   bool nesterov;
   std::vector<float> u, v;
+  bool masking = true;
 
   std::vector<float> compensate(const std::vector<float>& g, uint32_t world) {
     if (u.empty()) u.assign(g.size(), 0.0f), v.assign(g.size(), 0.0f);
@@ -42,7 +43,7 @@ struct ReferenceDgc {
   // The codec left `residual`; where it sent something the momentum is masked.
   void commit(const std::vector<float>& residual) {
     for (size_t i = 0; i < u.size(); ++i) {
-      if (residual[i] != v[i]) u[i] = 0.0f;
+      if (masking && residual[i] != v[i]) u[i] = 0.0f;
     }
     v = residual;
   }
@@ -82,6 +83,24 @@ TEST(DgcFeedback, MomentumCorrectionAndMaskingMatchTheReference) {
   compare("dgc:momentum=0.5", {0.5f, 0, false, {}, {}}, 4, 1.0f, true);
   compare("dgc:nesterov=true", {0.9f, 0, true, {}, {}}, 1, 1.0f, true);
   compare("dgc:momentum=0", {0.0f, 0, false, {}, {}}, 1, 1.0f, true);
+}
+
+TEST(DgcFeedback, WithoutMaskingTheMomentumSurvivesWhereSent) {
+  compare("dgc:masking=false", {0.9f, 0, false, {}, {}, false}, 1, 1.0f, true);
+  compare("dgc:masking=false,nesterov=true", {0.9f, 0, true, {}, {}, false}, 1, 1.0f, true);
+  // It differs from the masked run (the stand-in codec sends something every step).
+  auto masked = make_feedback("dgc");
+  auto kept = make_feedback("dgc:masking=false");
+  const auto g = gradient(1000, 7);
+  for (auto* fb : {masked.get(), kept.get()}) {
+    const auto v = fb->compensate(g, {});
+    const std::vector<float> sent(v.begin(), v.end());
+    testing::sparsify_into_residual(sent, fb->residual(), 1.5f);
+    fb->commit();
+  }
+  const auto a = masked->compensate(g, {.step = 1});
+  const auto b = kept->compensate(g, {.step = 1});
+  EXPECT_NE(std::vector<float>(a.begin(), a.end()), std::vector<float>(b.begin(), b.end()));
 }
 
 TEST(DgcFeedback, LocalClippingMatchesTheReference) {
@@ -166,6 +185,8 @@ TEST(DgcFeedback, GradientLengthMustNotChange) {
 
 TEST(DgcFeedback, SpecsAreCanonicalAndCheckedTheirRanges) {
   EXPECT_EQ(make_feedback("dgc")->spec(), "dgc:momentum=0.9,clip=0,nesterov=false");
+  EXPECT_EQ(make_feedback("dgc:masking=false")->spec(),
+            "dgc:momentum=0.9,clip=0,nesterov=false,masking=false");
   EXPECT_EQ(make_feedback("dgc:clip=0.5,nesterov=true,momentum=0.95")->spec(),
             "dgc:momentum=0.95,clip=0.5,nesterov=true");
   EXPECT_EQ(testing::feedback_spec_error("dgc:momentum=1"),
