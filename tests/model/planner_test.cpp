@@ -210,6 +210,27 @@ TEST(Planner, OneLossyStepExcludesTwoWayAndHierarchicalTwoWay) {
   EXPECT_TRUE(twoway);
 }
 
+TEST(Planner, AWarmUpWithoutARouteKeepsEveryRouteAndItsStart) {
+  Cluster cluster;
+  cluster.workers = 4;
+  PlannerSettings settings;
+  settings.codecs = {"efsignsgd|ef"};
+  std::vector<std::string> plain;
+  for (const auto& o : candidate_options(settings, cluster)) plain.push_back(o.route);
+  settings.codecs = {"efsignsgd|ef||start=469"};
+  std::vector<std::string> warm;
+  for (const auto& o : candidate_options(settings, cluster)) {
+    warm.push_back(o.route);
+    EXPECT_EQ(o.start_step, o.codec == "none" ? 0u : 469u) << o.codec << " " << o.route;
+  }
+  EXPECT_EQ(warm, plain);
+  EXPECT_GT(warm.size(), 2u);  // none, and efsignsgd over allgather and twoway at least
+  settings.codecs = {"efsignsgd|ef|twoway|start=469"};
+  for (const auto& o : candidate_options(settings, cluster)) {
+    if (o.codec != "none") EXPECT_EQ(o.route, "twoway");
+  }
+}
+
 TEST(Planner, UnknownCodecIsAnErrorListingTheCodecs) {
   Cluster cluster;
   PlannerSettings settings;
