@@ -73,9 +73,11 @@ def parse_args():
 
 
 def lm_option(entry, steps):
-    """The codec's option for a run of `steps`: DGC's warm-up stages scaled to the run (the
-    Fashion-MNIST table's 117 steps are a sixteenth of its 2 epochs)."""
-    return re.sub(r"stage_steps=\d+", f"stage_steps={max(1, steps // 16)}", entry["option"])
+    """The codec's option for a run of `steps`, its warm-ups scaled to the run: DGC's stages
+    (the Fashion-MNIST table's 117 steps are a sixteenth of 2 epochs) and an uncompressed
+    start (start=469 there is the first fifth of 5 epochs)."""
+    option = re.sub(r"stage_steps=\d+", f"stage_steps={max(1, steps // 16)}", entry["option"])
+    return re.sub(r"start=\d+", f"start={max(1, steps // 5)}", option)
 
 
 def train_command(args, option, seed, json_path):

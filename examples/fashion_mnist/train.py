@@ -64,6 +64,8 @@ def parse_args(argv=None):
                         "process group (default: auto)")
     p.add_argument("--min-compress-elements", type=int, default=16384,
                    help="smaller tensors travel uncompressed (16384)")
+    p.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="gradients are fused into buckets of up to this many MiB (25)")
     p.add_argument("--timeline", metavar="PATH",
                    help="Chrome-trace timeline per rank: trace.json becomes trace.rank0.json, "
                         "...; a '{rank}' in PATH is replaced instead")
@@ -279,7 +281,8 @@ def train(args):
     optimizer = gct.DistributedOptimizer(
         sgd, model.named_parameters(), compression=args.compression,
         transport=comm.transport, seed=args.seed,
-        min_compress_elements=args.min_compress_elements, timeline=args.timeline)
+        min_compress_elements=args.min_compress_elements, bucket_mb=args.bucket_mb,
+        timeline=args.timeline)
 
     per_rank = len(train_y) // world
     steps_per_epoch = -(-per_rank // args.batch_size)

@@ -146,6 +146,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("recommended_options", [](const std::string& family) {
     return recommended_options({optimizer_family(family)});
   });
+  m.def("recommendation_warning",
+        [](const std::string& option, const std::string& family, const std::string& optimizer) {
+          return recommendation_warning(option, optimizer_family(family), optimizer);
+        });
   m.def("codec_uses_layout",
         [](const std::string& spec) { return make_codec(spec)->traits().uses_layout; });
   m.def(

@@ -23,30 +23,32 @@ constexpr const char* kNonFiniteStep =
     "gradcomp: this step's mean gradient is not finite (an overflow, or a backward pass that "
     "raised on some rank): the optimizer step is skipped on every rank, as a loss scaler does";
 
-// Adam-family (a per-coordinate normalised step), SGD, or neither.
-std::optional<OptimizerFamily> family_of(::torch::optim::Optimizer& optimizer) {
+// The optimizer's name and kind: Adam-family (a per-coordinate normalised step), SGD, or
+// neither (no kind: nothing to say).
+struct OptimizerKind {
+  const char* name = "";
+  std::optional<OptimizerFamily> family;
+};
+
+OptimizerKind kind_of(::torch::optim::Optimizer& optimizer) {
   namespace o = ::torch::optim;
-  if (dynamic_cast<o::Adam*>(&optimizer) || dynamic_cast<o::AdamW*>(&optimizer) ||
-      dynamic_cast<o::RMSprop*>(&optimizer) || dynamic_cast<o::Adagrad*>(&optimizer)) {
-    return OptimizerFamily::kAdam;
-  }
-  if (dynamic_cast<o::SGD*>(&optimizer)) return OptimizerFamily::kSgd;
-  return std::nullopt;
+  if (dynamic_cast<o::Adam*>(&optimizer)) return {"Adam", OptimizerFamily::kAdam};
+  if (dynamic_cast<o::AdamW*>(&optimizer)) return {"AdamW", OptimizerFamily::kAdam};
+  if (dynamic_cast<o::RMSprop*>(&optimizer)) return {"RMSprop", OptimizerFamily::kAdam};
+  if (dynamic_cast<o::Adagrad*>(&optimizer)) return {"Adagrad", OptimizerFamily::kAdam};
+  if (dynamic_cast<o::SGD*>(&optimizer)) return {"SGD", OptimizerFamily::kSgd};
+  return {};
 }
 
-// The accuracy tables saw this plan's codec lose under this kind of optimizer: say so once.
+// The accuracy tables do not back this plan's compression under this optimizer: say so once.
 void warn_if_not_recommended(::torch::optim::Optimizer& optimizer, const Plan& plan) {
-  const auto family = family_of(optimizer);
-  if (!family) return;
+  const auto kind = kind_of(optimizer);
+  if (!kind.family) return;
   for (const auto& bucket : plan.buckets) {
-    const auto* r = recommendation_for(bucket.option.codec);
-    if (r == nullptr || held_under(*r, *family)) continue;
-    const bool sgd = *family == OptimizerFamily::kSgd;
-    TORCH_WARN("gradcomp: compression with ", r->codec, " is not recommended with ",
-               sgd ? "SGD" : "an Adam-family optimizer", ": ", r->option,
-               " lost accuracy under it in gradcomp's accuracy tables (",
-               sgd ? "docs/accuracy-5-epochs.md" : "docs/accuracy-lm.md", "); these held: ",
-               fmt::format("{}", fmt::join(recommended_options({*family}), ", ")));
+    const std::string warning =
+        recommendation_warning(bucket.option, *kind.family, kind.name);
+    if (warning.empty()) continue;
+    TORCH_WARN("gradcomp: ", warning);
     return;
   }
 }

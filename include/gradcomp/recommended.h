@@ -1,7 +1,7 @@
 // Which compression options the accuracy tables back, and for which optimizers: the
 // "recommended" column of docs/accuracy.md. A label needs evidence: within 0.5 pp of the
 // uncompressed test accuracy on the Fashion-MNIST CNN under SGD (5 epochs,
-// docs/accuracy-5-epochs.md), and within 2% of the uncompressed validation loss on the small
+// docs/accuracy.md), and within 2% of the uncompressed validation loss on the small
 // language model under AdamW (docs/accuracy-lm.md). tests/python/test_recommended.py checks the
 // table against those two documents, so neither can change without the other.
 #pragma once
@@ -12,6 +12,8 @@
 #include <vector>
 
 namespace gradcomp {
+
+struct Option;  // gradcomp/plan.h
 
 // The optimizers a recommendation is measured under.
 enum class OptimizerFamily {
@@ -37,6 +39,16 @@ bool held_under(const Recommendation& r, OptimizerFamily family);
 
 // The entry of option's codec ("topk:ratio=0.05|ef" -> topk's), or nullptr for none.
 const Recommendation* recommendation_for(std::string_view option);
+
+// What to tell someone who compresses with `option` under an optimizer of `family` (named
+// `optimizer`, e.g. "AdamW"): "" when the tables back it; otherwise why not, naming the table
+// and what held. Not backed: the codec lost under that family, or it held only after an
+// uncompressed warm-up (a start=N field) that `option` lacks. Throws SpecError for a bad option.
+std::string recommendation_warning(std::string_view option, OptimizerFamily family,
+                                   std::string_view optimizer);
+// The same for a parsed option (a plan's bucket), written out in full in the message.
+std::string recommendation_warning(const Option& option, OptimizerFamily family,
+                                   std::string_view optimizer);
 
 // The options that held under every one of `families` and need no change of the optimizer,
 // "none" first (the planner's default candidates): {kSgd, kAdam} for a plan that must suit both.

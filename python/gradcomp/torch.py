@@ -191,20 +191,14 @@ def _optimizer_family(optimizer):
 
 
 def _warn_if_not_recommended(optimizer, compression):
-    """The accuracy tables measured this codec losing under this kind of optimizer: say so, and
-    what held (gradcomp.recommended())."""
+    """The accuracy tables do not back this compression under this kind of optimizer (the codec
+    lost there, or held only after a warm-up the option lacks): say so, and what held."""
     family = _optimizer_family(optimizer)
-    entry = _C.recommendation_for(compression)
-    if family is None or entry is None or entry[family]:
+    if family is None:
         return
-    kind = "SGD" if family == "sgd" else "Adam-family optimizers"
-    held = ", ".join(_C.recommended_options(family))
-    table = "docs/accuracy-5-epochs.md" if family == "sgd" else "docs/accuracy-lm.md"
-    warnings.warn(
-        f"gradcomp: compression '{compression}' is not recommended with "
-        f"{type(optimizer).__name__}: {entry['codec']} ({entry['option']}) lost accuracy under {kind} "
-        f"in gradcomp's accuracy tables ({table}); these held: {held} "
-        "(gradcomp.recommended() lists them)", stacklevel=3)
+    warning = _C.recommendation_warning(compression, family, type(optimizer).__name__)
+    if warning:
+        warnings.warn(f"gradcomp: {warning} (gradcomp.recommended() lists them)", stacklevel=3)
 
 
 def _sparse_modules_parameters(model):

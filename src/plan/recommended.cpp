@@ -3,6 +3,9 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "gradcomp/plan.h"
 
 namespace gradcomp {
@@ -10,7 +13,7 @@ namespace gradcomp {
 const std::vector<Recommendation>& recommendations() {
   // codec, option as measured, SGD (Fashion-MNIST, 5 epochs), AdamW (language model), whether
   // the SGD row changed the optimizer.
-  // Update together with docs/accuracy-5-epochs.md and docs/accuracy-lm.md (a test compares).
+  // Update together with docs/accuracy.md and docs/accuracy-lm.md (a test compares).
   static const std::vector<Recommendation> table = {
       {"fp16", "fp16", true, true},
       {"bf16", "bf16", true, true},
@@ -19,9 +22,9 @@ const std::vector<Recommendation>& recommendations() {
       {"natural", "natural", true, true},
       {"dither", "dither", true, true},
       {"signsgd", "signsgd", false, false, true},
-      {"efsignsgd", "efsignsgd|ef", false, false},
+      {"efsignsgd", "efsignsgd|ef||start=469", true, false},
       {"signum", "signum:momentum=0.9", false, false, true},
-      {"onebit", "onebit|ef", false, false},
+      {"onebit", "onebit|ef||start=469", true, false},
       {"topk", "topk:ratio=0.01|ef", true, false},
       {"randomk", "randomk:ratio=0.01|ef", false, false},
       {"dgc", "dgc:ratio=0.001,stage_steps=117|dgc", false, false, true},
@@ -43,6 +46,52 @@ const Recommendation* recommendation_for(std::string_view option) {
 
 bool held_under(const Recommendation& r, OptimizerFamily family) {
   return family == OptimizerFamily::kSgd ? r.sgd : r.adam;
+}
+
+namespace {
+
+// An option as it would be written: "topk:ratio=0.01|ef|allgather|start=500".
+std::string option_text(const Option& o) {
+  return fmt::format("{}|{}|{}{}", o.codec, o.feedback, o.route,
+                     o.start_step > 0 ? fmt::format("|start={}", o.start_step) : "");
+}
+
+std::string warning_for(std::string_view option, const Option& used, OptimizerFamily family,
+                        std::string_view optimizer) {
+  const Recommendation* r = recommendation_for(used.codec);
+  if (r == nullptr) return "";
+  const bool sgd = family == OptimizerFamily::kSgd;
+  const char* kind = sgd ? "SGD" : "Adam-family optimizers";
+  const char* table = sgd ? "docs/accuracy.md" : "docs/accuracy-lm.md";
+  const std::string held = fmt::format("{}", fmt::join(recommended_options({family}), ", "));
+  if (!held_under(*r, family)) {
+    return fmt::format(
+        "compression '{}' is not recommended with {}: {} ({}) lost accuracy under {} in "
+        "gradcomp's accuracy tables ({}); these held: {}",
+        option, optimizer, r->codec, r->option, kind, table, held);
+  }
+  const uint64_t warm_up = parse_option(r->option).start_step;
+  if (warm_up > 0 && used.start_step == 0) {
+    return fmt::format(
+        "compression '{}' is not recommended with {} as written: {} held under {} only after "
+        "an uncompressed warm-up ({}: the first {} steps, a fifth of the run, in {}); add a "
+        "4th field 'start=N' with N about a fifth of your steps, e.g. '{}|{}|{}|start=1000'",
+        option, optimizer, r->codec, kind, r->option, warm_up, table, used.codec, used.feedback,
+        used.route);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string recommendation_warning(std::string_view option, OptimizerFamily family,
+                                   std::string_view optimizer) {
+  return warning_for(option, parse_option(std::string(option)), family, optimizer);
+}
+
+std::string recommendation_warning(const Option& option, OptimizerFamily family,
+                                   std::string_view optimizer) {
+  return warning_for(option_text(option), option, family, optimizer);
 }
 
 std::vector<std::string> recommended_options(std::initializer_list<OptimizerFamily> families) {

@@ -8,6 +8,7 @@
 
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
+#include "gradcomp/plan.h"
 
 namespace gradcomp {
 namespace {
@@ -64,6 +65,33 @@ TEST(Recommended, BothFamiliesAreTheOptionsThatHeldUnderEach) {
   }
   EXPECT_EQ(both, expected);
   EXPECT_LT(both.size(), sgd.size());  // some option held under SGD only (topk today)
+}
+
+TEST(Recommended, WarningSaysWhyAnOptionIsNotBacked) {
+  const auto sgd = OptimizerFamily::kSgd;
+  const auto adam = OptimizerFamily::kAdam;
+  EXPECT_EQ(recommendation_warning("none", adam, "AdamW"), "");
+  EXPECT_EQ(recommendation_warning("topk:ratio=0.05|ef", sgd, "SGD"), "");
+  const auto lost = recommendation_warning("topk:ratio=0.05|ef", adam, "AdamW");
+  EXPECT_NE(lost.find("'topk:ratio=0.05|ef' is not recommended with AdamW: topk "
+                      "(topk:ratio=0.01|ef) lost accuracy under Adam-family optimizers"),
+            std::string::npos)
+      << lost;
+  EXPECT_NE(lost.find("these held: none, fp16"), std::string::npos) << lost;
+  // efsignsgd held under SGD only after its warm-up.
+  const auto* efsign = recommendation_for("efsignsgd");
+  ASSERT_NE(efsign, nullptr);
+  ASSERT_TRUE(efsign->sgd);
+  ASSERT_GT(parse_option(efsign->option).start_step, 0u);
+  const auto cold = recommendation_warning("efsignsgd|ef", sgd, "SGD");
+  EXPECT_NE(cold.find("only after an uncompressed warm-up"), std::string::npos) << cold;
+  EXPECT_NE(cold.find("'efsignsgd|ef|allgather|start=1000'"), std::string::npos) << cold;
+  EXPECT_EQ(recommendation_warning("efsignsgd|ef||start=10", sgd, "SGD"), "");
+  // A plan's bucket option is written out in full.
+  Option bucket = parse_option("topk:ratio=0.01|ef||start=7");
+  EXPECT_NE(recommendation_warning(bucket, adam, "Adam").find("'topk:ratio=0.01|ef|allgather|start=7'"),
+            std::string::npos);
+  EXPECT_THROW(recommendation_warning("nosuch", sgd, "SGD"), SpecError);
 }
 
 }  // namespace

@@ -62,7 +62,8 @@ def route_and_small_model(rank, out):
 
 def not_recommended(rank, out):
     """A codec the accuracy tables saw losing under this optimizer's family warns, naming it;
-    one that held does not; a plan given by hand is the user's choice (no warning)."""
+    so does one that held only after a warm-up the option lacks; one that held does not; a plan
+    given by hand is the user's choice (no warning)."""
     import warnings
 
     def warnings_of(optimizer_class, compression, **options):
@@ -77,6 +78,8 @@ def not_recommended(rank, out):
             "adamw_fp16": warnings_of(torch.optim.AdamW, "fp16"),
             "sgd_topk": warnings_of(torch.optim.SGD, "topk:ratio=0.01|ef"),
             "sgd_efsignsgd": warnings_of(torch.optim.SGD, "efsignsgd|ef"),
+            "sgd_efsignsgd_warm": warnings_of(torch.optim.SGD, "efsignsgd|ef||start=50"),
+            "adamw_efsignsgd_warm": warnings_of(torch.optim.AdamW, "efsignsgd|ef||start=50"),
             "adamw_plan": warnings_of(torch.optim.AdamW, "none", plan=plan)}
 
 
