@@ -177,7 +177,7 @@ def write_report(args, baselines, results):
         "(AdamW: betas 0.9, 0.95, weight decay 0.1 on matrices; linear warm-up over 5% of the "
         "steps, then cosine decay to 0), the same learning rate, initial model and batches for "
         "every codec. Codec settings are those of the Fashion-MNIST table "
-        "([accuracy.md](accuracy.md)); its optimizer changes for signsgd, signum and dgc are "
+        "([accuracy.md](accuracy.md)); its optimizer changes for signsgd and signum are "
         "not applied here. Tensors of at least 16,384 elements are compressed (the embedding, "
         "the output layer and the blocks' matrices, 99.2% of the parameters; the position "
         "embedding, biases and norms travel uncompressed).",

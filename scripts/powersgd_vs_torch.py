@@ -672,10 +672,10 @@ def section(results, meta):
     paragraphs = [
         SECTION,
         "Written by `scripts/powersgd_vs_torch.py` (this section, from its heading to the end "
-        "of the file). `scripts/accuracy.py` writes the part above and rewrites the whole file; "
-        "after it, `/usr/bin/python3 scripts/powersgd_vs_torch.py --report-only --json "
-        "docs/data/powersgd_vs_torch.json --doc docs/accuracy.md` puts this section back from "
-        "the stored runs (that JSON holds every figure and each run's loss curve).",
+        "of the file). `scripts/accuracy.py` writes the part above and keeps this section as it "
+        "is; `/usr/bin/python3 scripts/powersgd_vs_torch.py --report-only --json "
+        "docs/data/powersgd_vs_torch.json --doc docs/accuracy.md` rewrites it from the stored "
+        "runs (that JSON holds every figure and each run's loss curve).",
         "The target: \"PowerSGD at rank r no worse than PyTorch's PowerSGD hook at rank r on "
         "the same model, data, optimizer and seed (final loss), under SGD and under AdamW, at "
         "no more bytes.\"",

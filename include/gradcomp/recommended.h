@@ -26,8 +26,8 @@ struct Recommendation {
   std::string option;  // the option measured: "topk:ratio=0.01|ef"
   bool sgd = false;    // held under SGD
   bool adam = false;   // held under AdamW
-  // Its SGD row changed the optimizer (signsgd, signum: learning rate 0.001, no momentum; dgc:
-  // no optimizer momentum): recommended with that change only, so never a default candidate.
+  // Its SGD row changed the optimizer (signsgd, signum: learning rate 0.001, no momentum):
+  // recommended with that change only, so never a default candidate.
   bool changes_optimizer = false;
 };
 
@@ -42,7 +42,8 @@ const Recommendation* recommendation_for(std::string_view option);
 
 // What to tell someone who compresses with `option` under an optimizer of `family` (named
 // `optimizer`, e.g. "AdamW"): "" when the tables back it; otherwise why not, naming the table
-// and what held. Not backed: the codec lost under that family, or it held only after an
+// and what held. Not backed: the codec lost under that family, it held with another kind of
+// feedback than `option`'s (dgc held with ef, not with DGC's own momentum), or only after an
 // uncompressed warm-up (a start=N field) that `option` lacks. Throws SpecError for a bad option.
 std::string recommendation_warning(std::string_view option, OptimizerFamily family,
                                    std::string_view optimizer);

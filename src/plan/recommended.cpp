@@ -27,7 +27,7 @@ const std::vector<Recommendation>& recommendations() {
       {"onebit", "onebit|ef||start=469", true, false},
       {"topk", "topk:ratio=0.01|ef", true, false},
       {"randomk", "randomk:ratio=0.01|ef", false, false},
-      {"dgc", "dgc:ratio=0.001,stage_steps=117|dgc", false, false, true},
+      {"dgc", "dgc:ratio=0.001,stage_steps=117|ef", true, false},
       {"threshold", "threshold:tau=0.01|ef", true, false},
       {"powersgd", "powersgd:rank=4|ef", true, true},
       {"intq", "intq:bits=8", true, true},
@@ -56,6 +56,9 @@ std::string option_text(const Option& o) {
                      o.start_step > 0 ? fmt::format("|start={}", o.start_step) : "");
 }
 
+// "dgc:momentum=0.5" -> "dgc": the kind of feedback, whatever its settings.
+std::string feedback_name(const std::string& spec) { return spec.substr(0, spec.find(':')); }
+
 std::string warning_for(std::string_view option, const Option& used, OptimizerFamily family,
                         std::string_view optimizer) {
   const Recommendation* r = recommendation_for(used.codec);
@@ -70,7 +73,15 @@ std::string warning_for(std::string_view option, const Option& used, OptimizerFa
         "gradcomp's accuracy tables ({}); these held: {}",
         option, optimizer, r->codec, r->option, kind, table, held);
   }
-  const uint64_t warm_up = parse_option(r->option).start_step;
+  const Option measured = parse_option(r->option);
+  if (feedback_name(measured.feedback) != feedback_name(used.feedback)) {
+    return fmt::format(
+        "compression '{}' is not recommended with {} as written: {} held under {} with "
+        "feedback '{}' ({} in {}), and feedback '{}' has no such evidence; these held: {}",
+        option, optimizer, r->codec, kind, feedback_name(measured.feedback), r->option, table,
+        feedback_name(used.feedback), held);
+  }
+  const uint64_t warm_up = measured.start_step;
   if (warm_up > 0 && used.start_step == 0) {
     return fmt::format(
         "compression '{}' is not recommended with {} as written: {} held under {} only after "

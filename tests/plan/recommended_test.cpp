@@ -87,6 +87,14 @@ TEST(Recommended, WarningSaysWhyAnOptionIsNotBacked) {
   EXPECT_NE(cold.find("only after an uncompressed warm-up"), std::string::npos) << cold;
   EXPECT_NE(cold.find("'efsignsgd|ef|allgather|start=1000'"), std::string::npos) << cold;
   EXPECT_EQ(recommendation_warning("efsignsgd|ef||start=10", sgd, "SGD"), "");
+  // dgc held with plain error feedback; its own momentum correction (|dgc) lost, and topk
+  // without feedback was never measured.
+  EXPECT_EQ(recommendation_warning("dgc:ratio=0.01|ef:lr_correction=true", sgd, "SGD"), "");
+  const auto other = recommendation_warning("dgc:ratio=0.001|dgc", sgd, "SGD");
+  EXPECT_NE(other.find("held under SGD with feedback 'ef'"), std::string::npos) << other;
+  EXPECT_NE(other.find("feedback 'dgc' has no such evidence"), std::string::npos) << other;
+  EXPECT_NE(recommendation_warning("topk:ratio=0.01", sgd, "SGD").find("feedback 'none'"),
+            std::string::npos);
   // A plan's bucket option is written out in full.
   Option bucket = parse_option("topk:ratio=0.01|ef||start=7");
   EXPECT_NE(recommendation_warning(bucket, adam, "Adam").find("'topk:ratio=0.01|ef|allgather|start=7'"),

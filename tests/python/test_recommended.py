@@ -54,3 +54,15 @@ def test_the_planner_considers_only_what_held_unless_told():
                              "and Adam-family optimizers alike)"
     assert options_line("--optimizer", "sgd").startswith(f"options  {', '.join(['none', *sgd])} (")
     assert options_line("--codecs", "fp16") == "options  fp16"  # none is always allowed
+
+
+def test_the_accuracy_document_keeps_the_powersgd_section_when_rewritten(tmp_path):
+    import accuracy
+    heading = accuracy.KEPT_SECTIONS[0]
+    assert "\n" + heading + "\n" in (ROOT / "docs" / "accuracy.md").read_text(encoding="utf-8")
+    path = tmp_path / "accuracy.md"
+    path.write_text(f"# table\n\n| a |\n\n{heading}\n\nfigures\n", encoding="utf-8")
+    assert accuracy.kept_sections(str(path)) == f"\n{heading}\n\nfigures\n"
+    path.write_text("# table only\n", encoding="utf-8")
+    assert accuracy.kept_sections(str(path)) == ""
+    assert accuracy.kept_sections(str(tmp_path / "missing.md")) == ""
