@@ -109,8 +109,8 @@ def write(found, path):
         "recommended for the optimizer it wraps (Adam-family: Adam, AdamW, NAdam, RAdam, "
         "Adamax, RMSprop, Adagrad; SGD), when it held with another kind of feedback than the "
         "option's (`dgc|dgc`: dgc held with `ef`), or when it held only after an uncompressed "
-        "warm-up (a `start=N` field) the option lacks, naming what held (the libtorch "
-        "`DistributedOptimizer` alike);",
+        "warm-up (a `start=N` field) the option lacks, naming what held; rank 0 warns for the "
+        "job (the libtorch `DistributedOptimizer` alike);",
         "- the main job's default (`topk:ratio=0.01|ef`, a CNN under SGD) is recommended under "
         "SGD.",
         "",

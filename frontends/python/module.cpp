@@ -139,10 +139,6 @@ PYBIND11_MODULE(_C, m) {
     for (const auto& r : recommendations()) out.append(recommendation_dict(r));
     return out;
   });
-  m.def("recommendation_for", [](const std::string& option) -> py::object {
-    const auto* r = recommendation_for(option);
-    return r == nullptr ? py::none() : py::object(recommendation_dict(*r));
-  });
   m.def("recommended_options", [](const std::string& family) {
     return recommended_options({optimizer_family(family)});
   });

@@ -74,7 +74,10 @@ DistributedOptimizer::DistributedOptimizer(
     : optimizer_(optimizer),
       gradients_(to_pairs(named_parameters), std::move(transport), std::move(options)) {
   gradients_.set_learning_rate(first_learning_rate(optimizer_));
-  if (default_plan) warn_if_not_recommended(optimizer_, gradients_.plan());
+  // Every rank has the same options: rank 0 says it for the job.
+  if (default_plan && gradients_.transport().rank() == 0) {
+    warn_if_not_recommended(optimizer_, gradients_.plan());
+  }
 }
 
 void DistributedOptimizer::synchronize() { gradients_.synchronize(); }

@@ -65,6 +65,10 @@ struct Option {
 // codec, feedback or route and listing the available ones, or the malformed start field.
 Option parse_option(const std::string& text);
 
+// Whether the option text names its route (a non-empty third field): "qsgd||twoway" does,
+// "qsgd" and "efsignsgd|ef||start=469" do not (parse_option fills in the default route).
+bool option_names_route(const std::string& text);
+
 // A group of tensors fused into one buffer, in the order listed, and sent together.
 struct Bucket {
   std::vector<size_t> tensors;  // indices into Plan::tensors, in fusion order

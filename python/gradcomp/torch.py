@@ -318,7 +318,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._backward_begins, bool(find_unused_parameters), sparse)
         self._gradients.set_learning_rate(self._lr())
         self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements, sparse)
-        if plan is None and any(b["codec"] != "none" for b in self.plan["buckets"]):
+        # Every rank has the same options: one warning (rank 0's) is enough.
+        if (plan is None and self.rank == 0
+                and any(b["codec"] != "none" for b in self.plan["buckets"])):
             _warn_if_not_recommended(optimizer, compression)
         if broadcast:
             # As DDP does: every rank starts from rank 0's parameters (frozen ones too).

@@ -348,15 +348,6 @@ std::vector<Option> uncompressed_options(const std::vector<Option>& all) {
   return none;
 }
 
-// Whether an option's text names its route: a third field that is not empty
-// ("topk|ef|allgather", not "topk|ef" nor the warm-up form "topk|ef||start=500").
-bool names_route(const std::string& text) {
-  const size_t first = text.find('|');
-  const size_t second = first == std::string::npos ? first : text.find('|', first + 1);
-  if (second == std::string::npos) return false;
-  return second + 1 < text.size() && text[second + 1] != '|';
-}
-
 }  // namespace
 
 std::vector<Option> candidate_options(const PlannerSettings& settings, const Cluster& cluster) {
@@ -371,7 +362,7 @@ std::vector<Option> candidate_options(const PlannerSettings& settings, const Clu
   };
   for (const auto& text : specs) {
     const Option parsed = parse_option(text);
-    const bool route_given = names_route(text);
+    const bool route_given = option_names_route(text);
     const auto traits = make_codec(parsed.codec)->traits();
     const bool lossless = parsed.codec == "none";
     std::vector<std::string> routes;

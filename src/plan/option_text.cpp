@@ -46,6 +46,11 @@ uint64_t parse_start(const std::string& text, const std::string& field) {
 
 }  // namespace
 
+bool option_names_route(const std::string& text) {
+  const auto parts = split_bars(text);
+  return parts.size() > 2 && !parts[2].empty();
+}
+
 Option parse_option(const std::string& text) {
   const auto parts = split_bars(text);
   if (parts.size() > 4 || parts[0].empty()) {

@@ -186,6 +186,15 @@ TEST(Plan, ShortFormTakesAStartField) {
   EXPECT_NE(five.find("must be 'codec[|feedback[|route[|start=N]]]'"), std::string::npos) << five;
 }
 
+TEST(Plan, OptionNamesItsRouteOnlyInANonEmptyThirdField) {
+  for (const char* named : {"qsgd||twoway", "topk|ef|allgather", "fp16||allreduce|start=5"}) {
+    EXPECT_TRUE(option_names_route(named)) << named;
+  }
+  for (const char* unnamed : {"qsgd", "topk|ef", "topk|ef|", "efsignsgd|ef||start=469"}) {
+    EXPECT_FALSE(option_names_route(unnamed)) << unnamed;
+  }
+}
+
 TEST(Plan, SaveLoadRoundTrip) {
   const auto path = temp_path("plan.json");
   const Plan plan = sample_plan();

@@ -51,7 +51,10 @@ def test_a_model_too_small_to_compress_warns(shared):
 
 
 def test_a_codec_that_lost_under_this_optimizer_warns(shared):
-    for report in shared.reports():
+    # Rank 0 warns; the others (same options) stay quiet, so the job prints it once.
+    for other in shared.reports()[1:]:
+        assert not any(other["not_recommended"].values()), other["not_recommended"]
+    for report in shared.reports()[:1]:
         r = report["not_recommended"]
         assert len(r["adamw_topk"]) == 1, r["adamw_topk"]
         for words in ("'topk:ratio=0.01|ef' is not recommended with AdamW",
