@@ -34,11 +34,16 @@ sudo=""
 if ((${#missing[@]})); then
   echo "setup: installing ${#missing[@]} Debian packages (a few minutes the first time): ${missing[*]}"
   $sudo apt-get update -qq
-  # One line of progress; the whole log if it fails.
+  # One line of progress, from apt's own status lines (APT::Status-Fd: "dlstatus:" while
+  # downloading, "pmstatus:" while installing, each with its percent; dpkg's messages come in
+  # bursts through a pipe). The whole log if it fails.
   log=$(mktemp)
   if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-      "${missing[@]}" 2>&1 | tee "$log" | { grep -E '^(Unpacking|Setting up) ' || true; } |
-      awk '{printf "\rsetup: %-70.70s", $0} END {print ""}'; then
+      -o APT::Status-Fd=1 "${missing[@]}" 2>&1 | tee "$log" |
+      awk -F: '$1 == "dlstatus" || $1 == "pmstatus" {
+                 printf "\rsetup: %s %3d%% %-50.50s", ($1 == "dlstatus" ? "downloading" : "installing"),
+                        $3, $4; fflush() }
+               END { print "" }'; then
     tail -n 40 "$log"
     echo "setup: apt-get install failed (the lines above say why)"
     exit 1
