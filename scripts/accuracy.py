@@ -133,11 +133,19 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (0.05)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
                    help="learning-rate schedule of every run (cosine)")
+    p.add_argument("--paired-codecs", default="",
+                   help="comma-separated codecs that also run on the baseline's other seeds, "
+                        "each compared with the baseline of its own seed (a section of the "
+                        "table gives every seed's difference and their mean)")
     p.add_argument("--out", help="the Markdown file to write (docs/accuracy.md for all codecs, "
                                  "build/accuracy-subset.md with --codecs)")
     p.add_argument("--runs", help="directory of the runs' JSON summaries and logs "
                                   "(build/accuracy-runs/e<epochs>-w<world>)")
     args = parse_sweep(p)
+    args.paired = select_codecs(p, args.paired_codecs) if args.paired_codecs else []
+    unselected = [e["name"] for e in args.paired if e not in args.selected]
+    if unselected:
+        p.error(f"--paired-codecs {','.join(unselected)}: not among --codecs")
     # A quick check of a few codecs must not overwrite the committed table.
     if args.out is None:
         args.out = os.path.join(ROOT, *(("build", "accuracy-subset.md") if args.codecs
@@ -265,10 +273,46 @@ def command_line(args):
              f"--schedule {args.schedule}"]
     if args.codecs:
         parts.append(f"--codecs {args.codecs}")
+    if getattr(args, "paired", None):
+        parts.append(f"--paired-codecs {','.join(e['name'] for e in args.paired)}")
     return " ".join(parts)
 
 
-def write_report(args, baselines, results):
+def paired_section(args, baselines, results, paired):
+    """The codecs run on every baseline seed: each seed's Δ against the baseline of that seed,
+    and their mean (a seed's own noise cancels in the pair; the mean is the steadier figure)."""
+    if not paired:
+        return []
+    head = " | ".join(f"Δ seed {s}" for s in args.baseline_seeds)
+    others = ", ".join(map(str, args.baseline_seeds[1:]))
+    lines = [
+        "## Across seeds",
+        "",
+        f"These codecs also ran on the baseline's other seeds ({others}: the seed "
+        "of the model, the shuffling and the codec, as in that baseline run). Each Δ "
+        "is a run minus the baseline of its own seed, in percentage points; the mean is over "
+        "the seeds.",
+        "",
+        f"| codec | option | {head} | mean Δ |",
+        "|---|---|" + "---:|" * (len(args.baseline_seeds) + 1),
+    ]
+    for entry in args.paired:
+        runs = [results[entry["name"]], *paired[entry["name"]]]
+        diffs = [None if "error" in r or "error" in b
+                 else 100 * (r["test_accuracy"] - b["test_accuracy"])
+                 for r, b in zip(runs, baselines)]
+        cells = " | ".join("failed" if d is None else f"{d:+.2f}" for d in diffs)
+        if None in diffs:
+            mean = "incomplete"
+        else:
+            m = statistics.mean(diffs)
+            mean = f"{m:+.2f}" + (" **(!)**" if m < -TOLERANCE_PP else "")
+        option = entry["option"].replace("|", "\\|")
+        lines.append(f"| {entry['name']} | `{option}` | {cells} | {mean} |")
+    return lines + [""]
+
+
+def write_report(args, baselines, results, paired=None):
     reference = baselines[0]
     spread = baseline_spread(baselines)
     ok = [r for r in [reference, *results.values()] if "error" not in r]
@@ -328,7 +372,7 @@ def write_report(args, baselines, results):
         lines.append(row)
         if diff is not None and diff < -TOLERANCE_PP:
             lagging.append((entry, diff))
-    lines += ["", "## Settings", ""]
+    lines += ["", *paired_section(args, baselines, results, paired), "## Settings", ""]
     for entry in args.selected:
         extra = []
         if "lr" in entry:
@@ -337,6 +381,12 @@ def write_report(args, baselines, results):
             extra.append(f"optimizer momentum {entry['momentum']:g}")
         note = f" ({', '.join(extra)})" if extra else ""
         lines.append(f"- **{entry['name']}** `{entry['option']}`{note}: {entry['why']}.")
+    lines += ["", "Variants quoted above (other warm-ups, feedbacks or ratios than the rows') "
+              "are single runs at seed 0 with the table's settings: `build/bin/gradcomp launch "
+              "-n 4 -- /usr/bin/python3 examples/fashion_mnist/train.py --epochs 5 --compression "
+              "'<option>'` (train.py's defaults are the table's: seed 0, 32 images per rank, "
+              "learning rate 0.05 with a cosine schedule, momentum 0.9), with `--momentum 0` for "
+              "DGC's own `|dgc` feedback."]
     lines += ["", f"## More than {TOLERANCE_PP} pp below the baseline, and the likely reason",
               ""]
     if not lagging:
@@ -349,7 +399,8 @@ def write_report(args, baselines, results):
     if failed:
         lines += ["", f"Failed runs: {', '.join(failed)} (logs in {args.runs})."]
     # Summed over the runs (reused ones included), so a resumed table reports its full cost.
-    done = [r for r in [*baselines, *results.values()] if "run_seconds" in r]
+    extra = [r for runs in (paired or {}).values() for r in runs]
+    done = [r for r in [*baselines, *results.values(), *extra] if "run_seconds" in r]
     run_seconds = sum(r["run_seconds"] for r in done)
     overhead = statistics.mean(r["run_seconds"] - r["train_seconds"] for r in done) if done else 0
     lines += ["", f"Time of all {len(done)} runs: {run_seconds / 60:.0f} min on this machine "
@@ -389,7 +440,9 @@ def main():
     args = parse_args()
     start = time.perf_counter()
     baselines, results = sweep(args, run, TRAIN, f"{args.epochs:g} epoch(s)")
-    write_report(args, baselines, results)
+    paired = {e["name"]: [run(args, e, seed) for seed in args.baseline_seeds[1:]]
+              for e in args.paired}
+    write_report(args, baselines, results, paired)
     print(f"accuracy: wrote {args.out} ({(time.perf_counter() - start) / 60:.1f} min)")
 
 

@@ -22,15 +22,23 @@ SGD_DOC = os.path.join(ROOT, "docs", "accuracy.md")
 ADAM_DOC = os.path.join(ROOT, "docs", "accuracy-lm.md")
 OUT = os.path.join(ROOT, "docs", "recommended.md")
 SGD_TOLERANCE_PP = 0.5
+SGD_SEEDS_HEADING = "## Across seeds"  # scripts/accuracy.py --paired-codecs
 ADAM_TOLERANCE_PERCENT = 2.0
 
 
-def table_rows(path, delta_column):
-    """{codec: (option, delta)} from the first Markdown table of `path` (header row first; the
-    option in backquotes with escaped bars; a failed run has no number)."""
+def table_rows(path, delta_column, heading=None):
+    """{codec: (option, delta)} from the first Markdown table of `path`, or the first after the
+    line `heading` ({} when there is no such heading) (header row first; the option in
+    backquotes with escaped bars; a failed run, or an incomplete mean, has no number)."""
     with open(path, encoding="utf-8") as f:
         lines = [line.strip() for line in f]
-    start = next(i for i, line in enumerate(lines) if line.startswith("| codec |"))
+    first = 0
+    if heading is not None:
+        if heading not in lines:
+            return {}
+        first = lines.index(heading)
+    start = next(i for i, line in enumerate(lines)
+                 if i >= first and line.startswith("| codec |"))
     header = [cell.strip() for cell in lines[start].strip("|").split("|")]
     column = header.index(delta_column)
     rows = {}
@@ -48,15 +56,20 @@ def evidence():
     """{codec: dict(option, sgd_delta_pp, adam_delta_percent, sgd, adam)} for every codec in
     either table (a codec missing from a table, or whose run failed, is not recommended there)."""
     sgd = table_rows(SGD_DOC, "Δ pp")
+    # Codecs that also ran on the baseline's other seeds: the mean of their paired differences
+    # must hold too (it is the steadier figure).
+    sgd_mean = table_rows(SGD_DOC, "mean Δ", heading=SGD_SEEDS_HEADING)
     adam = table_rows(ADAM_DOC, "Δ %")
     out = {}
     for codec in sorted((set(sgd) | set(adam)) - {"none"}):
         option, sgd_delta = sgd.get(codec, (None, None))
+        _, mean = sgd_mean.get(codec, (None, None))
         adam_option, adam_delta = adam.get(codec, (None, None))
         out[codec] = dict(
             option=option or adam_option, adam_option=adam_option,
-            sgd_delta_pp=sgd_delta, adam_delta_percent=adam_delta,
-            sgd=sgd_delta is not None and sgd_delta >= -SGD_TOLERANCE_PP,
+            sgd_delta_pp=sgd_delta, sgd_mean_delta_pp=mean, adam_delta_percent=adam_delta,
+            sgd=(sgd_delta is not None and sgd_delta >= -SGD_TOLERANCE_PP
+                 and (mean is None or mean >= -SGD_TOLERANCE_PP)),
             adam=adam_delta is not None and adam_delta <= ADAM_TOLERANCE_PERCENT)
     return out
 
@@ -95,7 +108,8 @@ def write(found, path):
         "",
         f"A codec is **recommended under SGD** when it ends within {SGD_TOLERANCE_PP} pp of "
         "uncompressed training on the Fashion-MNIST CNN under SGD at 5 epochs "
-        "([accuracy.md](accuracy.md)), and **under Adam-family optimizers** "
+        "([accuracy.md](accuracy.md); seed 0, and the mean over seeds 0-2, each run against "
+        "the baseline of its seed, where the codec ran on all three), and **under Adam-family optimizers** "
         f"when it ends within {ADAM_TOLERANCE_PERCENT:g}% of the uncompressed validation loss of "
         "a small GPT-style language model under AdamW ([accuracy-lm.md](accuracy-lm.md)), each "
         "at the settings of its row. The library holds the same table (`gradcomp recommended`, "
@@ -114,14 +128,16 @@ def write(found, path):
         "- the main job's default (`topk:ratio=0.01|ef`, a CNN under SGD) is recommended under "
         "SGD.",
         "",
-        "| codec | option | Fashion-MNIST, SGD: Δ pp | language model, AdamW: Δ % | recommended |",
-        "|---|---|---:|---:|---|",
+        "| codec | option | Fashion-MNIST, SGD: Δ pp | mean Δ pp over seeds | "
+        "language model, AdamW: Δ % | recommended |",
+        "|---|---|---:|---:|---:|---|",
     ]
     for codec, e in found.items():
         under = [name for name, ok in (("SGD", e["sgd"]), ("Adam-family", e["adam"])) if ok]
+        mean = "" if e["sgd_mean_delta_pp"] is None else fmt(e["sgd_mean_delta_pp"], "")
         lines.append(
             f"| {codec} | `{e['option'].replace('|', chr(92) + '|')}` | "
-            f"{fmt(e['sgd_delta_pp'], '')} | {fmt(e['adam_delta_percent'], '')} | "
+            f"{fmt(e['sgd_delta_pp'], '')} | {mean} | {fmt(e['adam_delta_percent'], '')} | "
             f"{', '.join(under) if under else 'no'} |")
     lines += [
         "",
@@ -142,6 +158,15 @@ def write(found, path):
         "paper's staged warm-up) with plain error feedback and the optimizer's momentum; DGC's "
         "own momentum correction and masking (`|dgc`, optimizer momentum off) ended 1.38 pp "
         "behind, and `dgc:masking=false` 0.99 pp (docs/feedback.md).",
+        "",
+        "The variants quoted in the two paragraphs above (not the table's rows) are single runs "
+        "at seed 0 with the table's settings, each `build/bin/gradcomp launch -n 4 -- "
+        "/usr/bin/python3 examples/fashion_mnist/train.py --epochs 5 --compression '<option>'` "
+        "(train.py's defaults are the table's: seed 0, 32 images per rank, learning rate 0.05 "
+        "with a cosine schedule, momentum 0.9), with `--momentum 0` for the `|dgc` feedback: "
+        "`efsignsgd|ef||start=235` 91.78 %, `onebit|ef||start=235` 91.73 %, "
+        "`dgc:ratio=0.001,stage_steps=117|dgc:masking=false` 91.21 %, against 92.20 % "
+        "uncompressed.",
         "",
     ]
     with open(path, "w", encoding="utf-8") as f:

@@ -27,6 +27,28 @@ def test_a_disagreement_is_named():
     assert len(problems) == 1 and problems[0].startswith(library[0]["codec"] + ":"), problems
 
 
+def test_a_mean_over_seeds_below_the_tolerance_withdraws_the_recommendation(tmp_path,
+                                                                             monkeypatch):
+    doc = tmp_path / "accuracy.md"
+    doc.write_text(
+        "| codec | option | accuracy % | Δ pp |\n|---|---|---:|---:|\n"
+        "| none | `none` | 92.00 | +0.00 |\n"
+        "| topk | `topk:ratio=0.01\\|ef` | 91.80 | -0.20 |\n"
+        "| fp16 | `fp16` | 92.00 | +0.00 |\n\n"
+        "## Across seeds\n\n"
+        "| codec | option | Δ seed 0 | Δ seed 1 | mean Δ |\n|---|---|---:|---:|---:|\n"
+        "| topk | `topk:ratio=0.01\\|ef` | -0.20 | -0.90 | -0.55 **(!)** |\n"
+        "| fp16 | `fp16` | +0.00 | failed | incomplete |\n", encoding="utf-8")
+    monkeypatch.setattr(recommended, "SGD_DOC", str(doc))
+    found = recommended.evidence()
+    # Seed 0 held (-0.20) but the mean did not: not recommended.
+    assert found["topk"]["sgd_delta_pp"] == -0.20 and found["topk"]["sgd_mean_delta_pp"] == -0.55
+    assert not found["topk"]["sgd"]
+    assert found["topk"]["option"] == "topk:ratio=0.01|ef"
+    # No complete mean: seed 0 decides.
+    assert found["fp16"]["sgd_mean_delta_pp"] is None and found["fp16"]["sgd"]
+
+
 def test_recommended_lists_by_optimizer():
     table = gradcomp.recommended()
     assert [r["codec"] for r in table] == [c for c in gradcomp.codec_names() if c != "none"]
