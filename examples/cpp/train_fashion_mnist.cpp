@@ -2,7 +2,7 @@
 // rank trains on its own shard, and gradcomp::torch::DistributedOptimizer averages the
 // (compressed) gradients while backward runs.
 //
-//   build/bin/gradcomp launch -n 2 -- build/bin/train_fashion_mnist --compression 'topk:ratio=0.01|ef'
+//   build/bin/gradcomp launch -n 2 -- build/bin/train_fashion_mnist --compression 'powersgd:rank=4|ef'
 //   mpirun -np 2 build/bin/train_fashion_mnist --compression fp16
 //
 // Rank 0 prints progress, then the test accuracy, the time, the bytes sent per step and the

@@ -3,7 +3,7 @@
 Start W ranks with a launcher, e.g.
 
     build/bin/gradcomp launch -n 4 -- /usr/bin/python3 examples/fashion_mnist/train.py \
-        --compression "topk:ratio=0.01|ef"
+        --compression "powersgd:rank=4|ef"
     mpirun --allow-run-as-root --oversubscribe -np 4 /usr/bin/python3 \
         examples/fashion_mnist/train.py
 

@@ -4,7 +4,7 @@ gradient exchange.
 Start W ranks with a launcher, e.g.
 
     build/bin/gradcomp launch -n 2 -- /usr/bin/python3 examples/language_model/train.py \
-        --compression "topk:ratio=0.01|ef"
+        --compression "powersgd:rank=4|ef"
 
 The text is Debian's fortune cookies as word tokens (corpus.py beside this file). The model: a
 token embedding and a learned position embedding, pre-norm Transformer blocks (causal

@@ -118,7 +118,8 @@ void register_errors(py::module_& m) {
 py::dict recommendation_dict(const Recommendation& r) {
   return py::dict(py::arg("codec") = r.codec, py::arg("option") = r.option,
                   py::arg("sgd") = r.sgd, py::arg("adam") = r.adam,
-                  py::arg("changes_optimizer") = r.changes_optimizer);
+                  py::arg("changes_optimizer") = r.changes_optimizer,
+                  py::arg("recommended") = recommended(r));
 }
 
 OptimizerFamily optimizer_family(const std::string& name) {

@@ -2,7 +2,7 @@
 
     import gradcomp.torch
     optimizer = gradcomp.torch.DistributedOptimizer(
-        optimizer, model.named_parameters(), compression="topk:ratio=0.01|ef")
+        optimizer, model.named_parameters(), compression="powersgd:rank=4|ef")
 
 See docs/python.md. The C++ core is the extension module gradcomp._C.
 """
@@ -28,12 +28,12 @@ __all__ = ["Error", "SpecError", "CommError", "TimeoutError", "codec_names", "fe
 
 
 def recommended(optimizer=None):
-    """The compression options the accuracy tables back (docs/accuracy.md, "Recommended"): a
-    list of dicts {codec, option, sgd, adam}, one per codec, with the option as measured and
-    whether it held under SGD (Fashion-MNIST CNN, within 0.5 pp) and under AdamW (a small
-    language model, within 2% of the validation loss). With optimizer="sgd" or "adam", the
-    options that held under it and need no change of the optimizer, "none" first (the
-    planner's default candidates)."""
+    """The compression options the accuracy tables back (docs/recommended.md): a list of dicts
+    {codec, option, sgd, adam, changes_optimizer, recommended}, one per codec, with the option
+    as measured, whether it held under SGD (Fashion-MNIST CNN, within 0.5 pp) and under AdamW
+    (a small language model, within 2% of the validation loss), and whether it is recommended
+    (held under both, the optimizer unchanged). With optimizer="sgd" or "adam", the options
+    that held under it and need no change of the optimizer, "none" first."""
     table = _recommendations()
     if optimizer is None:
         return table

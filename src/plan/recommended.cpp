@@ -48,6 +48,10 @@ bool held_under(const Recommendation& r, OptimizerFamily family) {
   return family == OptimizerFamily::kSgd ? r.sgd : r.adam;
 }
 
+bool recommended(const Recommendation& r) {
+  return r.sgd && r.adam && !r.changes_optimizer;
+}
+
 namespace {
 
 // An option as it would be written: "topk:ratio=0.01|ef|allgather|start=500".

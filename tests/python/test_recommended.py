@@ -72,8 +72,8 @@ def test_the_planner_considers_only_what_held_unless_told():
     table = gradcomp.recommended()
     both = [r["option"] for r in table if r["sgd"] and r["adam"] and not r["changes_optimizer"]]
     sgd = [r["option"] for r in table if r["sgd"] and not r["changes_optimizer"]]
-    assert options_line() == f"options  {', '.join(['none', *both])} (recommended under SGD " \
-                             "and Adam-family optimizers alike)"
+    assert options_line() == f"options  {', '.join(['none', *both])} (recommended: held " \
+                             "under SGD and under AdamW)"
     assert options_line("--optimizer", "sgd").startswith(f"options  {', '.join(['none', *sgd])} (")
     assert options_line("--codecs", "fp16") == "options  fp16"  # none is always allowed
 
@@ -88,3 +88,26 @@ def test_the_accuracy_document_keeps_the_powersgd_section_when_rewritten(tmp_pat
     path.write_text("# table only\n", encoding="utf-8")
     assert accuracy.kept_sections(str(path)) == ""
     assert accuracy.kept_sections(str(tmp_path / "missing.md")) == ""
+
+
+def test_the_defaults_users_copy_are_recommended():
+    """The main job's codec and the README's examples are options that held under SGD and
+    under AdamW alike (recommended), not ones that held under one of them only."""
+    import re
+    recommended_codecs = {r["codec"]: r for r in gradcomp.recommended() if r["recommended"]}
+    main_job = (ROOT / "scripts" / "run_main.sh").read_text(encoding="utf-8")
+    default = re.search(r"^compression='([^']+)'$", main_job, re.M).group(1)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    examples = re.findall(r'compression="([^"]+)"', readme)
+    examples += re.findall(r'comm_hook\("([^"]+)"\)', readme)
+    assert examples, "the README shows how to choose a compression"
+    for option in [default, *examples]:
+        codec = option.split("|")[0].split(":")[0]
+        assert codec in recommended_codecs, f"'{option}' is not a recommended option"
+        assert option == recommended_codecs[codec]["option"], \
+            f"'{option}' differs from the settings measured: {recommended_codecs[codec]['option']}"
+
+
+def test_recommended_means_held_under_both_with_the_optimizer_unchanged():
+    for r in gradcomp.recommended():
+        assert r["recommended"] == (r["sgd"] and r["adam"] and not r["changes_optimizer"]), r

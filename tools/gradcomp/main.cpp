@@ -30,13 +30,18 @@ std::string self_executable(const char* argv0) {
   return error ? std::string(argv0) : path.string();
 }
 
-// Where the accuracy tables back the codec (gradcomp/recommended.h): "sgd, adam", "sgd", "-".
+// What the accuracy tables say of the codec (gradcomp/recommended.h): "yes" (recommended: it
+// held under both families), "sgd only", "adam only" or "no".
+std::string recommended_text(const gradcomp::Recommendation& r) {
+  if (gradcomp::recommended(r)) return "yes";
+  if (r.sgd && !r.adam) return "sgd only";
+  if (r.adam && !r.sgd) return "adam only";
+  return "no";
+}
+
 std::string recommended_under(const std::string& codec) {
   const auto* r = gradcomp::recommendation_for(codec == "threshold" ? "threshold:tau=1" : codec);
-  if (r == nullptr) return "";
-  const std::string both = r->sgd && r->adam ? ", " : "";
-  const std::string text = (r->sgd ? "sgd" : "") + both + (r->adam ? "adam" : "");
-  return text.empty() ? "-" : text;
+  return r == nullptr ? "" : recommended_text(*r);
 }
 
 void list_codecs() {
@@ -53,14 +58,16 @@ void list_codecs() {
                recommended_under(name), needs_tau ? "threshold:tau=<required>" : codec->spec());
   }
   fmt::print("\nrecommended: within 0.5 pp of uncompressed training on the Fashion-MNIST CNN "
-             "under SGD and within 2% of its validation loss on a small language model under "
-             "AdamW, at the settings `gradcomp recommended` lists (docs/accuracy.md)\n");
+             "under SGD and within 2% of the uncompressed validation loss on a small language "
+             "model under AdamW, at the settings `gradcomp recommended` lists "
+             "(docs/recommended.md); 'sgd only': held under SGD but not under AdamW\n");
 }
 
 void list_recommended() {
-  fmt::print("{:<40} {:>4} {:>5}\n", "option (as measured)", "sgd", "adam");
+  fmt::print("{:<40} {:>4} {:>5}  {}\n", "option (as measured)", "sgd", "adam", "recommended");
   for (const auto& r : gradcomp::recommendations()) {
-    fmt::print("{:<40} {:>4} {:>5}\n", r.option, r.sgd ? "yes" : "no", r.adam ? "yes" : "no");
+    fmt::print("{:<40} {:>4} {:>5}  {}\n", r.option, r.sgd ? "yes" : "no", r.adam ? "yes" : "no",
+               recommended_text(r));
   }
 }
 

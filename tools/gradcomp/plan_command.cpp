@@ -23,7 +23,8 @@ struct PlanFlags {
   int workers = 0;
   ClusterFlags cluster;
   CostFlags costs;
-  // Empty: the options recommended under `optimizer` (gradcomp/recommended.h).
+  // Empty: the options that held under `optimizer` (gradcomp/recommended.h; "any": the
+  // recommended ones).
   std::vector<std::string> codecs;
   std::string optimizer = "any";
   double lambda = 1.0;
@@ -62,7 +63,8 @@ double single_codec_time(const model::Profile& profile, const std::string& codec
   return model::simulate(profile, plan, cost, sim).iteration_s;
 }
 
-// The options the accuracy tables back under that optimizer family; "any": under both.
+// The options the accuracy tables back under that optimizer family; "any": under both (the
+// recommended options).
 std::vector<std::string> recommended_candidates(const std::string& optimizer) {
   if (optimizer == "sgd") return recommended_options({OptimizerFamily::kSgd});
   if (optimizer == "adam") return recommended_options({OptimizerFamily::kAdam});
@@ -92,11 +94,11 @@ int run_plan(const PlanFlags& flags) {
              c.workers, c.nodes(), c.per_node, model::format_rate(c.inter.bytes_per_s),
              c.inter.latency_s * 1e6, model::format_rate(c.intra.bytes_per_s),
              c.intra.latency_s * 1e6);
-  const char* under = flags.optimizer == "sgd"    ? "SGD"
-                      : flags.optimizer == "adam" ? "Adam-family optimizers"
-                                                  : "SGD and Adam-family optimizers alike";
+  const char* why = flags.optimizer == "sgd"    ? "held under SGD"
+                    : flags.optimizer == "adam" ? "held under Adam-family optimizers"
+                                                : "recommended: held under SGD and under AdamW";
   fmt::print("options  {}{}\n\n", fmt::join(settings.codecs, ", "),
-             flags.codecs.empty() ? fmt::format(" (recommended under {})", under) : "");
+             flags.codecs.empty() ? fmt::format(" ({})", why) : "");
   print_plan(result.plan, cost);
   const double best = result.predicted.iteration_s;
   fmt::print("\n{:<44} {:>10.2f} ms\n", "predicted iteration time of this plan", best * 1e3);
@@ -138,11 +140,11 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   flags.costs.add_to(*plan);
   plan->add_option("--codecs", flags.codecs,
                    "Allowed compression, 'codec[|feedback[|route]]' separated by ',' (none is "
-                   "always allowed; default: the options recommended under --optimizer, "
-                   "docs/accuracy.md)");
+                   "always allowed; default: the recommended options, or those that held "
+                   "under --optimizer, docs/recommended.md)");
   plan->add_option("--optimizer", flags.optimizer,
-                   "Without --codecs: candidates recommended under sgd, adam (Adam-family), or "
-                   "any (both)")
+                   "Without --codecs: candidates that held under sgd, adam (Adam-family), or "
+                   "any (both: the recommended options, the default)")
       ->check(CLI::IsMember({"sgd", "adam", "any"}));
   plan->add_option("--lambda", flags.lambda, "Compute slow-down while communicating (>= 1)")
       ->check(finite_range(1, 10));
