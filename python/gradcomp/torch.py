@@ -3,7 +3,7 @@
     import gradcomp.torch as gc
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     optimizer = gc.DistributedOptimizer(optimizer, model.named_parameters(),
-                                        compression="topk:ratio=0.01|ef")
+                                        compression="powersgd:rank=4|ef")
     for x, y in loader:
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()   # compressed and sent during backward; when it
@@ -14,9 +14,11 @@ Ranks meet through the transport: the default torch.distributed process group wh
 initialized, else gradcomp's own (MPI under mpirun, else Gloo with torchrun's environment:
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 """
+import atexit
 import json
 import math
 import os
+import shutil
 import tempfile
 import warnings
 
@@ -68,6 +70,7 @@ def get_transport(kind=None, timeout=0.0):
         else:
             # A single process without a launcher: a one-rank group of its own.
             store = tempfile.mkdtemp(prefix="gradcomp-store-")
+            atexit.register(shutil.rmtree, store, True)  # the rendezvous' files, not kept
             _own_transports[backend] = _C.make_transport(backend or "gloo", timeout,
                                                          f"file:{store}", 0, 1)
     return _own_transports[backend]

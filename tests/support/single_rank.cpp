@@ -7,11 +7,25 @@
 
 namespace gradcomp::testing {
 
+namespace {
+
+// This process's stores, one folder under the temporary directory, removed when the test
+// program ends (a rendezvous needs the files only while the transports connect).
+struct StoreFolder {
+  std::filesystem::path path = std::filesystem::temp_directory_path() /
+                               ("gradcomp_single_rank_" + std::to_string(::getpid()));
+  ~StoreFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+}  // namespace
+
 std::shared_ptr<Transport> single_rank_transport() {
+  static StoreFolder folder;
   static int instance = 0;
-  const auto store = std::filesystem::temp_directory_path() /
-                     ("gradcomp_single_rank_" + std::to_string(::getpid())) /
-                     std::to_string(instance++);
+  const auto store = folder.path / std::to_string(instance++);
   std::filesystem::remove_all(store);
   std::filesystem::create_directories(store);
   TransportOptions options;
