@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Configures and builds the three checking trees scripts/test.sh runs after the Release tests:
-#   build-asan  every test, with AddressSanitizer and UndefinedBehaviorSanitizer (Debug);
-#   build-tsan  the engine's tests, with ThreadSanitizer; their Gloo runs are started by the
-#               Release build's launcher (build/bin/gradcomp), so the tool is not built here;
-#   build-fuzz  the libFuzzer targets (clang; docs/fuzzing.md).
+# Configures and builds the two checking trees scripts/test.sh runs after the Release tests:
+#   build-asan  every test and every libFuzzer target, with AddressSanitizer and
+#               UndefinedBehaviorSanitizer (clang, Debug; the fuzz targets in build-asan/fuzz,
+#               docs/fuzzing.md). One tree for both: the library is compiled once for them, and
+#               clang compiles this code at -O0 about a quarter faster than GCC (392 s for this
+#               tree on 2 cores, against 467 s for GCC's ASan tree and 176 s for a separate
+#               fuzzer tree);
+#   build-tsan  the engine's tests, with ThreadSanitizer (GCC); their Gloo runs are started by
+#               the Release build's launcher (build/bin/gradcomp), so the tool is not built here.
 # Needs scripts/setup.sh first (the packages, and build/bin/gradcomp). Debug information is
 # line tables only (-g1): sanitizer reports keep their file:line stacks, and the trees build
 # about a tenth faster than with full debug information.
@@ -13,9 +17,9 @@ root=$(pwd)
 launcher="$root/build/bin/gradcomp"
 [[ -x $launcher ]] || { echo "build_sanitized: $launcher is missing; run scripts/setup.sh"; exit 1; }
 
-echo "build_sanitized: build-asan (ASan + UBSan, every test)"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-  -DGRADCOMP_SANITIZE=ON >/dev/null
+echo "build_sanitized: build-asan (clang, ASan + UBSan: every test and the fuzz targets)"
+CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
+  -DGRADCOMP_SANITIZE=ON -DGRADCOMP_FUZZ=ON >/dev/null
 cmake --build build-asan
 
 echo "build_sanitized: build-tsan (ThreadSanitizer, the engine's tests)"
@@ -23,10 +27,4 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DGRADCOMP_TSAN=ON \
   -DGRADCOMP_LAUNCHER="$launcher" >/dev/null
 cmake --build build-tsan --target engine_test engine_fault_test engine_mptest sparse_select_test
-
-echo "build_sanitized: build-fuzz (libFuzzer targets, clang)"
-CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DGRADCOMP_FUZZ=ON \
-  -DGRADCOMP_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target fuzz_targets
 echo "build_sanitized: done"

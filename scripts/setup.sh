@@ -25,7 +25,7 @@ packages=(
 test_packages=(
   git
   libgtest-dev libgmock-dev libbenchmark-dev   # tests and benchmarks
-  clang libclang-rt-14-dev                     # libFuzzer for the fuzz targets
+  clang libclang-rt-14-dev libomp-dev          # the ASan + fuzzer tree: clang, libFuzzer, OpenMP
   python3-matplotlib python3-pytest            # plots, the Python tests
   python3-torchvision                          # CNN shapes for scripts/make_profiles.py
   fortunes                                     # the language model's text (examples/language_model)

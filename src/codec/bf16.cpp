@@ -12,7 +12,9 @@
 #if defined(__AVX512F__)
 // GCC 12 flags the intrinsics' internal _mm512_undefined_* values as uninitialized.
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // a GCC warning clang does not know
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop

@@ -21,7 +21,9 @@
 #if defined(__AVX512F__)
 // GCC 12 flags the intrinsics' internal _mm512_undefined_* values as uninitialized.
 #pragma GCC diagnostic push
+#if !defined(__clang__)  // a GCC warning clang does not know
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
@@ -131,7 +133,7 @@ inline bool momentum_pack(const float* g, const float* m_in, float* m, size_t n,
       const float gv = g[i + l];
       float mv = m_in[i + l];
       if (!non_finite(gv)) mv = std::fma(beta, mv, one_minus_beta * gv);
-      bad |= non_finite(gv) | non_finite(mv);
+      bad |= non_finite(gv) || non_finite(mv);
       m[i + l] = mv;
       const bool negative = mv < 0.0f;
       byte |= static_cast<uint8_t>(negative) << l;

@@ -176,7 +176,7 @@ inline void unpack_group(const std::byte* in, uint32_t* codes) {
 // the packing loops are compiled once per width.
 template <typename Fn, unsigned... Bs>
 void dispatch_width(unsigned bits, Fn&& fn, std::integer_sequence<unsigned, Bs...>) {
-  ((bits == Bs + 1 ? (fn(std::integral_constant<unsigned, Bs + 1>{}), true) : false) || ...);
+  (void)((bits == Bs + 1 ? (fn(std::integral_constant<unsigned, Bs + 1>{}), true) : false) || ...);
 }
 template <typename Fn>
 void with_width(unsigned bits, Fn&& fn) {

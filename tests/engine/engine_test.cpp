@@ -16,6 +16,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
 #include "support/codec_testing.h"
+#include "support/sanitizers.h"
 #include "support/single_rank.h"
 
 namespace gradcomp {
@@ -182,11 +183,7 @@ TEST(EngineSingleRank, MemoryDoesNotGrowOver10000Steps) {
   // The sanitizers keep freed blocks resident (ASan's quarantine) or add shadow memory as
   // memory is touched (TSan), so resident memory says something only in the regular build,
   // which runs this test too.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  constexpr bool kResidentMemoryMeans = false;
-#else
-  constexpr bool kResidentMemoryMeans = true;
-#endif
+  constexpr bool kResidentMemoryMeans = !testing::kAddressSanitizer && !testing::kThreadSanitizer;
   if (kResidentMemoryMeans) {
     EXPECT_LE(resident_kb() - after_warmup, 256) << "resident memory grew (kB)";
   }
