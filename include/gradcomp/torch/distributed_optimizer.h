@@ -5,8 +5,9 @@
 //
 //   auto transport = std::shared_ptr<gradcomp::Transport>(gradcomp::make_transport());
 //   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-//   gradcomp::torch::DistributedOptimizer opt(sgd, model->named_parameters(), transport,
-//                                             {.compression = parse_compression("topk|ef")});
+//   gradcomp::torch::DistributedOptimizer opt(
+//       sgd, model->named_parameters(), transport,
+//       {.compression = parse_compression("powersgd:rank=4|ef")});
 //   loss.backward(); opt.step(); opt.zero_grad();
 #pragma once
 
