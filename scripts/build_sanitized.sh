@@ -18,6 +18,12 @@ launcher="$root/build/bin/gradcomp"
 [[ -x $launcher ]] || { echo "build_sanitized: $launcher is missing; run scripts/setup.sh"; exit 1; }
 
 echo "build_sanitized: build-asan (clang, ASan + UBSan: every test and the fuzz targets)"
+# A tree configured with another compiler (GCC's ASan tree, before this was clang's) keeps
+# its compiler in the cache whatever CXX says: start it afresh.
+if [[ -f build-asan/CMakeCache.txt ]] &&
+   ! grep -q '^CMAKE_CXX_COMPILER:[A-Z]*=.*clang++' build-asan/CMakeCache.txt; then
+  rm -rf build-asan
+fi
 CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
   -DGRADCOMP_SANITIZE=ON -DGRADCOMP_FUZZ=ON >/dev/null
 cmake --build build-asan
