@@ -153,6 +153,10 @@ CodecCosts CodecCosts::fit_bench(const json& bench) {
       throw Error(fmt::format("codec bench: results[{}]: needs \"codec\" (a name) and "
                               "\"elements\" (> 0)", index));
     }
+    if (row.contains("spec") && !row["spec"].is_string()) {
+      throw Error(fmt::format("codec bench: results[{}]: \"spec\" must be a string (the "
+                              "codec's spec, as `gradcomp bench codecs` writes it)", index));
+    }
     const std::string name = row["codec"].get<std::string>();
     const std::string spec = row.value("spec", name);
     if (spec_of.emplace(name, spec).first->second == spec) {

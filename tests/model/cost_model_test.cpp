@@ -319,6 +319,17 @@ TEST(CodecCosts, FitNeverGivesNegativeCosts) {
   EXPECT_TRUE(contains(error_text([] { CodecCosts::fit_bench(json::object()); }), "\"results\""));
 }
 
+// Found by codec_costs_fuzz (a long run): a "spec" that is not a string escaped as nlohmann's
+// type_error instead of a gradcomp::Error naming the row.
+TEST(CodecCosts, FitBenchRefusesASpecThatIsNotAString) {
+  const json bench = {{"results", {{{"codec", "x"}, {"spec", 7}, {"elements", 1e6},
+                                    {"encode_gbps", 1.0}, {"encode_ef_gbps", 1.0},
+                                    {"decode_gbps", 1.0}}}}};
+  const std::string text = error_text([&] { CodecCosts::fit_bench(bench); });
+  EXPECT_TRUE(contains(text, "results[0]")) << text;
+  EXPECT_TRUE(contains(text, "\"spec\" must be a string")) << text;
+}
+
 // Points GRADCOMP_PROFILES somewhere for one test, then restores it.
 class ProfilesDir {
  public:
