@@ -4,8 +4,9 @@
 A codec held under SGD when its row in docs/accuracy.md (the Fashion-MNIST CNN, 5 epochs,
 SGD) is within 0.5 pp of the uncompressed test accuracy, and under Adam-family optimizers when
 its row in docs/accuracy-lm.md (the small language model under AdamW) is within 2% of the
-uncompressed validation loss; it is recommended when it held under both. The library's own table (gradcomp/recommended.h, which
-the planner's default candidates and DistributedOptimizer's warning follow) must say the same:
+uncompressed validation loss; it is recommended when it held under both. The library's own
+table (gradcomp/recommended.h, which the planner's default candidates and
+DistributedOptimizer's warning follow) must say the same:
 this script writes docs/recommended.md from the two documents and exits non-zero, naming the
 rows, when the library disagrees (tests/python/test_recommended.py runs the same check).
 
@@ -101,9 +102,9 @@ def fmt(value, unit):
 
 
 def write(found, library, path):
-    """docs/recommended.md. `library` (gradcomp.recommended()) says which SGD rows changed the
-    optimizer (signsgd, signum): those cannot be recommended whatever they measured."""
-    changed = {r["codec"] for r in library if r["changes_optimizer"]}
+    """docs/recommended.md; the "recommended" column is the library's (gradcomp.recommended():
+    held under both, the optimizer unchanged), which main() has checked against `found`."""
+    recommended_codecs = {r["codec"] for r in library if r["recommended"]}
     lines = [
         "# Recommended compression",
         "",
@@ -144,12 +145,13 @@ def write(found, library, path):
             f"| {codec} | `{e['option'].replace('|', chr(92) + '|')}` | "
             f"{fmt(e['sgd_delta_pp'], '')} | {mean} | {fmt(e['adam_delta_percent'], '')} | "
             f"{', '.join(under) if under else 'neither'} | "
-            f"{'**yes**' if e['sgd'] and e['adam'] and codec not in changed else 'no'} |")
+            f"{'**yes**' if codec in recommended_codecs else 'no'} |")
     lines += [
         "",
         "Rows whose Fashion-MNIST settings change the optimizer (signsgd and signum: learning "
-        "rate 0.001 and no optimizer momentum) could be recommended only with those changes, and the planner, which cannot "
-        "change the optimizer, never picks them by default. Under AdamW every codec ran with "
+        "rate 0.001 and no optimizer momentum) could be recommended only with those changes, "
+        "and the planner, which cannot change the optimizer, never picks them by default. "
+        "Under AdamW every codec ran with "
         "the same "
         "optimizer settings (the warm-ups scaled to the run: DGC's stages, and `start=N` a "
         "fifth of the steps as on Fashion-MNIST).",

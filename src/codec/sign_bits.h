@@ -133,7 +133,7 @@ inline bool momentum_pack(const float* g, const float* m_in, float* m, size_t n,
       const float gv = g[i + l];
       float mv = m_in[i + l];
       if (!non_finite(gv)) mv = std::fma(beta, mv, one_minus_beta * gv);
-      bad |= non_finite(gv) || non_finite(mv);
+      bad |= static_cast<int>(non_finite(gv)) | static_cast<int>(non_finite(mv));  // no branch
       m[i + l] = mv;
       const bool negative = mv < 0.0f;
       byte |= static_cast<uint8_t>(negative) << l;
