@@ -11,6 +11,7 @@
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
+#include "gradcomp/optimizer.h"
 #include "gradcomp/plan.h"
 #include "gradcomp/recommended.h"
 #include "gradcomp/torch/distributed_gradients.h"
@@ -128,11 +129,63 @@ OptimizerFamily optimizer_family(const std::string& name) {
   throw Error("optimizer family '" + name + "' is unknown; use 'sgd' or 'adam'");
 }
 
+AdamHyper adam_hyper(double lr, double beta1, double beta2, double eps, double weight_decay,
+                     bool bias_correction) {
+  return {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay,
+          .bias_correction = bias_correction};
+}
+
+LayerSlot layer_slot(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                     const at::Tensor& exp_avg_sq) {
+  return {float_span(param, "param"), float_span(grad, "grad"), float_span(exp_avg, "exp_avg"),
+          float_span(exp_avg_sq, "exp_avg_sq")};
+}
+
+// LAMB and LANS on one layer (gradcomp/optimizer.h), for python/gradcomp/optimizers.py.
+void bind_layerwise_optimizers(py::module_& m) {
+  m.def(
+      "check_adam_hyper",
+      [](const std::string& optimizer, double lr, double beta1, double beta2, double eps,
+         double weight_decay) {
+        check_adam_hyper(adam_hyper(lr, beta1, beta2, eps, weight_decay, true), optimizer);
+      },
+      "Raises SpecError naming the first hyper-parameter out of range.");
+  m.def(
+      "lamb_step",
+      [](const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+         const at::Tensor& exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
+         double eps, double weight_decay, bool bias_correction, int threads) {
+        const LayerSlot layer = layer_slot(param, grad, exp_avg, exp_avg_sq);
+        const AdamHyper h = adam_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction);
+        py::gil_scoped_release release;
+        return lamb_step(layer, step, h, threads);
+      },
+      "One LAMB step on one layer, in place (contiguous float32 CPU tensors); returns "
+      "a LayerStep (param_norm, trust_ratio, grad_trust).");
+  m.def(
+      "lans_step",
+      [](const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+         const at::Tensor& exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
+         double eps, double weight_decay, bool bias_correction, bool normalize_grad,
+         int threads) {
+        const LayerSlot layer = layer_slot(param, grad, exp_avg, exp_avg_sq);
+        const AdamHyper h = adam_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction);
+        py::gil_scoped_release release;
+        return lans_step(layer, step, h, normalize_grad, threads);
+      },
+      "One LANS step on one layer, in place; returns a LayerStep.");
+  py::class_<LayerStep>(m, "LayerStep")
+      .def_readonly("param_norm", &LayerStep::param_norm)
+      .def_readonly("trust_ratio", &LayerStep::trust_ratio)
+      .def_readonly("grad_trust", &LayerStep::grad_trust);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gradcomp's C++ core (use the gradcomp and gradcomp.torch modules)";
   register_errors(m);
+  bind_layerwise_optimizers(m);
 
   m.def("codec_names", &codec_names);
   m.def("recommendations", [] {

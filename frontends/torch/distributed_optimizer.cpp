@@ -9,6 +9,7 @@
 
 #include "gradcomp/error.h"
 #include "gradcomp/recommended.h"
+#include "gradcomp/torch/layerwise_optimizers.h"
 
 namespace gradcomp::torch {
 namespace {
@@ -36,6 +37,9 @@ OptimizerKind kind_of(::torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<o::AdamW*>(&optimizer)) return {"AdamW", OptimizerFamily::kAdam};
   if (dynamic_cast<o::RMSprop*>(&optimizer)) return {"RMSprop", OptimizerFamily::kAdam};
   if (dynamic_cast<o::Adagrad*>(&optimizer)) return {"Adagrad", OptimizerFamily::kAdam};
+  if (auto* layerwise = dynamic_cast<LayerwiseAdam*>(&optimizer)) {
+    return {layerwise->name(), OptimizerFamily::kAdam};
+  }
   if (dynamic_cast<o::SGD*>(&optimizer)) return {"SGD", OptimizerFamily::kSgd};
   return {};
 }

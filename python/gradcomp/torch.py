@@ -27,9 +27,11 @@ import torch.distributed as dist
 
 from gradcomp import _C
 from gradcomp._C import Error
+from gradcomp.optimizers import LAMB, LANS  # noqa: F401 (gradcomp.torch.LAMB, .LANS)
 from gradcomp.profile import profile, save_profile  # noqa: F401 (gradcomp.torch.profile)
 
-__all__ = ["DistributedOptimizer", "comm_hook", "get_transport", "broadcast_parameters", "Error"]
+__all__ = ["DistributedOptimizer", "comm_hook", "get_transport", "broadcast_parameters", "Error",
+           "LAMB", "LANS"]
 
 _own_transports = {}
 _group_transports = {}  # id(process group) -> (group, transport): one queue per group

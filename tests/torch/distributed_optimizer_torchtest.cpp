@@ -4,16 +4,19 @@
 // compression state checkpoints resume bit-exactly; unused parameters get zero gradients;
 // gradient accumulation exchanges every k-th pass; backward returns with the mean; two
 // optimizers over one transport agree; a raising backward is never silent; a float64
-// parameter is refused by name; a sparse embedding gradient is exchanged as rows.
+// parameter is refused by name; a sparse embedding gradient is exchanged as rows; gradcomp's
+// LAMB and LANS wrapped under two-way compression keep the ranks identical and resume exactly.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gradcomp/error.h"
 #include "gradcomp/torch/distributed_optimizer.h"
+#include "gradcomp/torch/layerwise_optimizers.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
 
@@ -436,7 +439,9 @@ TEST(DistributedOptimizer, ACodecThatLostUnderThisOptimizerWarns) {
   };
   const auto adam = [](auto params) { return ::torch::optim::Adam(params); };
   const auto sgd = [](auto params) { return ::torch::optim::SGD(params, 0.1); };
+  const auto lans = [](auto params) { return LANS(params); };
   // Every rank builds the same optimizers (collectives), then checks: only rank 0 warns.
+  const auto lans_warnings = warnings_of(lans, false);
   const auto adam_warnings = warnings_of(adam, false);
   const auto sgd_warnings = warnings_of(sgd, false);
   const auto plan_warnings = warnings_of(adam, true);
@@ -452,6 +457,108 @@ TEST(DistributedOptimizer, ACodecThatLostUnderThisOptimizerWarns) {
                                   "Adam-family optimizers"),
             std::string::npos) << adam_warnings[0];
   EXPECT_NE(adam_warnings[0].find("docs/accuracy-lm.md"), std::string::npos) << adam_warnings[0];
+  // gradcomp's own LAMB and LANS are Adam-family optimizers too.
+  ASSERT_EQ(lans_warnings.size(), 1u);
+  EXPECT_NE(lans_warnings[0].find("is not recommended with LANS"), std::string::npos)
+      << lans_warnings[0];
+}
+
+std::unique_ptr<LayerwiseAdam> make_layerwise(bool lans, const Parameters& p) {
+  const LayerwiseOptions options(0.01);
+  if (lans) return std::make_unique<LANS>(p.values(), options);
+  return std::make_unique<LAMB>(p.values(), options);
+}
+
+std::string saved(const ::torch::optim::Optimizer& optimizer) {
+  ::torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load(::torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  ::torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
+}
+
+// LAMB and LANS wrapped under two-way 1-bit compression (CLAN's recipe): the ranks stay
+// bit-identical; a checkpoint of the optimizer (moments, steps) and of gradcomp's state (both
+// sides' error feedback) taken after 3 steps continues exactly as the run that went on.
+TEST(LayerwiseOptimizers, UnderCompressionRanksAgreeAndCheckpointsResumeExactly) {
+  GradientOptions options;
+  options.compression = parse_compression("onebit|ef|twoway");
+  options.min_compress_elements = 1;
+  options.engine.seed = 9;
+  for (const bool lans : {false, true}) {
+    Parameters p = make_parameters();
+    auto inner = make_layerwise(lans, p);
+    DistributedOptimizer opt(*inner, p, world(), options);
+    train(p, opt, 0, 3);
+    const std::string optimizer_state = saved(*inner);
+    const std::vector<std::byte> gradcomp_state = opt.gradients().save_state();
+    Parameters at_checkpoint = copy_of(p);
+    train(p, opt, 3, 3);
+    expect_identical_across_ranks(values(p), inner->name());
+
+    Parameters resumed = copy_of(at_checkpoint);
+    auto resumed_inner = make_layerwise(lans, resumed);
+    load(*resumed_inner, optimizer_state);
+    DistributedOptimizer resumed_opt(*resumed_inner, resumed, world(), options);
+    resumed_opt.gradients().load_state(gradcomp_state);
+    train(resumed, resumed_opt, 3, 3);
+    EXPECT_EQ(bytes_of(values(resumed)), bytes_of(values(p))) << inner->name();
+  }
+}
+
+// Parameters of another dtype (or device) are updated through a float32 copy: the same step.
+TEST(LayerwiseOptimizers, Float64ParametersTakeTheSameStep) {
+  for (const bool lans : {false, true}) {
+    Parameters single = make_parameters();
+    Parameters wide;
+    for (const auto& item : single) {
+      wide.insert(item.key(), item.value().detach().to(at::kDouble).requires_grad_());
+    }
+    auto a = make_layerwise(lans, single);
+    auto b = make_layerwise(lans, wide);
+    for (int step = 0; step < 3; ++step) {
+      a->zero_grad();
+      b->zero_grad();
+      loss_of(single, batch(0, step)).backward();
+      for (const auto& item : wide) item.value().mutable_grad() = single[item.key()].grad().to(at::kDouble);
+      a->step();
+      b->step();
+    }
+    for (const auto& item : single) {
+      EXPECT_TRUE(at::allclose(item.value(), wide[item.key()].to(at::kFloat), 1e-6, 1e-7))
+          << item.key();
+    }
+  }
+}
+
+TEST(LayerwiseOptimizers, BadHyperParametersAndForeignStatesAreClearErrors) {
+  Parameters p = make_parameters();
+  EXPECT_THROW(LAMB(p.values(), LayerwiseOptions(-1.0)), SpecError);
+  EXPECT_THROW(LANS(p.values(), LayerwiseOptions().betas({0.9, 1.0})), SpecError);
+
+  // A state saved from a model of other shapes (same number of tensors) is refused on load.
+  Parameters other;
+  for (const auto& item : p) other.insert(item.key(), at::ones({3}).requires_grad_());
+  LAMB other_lamb(other.values());
+  for (const auto& item : other) item.value().mutable_grad() = at::ones({3});
+  other_lamb.step();
+  LAMB lamb(p.values());
+  try {
+    load(lamb, saved(other_lamb));
+    ADD_FAILURE() << "a foreign state was loaded";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LAMB: the loaded state does not fit a parameter of "
+                                         "shape [16, 8]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+// Layer-wise adaptive optimizer updates: LAMB and LANS, the fused kernels behind
+// gradcomp.torch.LAMB / LANS and gradcomp::torch::LAMB / LANS (docs/optimizers.md).
+//
+// Both keep Adam's moments per coordinate and scale each layer's (each parameter tensor's) step
+// by a trust ratio ||x|| / ||step||, so every layer moves by about lr times its own norm
+// whatever the scale of its gradient: what lets large batches (and gradients whose scale a
+// codec changed) train at one learning rate. The update is a pure function of the parameter,
+// the gradient, the moments and the step number: ranks that hold the same values and apply
+// the same averaged gradient stay bit-identical, on any thread count.
+//
+// The kernels take plain float spans of one tensor; a device implementation (a CUDA kernel)
+// would implement the same functions over device memory.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace gradcomp {
+
+// Adam's hyper-parameters, shared by LAMB and LANS. weight_decay is decoupled (AdamW's): it is
+// added to the step before the trust ratio, as in the LAMB paper.
+struct AdamHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-6;
+  double weight_decay = 0.01;
+  bool bias_correction = true;  // divide the moments by 1 - beta^t
+};
+
+// One layer: its parameter (updated in place), its gradient, and its moments (updated in
+// place, zero before the first step). Every span has the same length.
+struct LayerSlot {
+  std::span<float> param;
+  std::span<const float> grad;
+  std::span<float> exp_avg;     // m, the first moment
+  std::span<float> exp_avg_sq;  // v, the second moment
+};
+
+// What a step did to the layer, for logs and tests.
+struct LayerStep {
+  double param_norm = 0;    // ||x|| before the step
+  double trust_ratio = 1;   // LAMB: ||x|| / ||r||; LANS: that of the momentum direction
+  double grad_trust = 1;    // LANS: that of the gradient direction (1 for LAMB)
+};
+
+// Throws SpecError naming `optimizer` and the parameter when h is out of range: lr and
+// weight_decay finite and >= 0, 0 <= beta < 1, eps finite and > 0.
+void check_adam_hyper(const AdamHyper& h, std::string_view optimizer);
+
+// LAMB (You et al. 2019), step number `step` (1 for the first):
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  r = m^ / (sqrt(v^) + eps) + wd x
+//   x -= lr * (||x|| / ||r||) * r        (the ratio is 1 when either norm is 0)
+// `threads` parallelises over fixed chunks; the result does not depend on it.
+LayerStep lamb_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int threads = 1);
+
+// LANS (Zheng et al. 2020), LAMB with a Nesterov-style blend of the momentum direction and the
+// current gradient's, each with its own trust ratio:
+//   g' = g / ||g|| when normalize_grad (the layer's gradient to unit norm), else g
+//   m, v as LAMB's from g';  r = m^ / (sqrt(v^) + eps) + wd x;  c = g' / (sqrt(v^) + eps) + wd x
+//   x -= lr * (b1 * (||x|| / ||r||) * r + (1 - b1) * (||x|| / ||c||) * c)
+LayerStep lans_step(const LayerSlot& layer, int64_t step, const AdamHyper& h,
+                    bool normalize_grad = true, int threads = 1);
+
+}  // namespace gradcomp

@@ -1,0 +1,66 @@
+// What LAMB and LANS share: Adam's moment update with bias correction, the per-coordinate
+// direction m^ / (sqrt(v^) + eps), the layer's trust ratio, and sums of squares that vectorise
+// in a fixed order (so a norm is the same on any thread count and any run).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "gradcomp/optimizer.h"
+
+namespace gradcomp::optim {
+
+// The step's constants, in float as the per-element arithmetic is.
+struct MomentCoefficients {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float first_scale;   // 1 / (1 - beta1^t), or 1 without bias correction
+  float second_scale;  // 1 / sqrt(1 - beta2^t), or 1
+  float eps, weight_decay;
+};
+
+MomentCoefficients moment_coefficients(const AdamHyper& h, int64_t step);
+
+// Checks the slot's spans have one length and step >= 1; throws Error naming `optimizer`.
+void check_layer(const LayerSlot& layer, int64_t step, std::string_view optimizer);
+
+// m and v take the gradient g (in place).
+inline void update_moments(float g, float& m, float& v, const MomentCoefficients& c) {
+  m = c.beta1 * m + c.one_minus_beta1 * g;
+  v = c.beta2 * v + c.one_minus_beta2 * (g * g);
+}
+
+// 1 / (sqrt(v^) + eps): the per-coordinate scale Adam divides a direction by.
+inline float inverse_scale(float v, const MomentCoefficients& c) {
+  return 1.0f / (std::sqrt(v) * c.second_scale + c.eps);
+}
+
+// Adam's direction for one coordinate, with the decoupled weight decay: m^ / (sqrt(v^) + eps)
+// + wd x. Both passes of a step call this, so the step applied is the one whose norm was taken.
+inline float adam_direction(float m, float v, float x, const MomentCoefficients& c) {
+  return m * c.first_scale * inverse_scale(v, c) + c.weight_decay * x;
+}
+
+// ||x|| / ||u||, or 1 when either is 0 (a new zero-initialised layer, or no step to scale).
+inline double trust_ratio(double param_norm, double step_norm) {
+  return param_norm > 0 && step_norm > 0 ? param_norm / step_norm : 1.0;
+}
+
+// Sums of squares in kLanes interleaved double partial sums, folded pairwise: the inner loops
+// of a block of kLanes elements vectorise without -ffast-math, and the order is fixed.
+inline constexpr size_t kLanes = 16;
+
+struct SquareLanes {
+  double acc[kLanes] = {};
+  void add(size_t lane, float x) { acc[lane] += static_cast<double>(x) * x; }
+  double total() {
+    for (size_t width = kLanes / 2; width > 0; width /= 2) {
+      for (size_t j = 0; j < width; ++j) acc[j] += acc[j + width];
+    }
+    return acc[0];
+  }
+};
+
+}  // namespace gradcomp::optim

@@ -1,0 +1,64 @@
+// LAMB: Adam's direction plus decoupled weight decay, scaled per layer by ||x|| / ||r||.
+// Two passes over the layer: the first updates the moments and takes both norms, the second
+// applies the step (the trust ratio needs the whole layer's ||r|| before any coordinate moves).
+#include <algorithm>
+#include <cmath>
+
+#include "common/parallel.h"
+#include "optim/adam_moments.h"
+
+namespace gradcomp {
+namespace {
+
+using optim::kLanes;
+
+struct Norms {
+  double param = 0;  // sum of x^2
+  double step = 0;   // sum of r^2
+};
+
+Norms update_and_measure(const LayerSlot& layer, const optim::MomentCoefficients& c, int threads) {
+  float* x = layer.param.data();
+  const float* g = layer.grad.data();
+  float* m = layer.exp_avg.data();
+  float* v = layer.exp_avg_sq.data();
+  return reduce_chunks<Norms>(
+      layer.param.size(), threads, Norms{},
+      [&](size_t begin, size_t end) {
+        optim::SquareLanes param, step;
+        for (size_t i = begin; i < end; i += kLanes) {
+          const size_t len = std::min(kLanes, end - i);
+          for (size_t j = 0; j < len; ++j) {
+            const size_t k = i + j;
+            optim::update_moments(g[k], m[k], v[k], c);
+            param.add(j, x[k]);
+            step.add(j, optim::adam_direction(m[k], v[k], x[k], c));
+          }
+        }
+        return Norms{param.total(), step.total()};
+      },
+      [](Norms a, Norms b) { return Norms{a.param + b.param, a.step + b.step}; });
+}
+
+}  // namespace
+
+LayerStep lamb_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int threads) {
+  check_adam_hyper(h, "LAMB");
+  optim::check_layer(layer, step, "LAMB");
+  const auto c = optim::moment_coefficients(h, step);
+  const Norms norms = update_and_measure(layer, c, threads);
+
+  LayerStep result;
+  result.param_norm = std::sqrt(norms.param);
+  result.trust_ratio = optim::trust_ratio(result.param_norm, std::sqrt(norms.step));
+  const auto scale = static_cast<float>(h.lr * result.trust_ratio);
+  float* x = layer.param.data();
+  const float* m = layer.exp_avg.data();
+  const float* v = layer.exp_avg_sq.data();
+  for_chunks(layer.param.size(), threads, [&](size_t begin, size_t end, size_t) {
+    for (size_t k = begin; k < end; ++k) x[k] -= scale * optim::adam_direction(m[k], v[k], x[k], c);
+  });
+  return result;
+}
+
+}  // namespace gradcomp
