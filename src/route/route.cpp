@@ -65,6 +65,14 @@ std::vector<std::string> codecs_fitting(const std::string& route) {
   return names;
 }
 
+// The server side of a two-way route applies error feedback only: the worker's spec when it is
+// `ef` (its parameters kept) or `none`; `ef` when the worker's adds momentum (dgc, nesterov),
+// which the worker has applied already (BytePS-Compress's server keeps a residual, no momentum).
+std::string default_server_feedback(const std::string& worker) {
+  const std::string name = Spec::parse(worker, "feedback").name();
+  return name == "ef" || name == "none" ? worker : "ef";
+}
+
 bool is_one_of(const std::string& name, const std::vector<std::string>& names) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
@@ -93,8 +101,9 @@ RouteSpec parse_route_spec(const Option& option) {
                 "'hierarchical' with inner=twoway)");
     }
     // Feedback names only: a spec's values cannot hold commas, so parameters of the server
-    // feedback would be cut; the default is the worker's whole feedback spec.
-    out.server_feedback = spec.get_choice("server_feedback", option.feedback, feedback_names());
+    // feedback would be cut.
+    out.server_feedback =
+        spec.get_choice("server_feedback", default_server_feedback(option.feedback), feedback_names());
   }
   spec.finish();
   return out;

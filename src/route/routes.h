@@ -37,7 +37,7 @@ struct RouteConfig {
 std::unique_ptr<Codec> make_bucket_codec(const RouteConfig& config);
 
 // Parses the spec (SpecError on unknown names or keys) and fills in defaults that depend on
-// the option (the server feedback defaults to the worker's).
+// the option (the server feedback defaults to the worker's error feedback, without momentum).
 RouteSpec parse_route_spec(const Option& option);
 // Throws Error when `codec` cannot travel over route `name` (not for hierarchical: pass its
 // inner route).

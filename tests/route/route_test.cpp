@@ -2,6 +2,7 @@
 // error wrapping, and the routes over a real transport of one rank (state checks, lengths).
 #include "route/frames.h"
 #include "route/route.h"
+#include "route/routes.h"
 
 #include <gtest/gtest.h>
 
@@ -64,6 +65,21 @@ TEST(Route, ValidOptionsPass) {
         "hierarchical:inner=twoway,server_feedback=none"}) {
     EXPECT_NO_THROW(check_route({.codec = "randomk", .feedback = "ef", .route = route})) << route;
   }
+}
+
+TEST(Route, TheServerAppliesErrorFeedbackOnlyByDefault) {
+  // The worker's momentum (dgc, nesterov) is applied once, on the worker; the server keeps a
+  // residual. ef (with its parameters) and none carry over; an explicit choice is kept.
+  const auto server = [](const std::string& feedback, const std::string& route = "twoway") {
+    return route::parse_route_spec({.codec = "topk", .feedback = feedback, .route = route})
+        .server_feedback;
+  };
+  EXPECT_EQ(server("dgc"), "ef");
+  EXPECT_EQ(server("nesterov:momentum=0.8"), "ef");
+  EXPECT_EQ(server("ef:decay=0.5"), "ef:decay=0.5");
+  EXPECT_EQ(server("none"), "none");
+  EXPECT_EQ(server("dgc", "twoway:server_feedback=dgc"), "dgc");
+  EXPECT_EQ(server("nesterov", "hierarchical:inner=twoway"), "ef");
 }
 
 TEST(Route, UnknownRouteListsTheAvailableOnes) {
