@@ -141,8 +141,8 @@ LayerSlot layer_slot(const at::Tensor& param, const at::Tensor& grad, const at::
           float_span(exp_avg_sq, "exp_avg_sq")};
 }
 
-// LAMB and LANS on one layer (gradcomp/optimizer.h), for python/gradcomp/optimizers.py.
-void bind_layerwise_optimizers(py::module_& m) {
+// The optimizers' kernels on one layer (gradcomp/optimizer.h), for python/gradcomp/optimizers.py.
+void bind_optimizer_kernels(py::module_& m) {
   m.def(
       "check_adam_hyper",
       [](const std::string& optimizer, double lr, double beta1, double beta2, double eps,
@@ -174,6 +174,30 @@ void bind_layerwise_optimizers(py::module_& m) {
         return lans_step(layer, step, h, normalize_grad, threads);
       },
       "One LANS step on one layer, in place; returns a LayerStep.");
+  m.def(
+      "adamw_step",
+      [](const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+         const at::Tensor& exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
+         double eps, double weight_decay, bool bias_correction, int threads) {
+        const LayerSlot layer = layer_slot(param, grad, exp_avg, exp_avg_sq);
+        const AdamHyper h = adam_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction);
+        py::gil_scoped_release release;
+        adamw_step(layer, step, h, threads);
+      },
+      "One AdamW step on one layer, in place (1-bit Adam's warm-up).");
+  m.def(
+      "frozen_adam_step",
+      [](const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+         int64_t step, int64_t frozen_at, double lr, double beta1, double beta2, double eps,
+         double weight_decay, bool bias_correction, int threads) {
+        const LayerSlot layer{float_span(param, "param"), {}, float_span(exp_avg, "exp_avg"),
+                              float_span(exp_avg_sq, "exp_avg_sq")};
+        const AdamHyper h = adam_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction);
+        py::gil_scoped_release release;
+        frozen_adam_step(layer, step, frozen_at, h, threads);
+      },
+      "1-bit Adam's compression-stage step on one layer: x moves on the given momentum and the "
+      "variance frozen at step frozen_at.");
   py::class_<LayerStep>(m, "LayerStep")
       .def_readonly("param_norm", &LayerStep::param_norm)
       .def_readonly("trust_ratio", &LayerStep::trust_ratio)
@@ -185,7 +209,7 @@ void bind_layerwise_optimizers(py::module_& m) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gradcomp's C++ core (use the gradcomp and gradcomp.torch modules)";
   register_errors(m);
-  bind_layerwise_optimizers(m);
+  bind_optimizer_kernels(m);
 
   m.def("codec_names", &codec_names);
   m.def("recommendations", [] {

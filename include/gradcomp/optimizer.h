@@ -1,5 +1,6 @@
-// Layer-wise adaptive optimizer updates: LAMB and LANS, the fused kernels behind
-// gradcomp.torch.LAMB / LANS and gradcomp::torch::LAMB / LANS (docs/optimizers.md).
+// Adaptive optimizer updates: LAMB and LANS, the fused kernels behind gradcomp.torch.LAMB / LANS
+// and gradcomp::torch::LAMB / LANS, and the two stages of 1-bit Adam (gradcomp.torch.OneBitAdam)
+// (docs/optimizers.md).
 //
 // Both keep Adam's moments per coordinate and scale each layer's (each parameter tensor's) step
 // by a trust ratio ||x|| / ||step||, so every layer moves by about lr times its own norm
@@ -62,5 +63,17 @@ LayerStep lamb_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, in
 //   x -= lr * (b1 * (||x|| / ||r||) * r + (1 - b1) * (||x|| / ||c||) * c)
 LayerStep lans_step(const LayerSlot& layer, int64_t step, const AdamHyper& h,
                     bool normalize_grad = true, int threads = 1);
+
+// AdamW (Loshchilov & Hutter), one pass: m, v as LAMB's; x -= lr * (m^ / (sqrt(v^) + eps) + wd x).
+// 1-bit Adam's warm-up stage.
+void adamw_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int threads = 1);
+
+// 1-bit Adam's compression stage (Tang et al. 2021): the variance was frozen after step
+// `frozen_at` (v = layer.exp_avg_sq as it was then, bias-corrected as at that step) and
+// layer.exp_avg already holds this step's momentum (averaged over the ranks), so only x moves:
+//   x -= lr * (m^ / (sqrt(v / (1 - b2^frozen_at)) + eps) + wd x),   m^ = m / (1 - b1^step).
+// layer.grad is not read (it may be empty). Throws Error unless 1 <= frozen_at < step.
+void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, const AdamHyper& h,
+                      int threads = 1);
 
 }  // namespace gradcomp

@@ -31,7 +31,7 @@ from gradcomp.optimizers import LAMB, LANS  # noqa: F401 (gradcomp.torch.LAMB, .
 from gradcomp.profile import profile, save_profile  # noqa: F401 (gradcomp.torch.profile)
 
 __all__ = ["DistributedOptimizer", "comm_hook", "get_transport", "broadcast_parameters", "Error",
-           "LAMB", "LANS"]
+           "LAMB", "LANS", "OneBitAdam"]
 
 _own_transports = {}
 _group_transports = {}  # id(process group) -> (group, transport): one queue per group
@@ -704,3 +704,6 @@ def comm_hook(compression="none", transport=None, seed=0, min_compress_elements=
     Arguments as for DistributedOptimizer; see CommHook."""
     return CommHook(compression, transport, seed, min_compress_elements, timeline,
                     codec_threads, local_size)
+
+
+from gradcomp.onebit_adam import OneBitAdam  # noqa: E402,F401 (it uses this module's helpers)

@@ -1,0 +1,51 @@
+// AdamW and the frozen-variance step of 1-bit Adam: one pass each, on Adam's direction.
+#include <fmt/format.h>
+
+#include "common/parallel.h"
+#include "gradcomp/error.h"
+#include "optim/adam_moments.h"
+
+namespace gradcomp {
+
+void adamw_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int threads) {
+  check_adam_hyper(h, "AdamW");
+  optim::check_layer(layer, step, "AdamW");
+  const auto c = optim::moment_coefficients(h, step);
+  const auto lr = static_cast<float>(h.lr);
+  float* x = layer.param.data();
+  const float* g = layer.grad.data();
+  float* m = layer.exp_avg.data();
+  float* v = layer.exp_avg_sq.data();
+  for_chunks(layer.param.size(), threads, [&](size_t begin, size_t end, size_t) {
+    for (size_t k = begin; k < end; ++k) {
+      optim::update_moments(g[k], m[k], v[k], c);
+      x[k] -= lr * optim::adam_direction(m[k], v[k], x[k], c);
+    }
+  });
+}
+
+void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, const AdamHyper& h,
+                      int threads) {
+  check_adam_hyper(h, "OneBitAdam");
+  const size_t n = layer.param.size();
+  if (layer.exp_avg.size() != n || layer.exp_avg_sq.size() != n) {
+    throw Error(fmt::format("OneBitAdam: a layer's parameter and moments must have one length; "
+                            "got {}, {}, {}", n, layer.exp_avg.size(), layer.exp_avg_sq.size()));
+  }
+  if (frozen_at < 1 || frozen_at >= step) {
+    throw Error(fmt::format("OneBitAdam: the variance frozen at step {} cannot serve step {}; "
+                            "allowed: 1 <= frozen_at < step", frozen_at, step));
+  }
+  // The momentum's bias correction is this step's, the variance's that of the step it froze at.
+  optim::MomentCoefficients c = optim::moment_coefficients(h, step);
+  c.second_scale = optim::moment_coefficients(h, frozen_at).second_scale;
+  const auto lr = static_cast<float>(h.lr);
+  float* x = layer.param.data();
+  const float* m = layer.exp_avg.data();
+  const float* v = layer.exp_avg_sq.data();
+  for_chunks(n, threads, [&](size_t begin, size_t end, size_t) {
+    for (size_t k = begin; k < end; ++k) x[k] -= lr * optim::adam_direction(m[k], v[k], x[k], c);
+  });
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,136 @@
+"""gradcomp.torch.OneBitAdam: the warm-up is AdamW on the mean gradient; the compression stage
+steps on the exchanged momentum with the frozen variance; 2 ranks stay bit-identical under
+"onebit|ef|twoway" and resume bit-exactly from checkpoints taken in either stage; bad input is
+refused by name."""
+import copy
+
+import pytest
+import torch
+
+import gradcomp.torch as gc
+
+WARMUP = 3
+STEPS = 8
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+
+
+def _batch(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(16, 32, generator=g), torch.randn(16, 4, generator=g)
+
+
+def _loss(model, step):
+    x, y = _batch(step)
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def test_warmup_is_adamw_and_then_the_variance_freezes():
+    # One rank, no compression: the exchange is exact, so the stages' arithmetic is on view.
+    hyper = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
+    ours, reference = _model(), _model()
+    opt = gc.OneBitAdam(ours.named_parameters(), warmup_steps=WARMUP, compression="none",
+                        **hyper)
+    adamw = torch.optim.AdamW(reference.parameters(), **hyper)
+    frozen_v = None
+    for step in range(STEPS):
+        for model, o in ((ours, opt), (reference, adamw)):
+            o.zero_grad()
+            _loss(model, step).backward()
+        opt.step()
+        if step == WARMUP - 1:
+            ours_frozen = opt.state[next(ours.parameters())]["exp_avg_sq"].clone()
+        if step < WARMUP:
+            adamw.step()  # AdamW itself
+            for a, b in zip(ours.parameters(), reference.parameters()):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+            continue
+        # The reference's compression stage: m from the gradient, v as it was after the warm-up.
+        if frozen_v is None:
+            frozen_v = {p: adamw.state[p]["exp_avg_sq"].clone() for p in reference.parameters()}
+        with torch.no_grad():
+            for p in reference.parameters():
+                st = adamw.state[p]
+                st["exp_avg"].mul_(0.9).add_(p.grad, alpha=0.1)
+                t = step + 1
+                m_hat = st["exp_avg"] / (1 - 0.9 ** t)
+                v_hat = frozen_v[p] / (1 - 0.99 ** WARMUP)
+                p.sub_(0.01 * (m_hat / (v_hat.sqrt() + 1e-8) + 0.05 * p))
+        for a, b in zip(ours.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    state = opt.state[next(ours.parameters())]
+    assert opt.frozen and state["step"] == STEPS and state["frozen_at"] == WARMUP
+    assert torch.equal(state["exp_avg_sq"], ours_frozen), "the variance changed after freezing"
+
+
+def test_default_warmup_is_15_percent_of_total_steps():
+    assert gc.OneBitAdam(_model().parameters(), total_steps=1000).warmup_steps == 150
+    assert gc.OneBitAdam(_model().parameters(), total_steps=3).warmup_steps == 1
+    assert gc.OneBitAdam(_model().parameters()).warmup_steps == 1000
+
+
+def test_bad_input_is_refused_by_name():
+    with pytest.raises(ValueError, match="warmup_steps is 0"):
+        gc.OneBitAdam(_model().parameters(), warmup_steps=0)
+    with pytest.raises(ValueError, match="OneBitAdam: lr is -1"):
+        gc.OneBitAdam(_model().parameters(), lr=-1)
+    with pytest.raises(gc.Error, match="has its own start="):
+        gc.OneBitAdam(_model().parameters(), compression="onebit|ef|twoway|start=5")
+    with pytest.raises(gc.Error, match="parameter '0.weight' is torch.float64 on cpu; float32"):
+        gc.OneBitAdam(_model().double().named_parameters())
+
+
+def test_load_state_dict_refuses_another_warmup_and_changes_nothing():
+    model = _model()
+    opt = gc.OneBitAdam(model.parameters(), warmup_steps=2, compression="none")
+    for step in range(3):
+        opt.zero_grad()
+        _loss(model, step).backward()
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    other = gc.OneBitAdam(_model().parameters(), warmup_steps=5, compression="none")
+    before = copy.deepcopy(other.state_dict())
+    with pytest.raises(gc.Error, match="saved with warmup_steps=2, this optimizer has 5"):
+        other.load_state_dict(saved)
+    assert other.state_dict()["gradcomp"] == before["gradcomp"]
+    with pytest.raises(gc.Error, match="no gradcomp part"):
+        other.load_state_dict(torch.optim.Adam(_model().parameters()).state_dict())
+
+
+@pytest.fixture(scope="module")
+def runs(module_runner, tmp_path_factory):
+    """2 ranks: STEPS steps straight; then checkpoints in the warm-up (after 2 steps) and in the
+    compression stage (after 5), each resumed in new processes."""
+    ckpt = tmp_path_factory.mktemp("onebit")
+    straight = module_runner("onebit_adam.py", "--end", STEPS, "--warmup", WARMUP).check()
+    resumed = {}
+    for at in (2, 5):
+        module_runner("onebit_adam.py", "--end", at, "--warmup", WARMUP,
+                      "--save", ckpt / f"at{at}").check()
+        resumed[at] = module_runner("onebit_adam.py", "--begin", at, "--end", STEPS,
+                                    "--warmup", WARMUP, "--load", ckpt / f"at{at}").check()
+    return straight, resumed
+
+
+def test_ranks_stay_bit_identical_and_bytes_drop_after_the_warmup(runs):
+    straight, _ = runs
+    finals = straight.loads("final")
+    assert finals[0] == finals[1], "the ranks' parameters differ"
+    steps = straight.report(0)["steps"]
+    assert [s["frozen"] for s in steps] == [False] * WARMUP + [True] * (STEPS - WARMUP)
+    for s in steps[:WARMUP]:
+        assert s["bytes_sent"] == s["uncompressed_bytes"]
+    for s in steps[WARMUP:]:
+        # two 16,384-element weights at 1 bit, both ways; biases and head in fp32
+        assert s["bytes_sent"] * 5 < s["uncompressed_bytes"], s
+
+
+@pytest.mark.parametrize("at", [2, 5])
+def test_resume_in_either_stage_is_bit_exact(runs, at):
+    straight, resumed = runs
+    for rank, final in enumerate(resumed[at].loads("final")):
+        assert final == straight.load("final", rank), \
+            f"rank {rank}: resumed after step {at}, training differs"

@@ -1,0 +1,45 @@
+"""Trains the common model with gradcomp.torch.OneBitAdam for steps [--begin, --end) (the
+variance frozen after --warmup steps), optionally resuming from and saving checkpoints (model
+and optimizer state_dict, one file per rank); records the final parameters' bytes and each
+step's bytes sent and uncompressed bytes."""
+import torch
+
+import common
+import gradcomp.torch as gc
+
+
+def main():
+    p = common.parser(__doc__)
+    p.add_argument("--begin", type=int, default=0)
+    p.add_argument("--end", type=int, required=True)
+    p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--compression", default="onebit|ef|twoway")
+    p.add_argument("--load", help="checkpoint prefix to resume from")
+    p.add_argument("--save", help="checkpoint prefix to write at the end")
+    args = p.parse_args()
+    rank, _ = common.setup()
+    model = common.make_model()
+    opt = gc.OneBitAdam(model.named_parameters(), lr=0.01, weight_decay=0.01,
+                        warmup_steps=args.warmup, compression=args.compression, seed=4)
+    if args.load:
+        checkpoint = torch.load(f"{args.load}.rank{rank}.pt")
+        model.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["optimizer"])
+    steps = []
+    for step in range(args.begin, args.end):
+        opt.zero_grad()
+        common.loss_of(model, *common.batch(rank, step)).backward()
+        frozen = opt.frozen  # this step's stage
+        opt.step()
+        stats = opt.last_step()
+        steps.append({"frozen": frozen, "bytes_sent": stats["bytes_sent"],
+                      "uncompressed_bytes": stats["uncompressed_bytes"]})
+    if args.save:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
+                   f"{args.save}.rank{rank}.pt")
+    common.save(args.out, "final", rank, common.state_bytes(model))
+    common.report(args.out, rank, {"steps": steps})
+
+
+if __name__ == "__main__":
+    main()
