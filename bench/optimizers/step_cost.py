@@ -6,8 +6,9 @@ parameter bytes (the floor of any update that reads and writes them). docs/optim
 
 Prints a Markdown table per size: the median milliseconds per step; the step's speed relative
 to a memcpy of the parameters (1.0 = as fast as copying the parameters once); and its memory
-rate relative to memcpy's, counting the 28 bytes per element any Adam-type step must move (read
-x, g, m, v; write x, m, v) against memcpy's 8: 1.0 = the update streams at memcpy's rate."""
+rate relative to memcpy's, counting the bytes per element the step must move (28 for Adam's
+kin: read x, g, m, v, write x, m, v; 16 for 1-bit Adam's frozen-variance step) against
+memcpy's 8: 1.0 = the update streams at memcpy's rate."""
 import argparse
 import statistics
 import sys
@@ -18,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 import gradcomp.torch as gc  # noqa: E402
+from gradcomp import _C  # noqa: E402
 
 
 def median_ms(fn, repeat):
@@ -39,6 +41,17 @@ def contenders(n):
         optimizer = make([p])
         return optimizer.step
 
+    def kernel(update):
+        p, g = torch.randn(n) * 0.02, torch.randn(n) * 1e-3
+        m, v = torch.randn(n) * 1e-3, torch.full((n,), 1e-6)
+        counter = [1]
+
+        def step():
+            counter[0] += 1
+            update(p, g, m, v, counter[0])
+        return step
+
+    hyper = (1e-3, 0.9, 0.999, 1e-8, 0.01, True, 1)
     src, dst = torch.randn(n), torch.empty(n)
     return {
         "memcpy of the parameters": lambda: dst.copy_(src),
@@ -46,7 +59,16 @@ def contenders(n):
         "torch AdamW (foreach)": stepper(lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True)),
         "gradcomp LAMB": stepper(lambda ps: gc.LAMB(ps, lr=1e-3)),
         "gradcomp LANS": stepper(lambda ps: gc.LANS(ps, lr=1e-3)),
+        "gradcomp AdamW kernel (1-bit Adam's warm-up)": kernel(
+            lambda p, g, m, v, t: _C.adamw_step(p, g, m, v, t, *hyper)),
+        "gradcomp 1-bit Adam's frozen-variance step": kernel(
+            lambda p, g, m, v, t: _C.frozen_adam_step(p, m, v, t, 1, *hyper)),
     }
+
+
+# Bytes per element a step must move: read x, g, m, v and write x, m, v (Adam's kin); the
+# frozen-variance step reads x, m, v and writes x.
+NECESSARY_BYTES = {"gradcomp 1-bit Adam's frozen-variance step": 16}
 
 
 def main():
@@ -69,7 +91,8 @@ def main():
     print("|---|---|---|---|---|")
     for name, times in rows.items():
         for n, t, m in zip(sizes, times, memcpy):
-            print(f"| {name} | {n:,} | {t:.3f} | {m / t:.2f} | {m / t * 28 / 8:.2f} |")
+            moved = NECESSARY_BYTES.get(name, 28)
+            print(f"| {name} | {n:,} | {t:.3f} | {m / t:.2f} | {m / t * moved / 8:.2f} |")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@ Start W ranks with a launcher, e.g.
 
 Every rank trains on its own shard of the 60k training images (a seeded shuffle per epoch, the
 same permutation on every rank, rank r takes positions r, r+W, ...). Gradients are averaged over
-ranks by gradcomp.torch.DistributedOptimizer around plain SGD with momentum. At the end the ranks
-check that they hold identical parameters, evaluate on the 10k test images and rank 0 prints a
-summary (and writes it as JSON with --json).
+ranks by gradcomp.torch.DistributedOptimizer around plain SGD with momentum (or AdamW or
+gradcomp's LANS with --optimizer; or by gradcomp's 1-bit Adam, which exchanges by itself). At
+the end the ranks check that they hold identical parameters, evaluate on the 10k test images and
+rank 0 prints a summary (and writes it as JSON with --json).
 """
 import argparse
 import gzip
@@ -49,14 +50,23 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=float, default=1.0,
                    help="passes over the training set; a fraction stops early (default: 1)")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank and step (32)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (0.05)")
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lans", "onebitadam"],
+                   help="sgd (momentum, the default), adamw (torch's), lans (gradcomp's; with "
+                        "--compression 'onebit|ef|twoway' it is CLAN), onebitadam (gradcomp's "
+                        "1-bit Adam: its own exchange, --compression is the momentum's after "
+                        "--onebit-warmup)")
+    p.add_argument("--onebit-warmup", type=float, default=0.15,
+                   help="onebitadam: fraction of the steps before the variance freezes (0.15)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (sgd 0.05, adamw and onebitadam 1e-3, lans 1e-2)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
                    help="learning rate over the run: cosine decay from --lr to 0 at the last "
                         "step, or constant (default: cosine)")
     p.add_argument("--momentum", type=float, default=0.9,
                    help="SGD momentum (0.9; use 0 with the dgc or nesterov feedback, which "
                         "move the momentum before compression)")
-    p.add_argument("--weight-decay", type=float, default=1e-4, help="SGD weight decay (1e-4)")
+    p.add_argument("--weight-decay", type=float, default=1e-4,
+                   help="weight decay (1e-4; decoupled for the Adam family)")
     p.add_argument("--seed", type=int, default=0,
                    help="model initialisation, shuffling and the codecs' randomness (0)")
     p.add_argument("--transport", default="auto", choices=["auto", "gloo", "mpi", "torch"],
@@ -75,6 +85,8 @@ def parse_args(argv=None):
                    help="torch threads per rank (1: ranks usually share the cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on rank 0")
     args = p.parse_args(argv)
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.optimizer]
     if args.epochs <= 0 or args.batch_size <= 0 or args.lr <= 0:
         p.error("--epochs, --batch-size and --lr must be positive")
     return args
@@ -222,9 +234,11 @@ class StepTotals:
         self.uncompressed_bytes = 0
         self.step_seconds = 0.0
         self.exchange_seconds = 0.0
+        self.bytes_curve = []  # bytes sent at each step (1-bit Adam's fall after its warm-up)
 
     def add(self, last):
         self.steps += 1
+        self.bytes_curve.append(last["bytes_sent"])
         self.bytes_sent += last["bytes_sent"]
         self.uncompressed_bytes += last["uncompressed_bytes"]
         self.step_seconds += last["step_seconds"]
@@ -245,6 +259,7 @@ def exchange_summary(comm, totals, train_seconds):
         "bytes_sent_per_step": sent,
         "uncompressed_bytes_per_step": raw,
         "compression_ratio": raw / sent if sent else float("inf"),
+        "bytes_sent_curve": totals.bytes_curve,  # this rank's
     }
 
 
@@ -265,6 +280,37 @@ def make_schedule(optimizer, kind, total_steps):
                                                         total_steps)))
 
 
+DEFAULT_LR = {"sgd": 0.05, "adamw": 1e-3, "onebitadam": 1e-3, "lans": 1e-2}
+
+
+def make_optimizer(args, model, comm, total_steps):
+    """(the optimizer step() is called on, the one the schedule drives): DistributedOptimizer
+    around SGD, AdamW or LANS, or 1-bit Adam, which exchanges by itself."""
+    import gradcomp.torch as gct
+    lr = args.lr
+    if args.optimizer == "onebitadam":
+        optimizer = gct.OneBitAdam(
+            model.named_parameters(), lr=lr, weight_decay=args.weight_decay,
+            warmup_steps=max(1, round(args.onebit_warmup * total_steps)),
+            compression=args.compression, transport=comm.transport,
+            seed=args.seed, min_compress_elements=args.min_compress_elements,
+            bucket_mb=args.bucket_mb, timeline=args.timeline)
+        return optimizer, optimizer
+    if args.optimizer == "adamw":
+        inner = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    elif args.optimizer == "lans":
+        inner = gct.LANS(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    else:
+        inner = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
+                                weight_decay=args.weight_decay)
+    optimizer = gct.DistributedOptimizer(
+        inner, model.named_parameters(), compression=args.compression,
+        transport=comm.transport, seed=args.seed,
+        min_compress_elements=args.min_compress_elements, bucket_mb=args.bucket_mb,
+        timeline=args.timeline)
+    return optimizer, inner
+
+
 def train(args):
     torch.set_num_threads(args.threads)
     train_x, train_y = load_split(args.data, "train")
@@ -276,17 +322,10 @@ def train(args):
 
     torch.manual_seed(args.seed)  # the same initial model on every rank
     model = Net()
-    sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                          weight_decay=args.weight_decay)
-    optimizer = gct.DistributedOptimizer(
-        sgd, model.named_parameters(), compression=args.compression,
-        transport=comm.transport, seed=args.seed,
-        min_compress_elements=args.min_compress_elements, bucket_mb=args.bucket_mb,
-        timeline=args.timeline)
-
     per_rank = len(train_y) // world
     steps_per_epoch = -(-per_rank // args.batch_size)
     total_steps = max(1, round(args.epochs * steps_per_epoch))
+    optimizer, sgd = make_optimizer(args, model, comm, total_steps)
     if rank == 0:
         print(f"fashion-mnist: {world} ranks, compression {args.compression!r}, "
               f"{sum(p.numel() for p in model.parameters()):,} parameters, "
@@ -342,6 +381,7 @@ def train(args):
         "epochs": args.epochs,
         "steps": totals.steps,
         "batch_size_per_rank": args.batch_size,
+        "optimizer": args.optimizer,
         "lr": args.lr,
         "schedule": args.schedule,
         "momentum": args.momentum,

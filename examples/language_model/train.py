@@ -49,8 +49,19 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=2, help="Transformer blocks (2)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (4)")
     p.add_argument("--vocab", type=int, default=4096, help="vocabulary size (4096)")
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"],
-                   help="adamw (betas 0.9, 0.95) or sgd (momentum 0.9) (adamw)")
+    p.add_argument("--optimizer", default="adamw",
+                   choices=["adamw", "lans", "lamb", "onebitadam", "sgd"],
+                   help="adamw (torch's, in DistributedOptimizer: the default), lans or lamb "
+                        "(gradcomp's, in DistributedOptimizer; lans with --compression "
+                        "'onebit|ef|twoway' is CLAN), onebitadam (gradcomp's 1-bit Adam: its own "
+                        "exchange, --compression is the momentum's after --onebit-warmup), sgd "
+                        "(momentum 0.9)")
+    p.add_argument("--beta2", type=float, default=None,
+                   help="Adam's second-moment decay (0.95; onebitadam 0.999, its paper's: a "
+                        "variance that decays fast leaves rows seen only early, rare tokens, "
+                        "near 0 when it freezes, and their steps then explode)")
+    p.add_argument("--onebit-warmup", type=float, default=0.15,
+                   help="onebitadam: fraction of the steps before the variance freezes (0.15)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (2e-3)")
     p.add_argument("--warmup", type=float, default=0.05,
                    help="fraction of the steps of linear learning-rate warm-up (0.05)")
@@ -74,6 +85,8 @@ def parse_args(argv=None):
         p.error(f"--width ({args.width}) must be a multiple of --heads ({args.heads})")
     if not 0 <= args.warmup < 1:
         p.error(f"--warmup is a fraction of the steps in [0, 1), not {args.warmup}")
+    if args.beta2 is None:
+        args.beta2 = 0.999 if args.optimizer == "onebitadam" else 0.95
     return args
 
 
@@ -161,7 +174,34 @@ def make_optimizer(args, model):
               dict(params=rest, weight_decay=0.0)]
     if args.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=args.lr, momentum=0.9)
-    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
+    if args.optimizer in ("lans", "lamb"):
+        import gradcomp.torch as gct
+        cls = gct.LANS if args.optimizer == "lans" else gct.LAMB
+        return cls(groups, lr=args.lr, betas=(0.9, args.beta2))
+    return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, args.beta2))
+
+
+def make_distributed(args, model, comm):
+    """(the optimizer step() is called on, the one the schedule drives): DistributedOptimizer
+    around make_optimizer's, or 1-bit Adam, which exchanges by itself."""
+    import gradcomp.torch as gct
+    if args.optimizer == "onebitadam":
+        named = list(model.named_parameters())
+        groups = [dict(params=[(n, p) for n, p in named if p.dim() > 1],
+                       weight_decay=args.weight_decay),
+                  dict(params=[(n, p) for n, p in named if p.dim() <= 1], weight_decay=0.0)]
+        optimizer = gct.OneBitAdam(
+            groups, lr=args.lr, betas=(0.9, args.beta2),
+            warmup_steps=max(1, round(args.onebit_warmup * args.steps)),
+            compression=args.compression, transport=comm.transport, seed=args.seed,
+            min_compress_elements=args.min_compress_elements)
+        return optimizer, optimizer
+    inner = make_optimizer(args, model)
+    optimizer = gct.DistributedOptimizer(
+        inner, model.named_parameters(), compression=args.compression,
+        transport=comm.transport, seed=args.seed,
+        min_compress_elements=args.min_compress_elements)
+    return optimizer, inner
 
 
 def make_schedule(optimizer, steps, warmup_fraction):
@@ -190,11 +230,7 @@ def train(args):
 
     torch.manual_seed(args.seed)  # the same initial model on every rank
     model = GPT(args.vocab, args.context, args.width, args.layers, args.heads)
-    inner = make_optimizer(args, model)
-    optimizer = gct.DistributedOptimizer(
-        inner, model.named_parameters(), compression=args.compression,
-        transport=comm.transport, seed=args.seed,
-        min_compress_elements=args.min_compress_elements)
+    optimizer, inner = make_distributed(args, model, comm)
     scheduler = make_schedule(inner, args.steps, args.warmup)
     batches = torch.Generator().manual_seed(args.seed * 1000003 + rank)
     if rank == 0:

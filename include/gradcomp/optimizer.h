@@ -71,7 +71,10 @@ void adamw_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int th
 // 1-bit Adam's compression stage (Tang et al. 2021): the variance was frozen after step
 // `frozen_at` (v = layer.exp_avg_sq as it was then, bias-corrected as at that step) and
 // layer.exp_avg already holds this step's momentum (averaged over the ranks), so only x moves:
-//   x -= lr * (m^ / (sqrt(v / (1 - b2^frozen_at)) + eps) + wd x),   m^ = m / (1 - b1^step).
+//   x -= lr * (clamp(m^ / (sqrt(v / (1 - b2^frozen_at)) + eps), +-B) + wd x),
+//   m^ = m / (1 - b1^step),  B = max(1, (1 - b1) / sqrt(1 - b2)),
+// B being the bound on Adam's own step per coordinate (Kingma & Ba, section 2.1): a coordinate
+// whose v froze (nearly) zero would otherwise step by m / eps.
 // layer.grad is not read (it may be empty). Throws Error unless 1 <= frozen_at < step.
 void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, const AdamHyper& h,
                       int threads = 1);

@@ -37,8 +37,9 @@ class OneBitAdam(torch.optim.Optimizer):
     """1-bit Adam over gradcomp's engine (see the module's doc).
 
     named_parameters: model.named_parameters() (or the model, or plain parameters: then named
-        param.0, param.1, ...). Every rank passes the same parameters in the same order;
-        float32, on the CPU.
+        param.0, param.1, ...), or parameter groups (dicts whose "params" hold those, with
+        their own lr, weight_decay, ...). Every rank passes the same parameters in the same
+        order; float32, on the CPU.
     lr, betas, eps, weight_decay (decoupled, AdamW's), bias_correction: as AdamW's
         (defaults 1e-3, (0.9, 0.999), 1e-8, 0, True).
     warmup_steps: steps of uncompressed AdamW before the variance freezes (>= 1). Default:
@@ -66,10 +67,10 @@ class OneBitAdam(torch.optim.Optimizer):
         gt._number("min_compress_elements", min_compress_elements, 0, (1 << 62))
         gt._number("seed", seed, 0, (1 << 64) - 1)
         gt._number("codec_threads", codec_threads, 1, 1024)
-        named = _named(named_parameters)
+        named, groups = _named_groups(named_parameters)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         bias_correction=bool(bias_correction))
-        super().__init__([p for _, p in named], defaults)
+        super().__init__(groups, defaults)
         self._params = [p for _, p in named]
         self.compression = compression
         # One engine for both stages: the option's "|start=N" makes steps before N a plain
@@ -154,6 +155,7 @@ class OneBitAdam(torch.optim.Optimizer):
             if state["frozen_at"] < 1:
                 raise Error("OneBitAdam: the variance froze before any warm-up step updated it "
                             "(every warm-up step was skipped: non-finite averages)")
+            _fill_unseen(state["exp_avg_sq"])
         state["exp_avg"].copy_(exchanged)  # the averaged momentum, the same on every rank
         _C.frozen_adam_step(p.data, state["exp_avg"], state["exp_avg_sq"], state["step"],
                             state["frozen_at"], *hyper, threads)
@@ -204,6 +206,16 @@ class OneBitAdam(torch.optim.Optimizer):
         self._steps = int(ours["steps"])
 
 
+def _fill_unseen(v):
+    """Coordinates whose gradient was always 0 in the warm-up (an embedding row of a token not
+    seen yet) have v = 0: frozen so, their first gradient would step by m / eps. They take the
+    mean of the tensor's other variances instead (in double, so the value does not depend on
+    the thread count), a step of the size the tensor's other coordinates take."""
+    unseen = v == 0
+    if unseen.any() and not unseen.all():
+        v[unseen] = v[~unseen].double().mean().float()
+
+
 def _warmup(warmup_steps, total_steps):
     if warmup_steps is None:
         if total_steps is None:
@@ -225,17 +237,31 @@ def _with_start(compression, warmup_steps):
     return f"{codec}|{feedback}|{route}|start={warmup_steps}"
 
 
-def _named(named_parameters):
+def _named_groups(named_parameters):
+    """(name, parameter) pairs in exchange order, and torch parameter groups of plain tensors.
+    named_parameters: the model, its named_parameters(), plain parameters, or a list of group
+    dicts whose "params" hold either (then named param.0, param.1, ... where plain)."""
     if isinstance(named_parameters, torch.nn.Module):
         named_parameters = named_parameters.named_parameters()
     items = list(named_parameters)
-    named = [item if isinstance(item, tuple) else (f"param.{i}", item)
-             for i, item in enumerate(items)]
-    named = [(n, p) for n, p in named if p.requires_grad]
+    given = items if items and isinstance(items[0], dict) else [{"params": items}]
+    named, groups = [], []
+    for group in given:
+        entries = []
+        for item in list(group["params"]):
+            name, p = item if isinstance(item, tuple) else (f"param.{len(named)}", item)
+            if p.requires_grad:
+                entries.append((name, p))
+                named.append((name, p))
+        groups.append({**group, "params": [p for _, p in entries]})
     if not named:
         raise Error("OneBitAdam: no parameters that require gradients")
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):
+        raise Error(f"OneBitAdam: parameter name '{next(n for n in names if names.count(n) > 1)}'"
+                    " appears twice")
     for n, p in named:
         if p.dtype != torch.float32 or p.device.type != "cpu":
             raise Error(f"OneBitAdam: parameter '{n}' is {p.dtype} on {p.device}; float32 CPU "
                         "parameters only (convert the model with .float())")
-    return named
+    return named, [g for g in groups if g["params"]]

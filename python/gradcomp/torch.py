@@ -304,6 +304,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise Error(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
+        if isinstance(optimizer, OneBitAdam):
+            raise Error("OneBitAdam averages over the ranks by itself: use it instead of "
+                        "DistributedOptimizer, not inside it (its compression= argument sets "
+                        "the exchange)")
         _number("bucket_mb", bucket_mb, 1 / (1 << 20), 1 << 20, integer=False)
         _number("min_compress_elements", min_compress_elements, 0, (1 << 62))
         _number("backward_passes_per_step", backward_passes_per_step, 1, (1 << 31) - 1)

@@ -1,6 +1,9 @@
 // AdamW and the frozen-variance step of 1-bit Adam: one pass each, on Adam's direction.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "common/parallel.h"
 #include "gradcomp/error.h"
 #include "optim/adam_moments.h"
@@ -39,12 +42,21 @@ void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, c
   // The momentum's bias correction is this step's, the variance's that of the step it froze at.
   optim::MomentCoefficients c = optim::moment_coefficients(h, step);
   c.second_scale = optim::moment_coefficients(h, frozen_at).second_scale;
+  // Adam's own step per coordinate is at most lr * max(1, (1 - b1) / sqrt(1 - b2)) (Kingma &
+  // Ba, section 2.1); a frozen v has no such bound: a coordinate whose gradient was (nearly) 0
+  // in the warm-up has a (nearly) zero v, and its first gradient after it would step by m / eps.
+  const auto bound =
+      static_cast<float>(std::max(1.0, (1.0 - h.beta1) / std::sqrt(1.0 - h.beta2)));
   const auto lr = static_cast<float>(h.lr);
   float* x = layer.param.data();
   const float* m = layer.exp_avg.data();
   const float* v = layer.exp_avg_sq.data();
   for_chunks(n, threads, [&](size_t begin, size_t end, size_t) {
-    for (size_t k = begin; k < end; ++k) x[k] -= lr * optim::adam_direction(m[k], v[k], x[k], c);
+    for (size_t k = begin; k < end; ++k) {
+      const float step = std::clamp(m[k] * c.first_scale * optim::inverse_scale(v[k], c), -bound,
+                                    bound);  // a NaN stays NaN
+      x[k] -= lr * (step + c.weight_decay * x[k]);
+    }
   });
 }
 

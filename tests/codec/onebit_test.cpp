@@ -1,6 +1,7 @@
 // onebit: golden bytes, the two reconstruction values (mean of each side), decoded values are
 // exactly those means (MergeComp's decoder produced 254/255), each side's sum is kept, the fused
-// residual, empty sides, non-finite input, the mean aggregate, bad frames and specs.
+// residual, empty sides, non-finite input, the mean aggregate, bad frames and specs; with
+// block=B, a pair of means per block (an all-zero block decodes to zeros).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -133,6 +134,41 @@ TEST(OneBit, RejectsMeansOfTheWrongSign) {
   testing::expect_frame_error(
       *codec, testing::edited(frame, [](FrameHeader& h) { h.payload_bytes = 9; }), 16,
       "payload is 9 bytes");
+}
+
+TEST(OneBit, BlocksHaveTheirOwnMeansAndAZeroBlockDecodesToZeros) {
+  auto codec = make_codec("onebit:block=16");
+  // Block 0: large values; block 1: all zero (an untouched embedding row); block 2 (ragged,
+  // 8 elements): small values.
+  std::vector<float> x(40, 0.0f);
+  for (size_t i = 0; i < 16; ++i) x[i] = (i % 3 == 0 ? -1.0f : 1.0f) * (10.0f + float(i));
+  for (size_t i = 32; i < 40; ++i) x[i] = (i % 2 ? -1e-3f : 2e-3f);
+  std::vector<float> residual(x.size());
+  const auto frame = encode(*codec, x, {}, residual);
+  EXPECT_EQ(frame.size(), kFrameHeaderBytes + 3 * 8 + 5);
+  EXPECT_EQ(frame.size(), codec->max_frame_bytes(x.size()));
+  const auto back = decode(*codec, frame, x.size());
+  for (size_t block = 0; block < 3; ++block) {
+    const size_t b = block * 16, e = std::min<size_t>(b + 16, x.size());
+    double pos = 0, neg = 0;
+    size_t np = 0, nn = 0;
+    for (size_t i = b; i < e; ++i) (x[i] < 0 ? (neg += x[i], ++nn) : (pos += x[i], ++np));
+    for (size_t i = b; i < e; ++i) {
+      const float want = x[i] < 0 ? float(neg / nn) : np ? float(pos / np) : 0.0f;
+      ASSERT_FLOAT_EQ(back[i], want) << "element " << i;
+      ASSERT_FLOAT_EQ(residual[i], x[i] - want) << "element " << i;
+    }
+  }
+  for (size_t i = 16; i < 32; ++i) EXPECT_EQ(back[i], 0.0f) << "the zero block, element " << i;
+  // A wrong sign in the last block's means is refused, naming the block.
+  auto bad = frame;
+  const float wrong = -0.5f;
+  std::memcpy(bad.data() + kFrameHeaderBytes + 2 * 8, &wrong, 4);
+  testing::expect_frame_error(*codec, bad, x.size(), "of block 2");
+  // One pair of means for the whole input is what block=0 (the default) sends.
+  EXPECT_EQ(make_codec("onebit:block=0")->spec(), "onebit");
+  EXPECT_EQ(make_codec("onebit:block=64")->spec(), "onebit:block=64");
+  testing::expect_spec_error("onebit:block=100", {"'block' = 100", "multiple of 8"});
 }
 
 TEST(OneBit, SpecAndTraits) {

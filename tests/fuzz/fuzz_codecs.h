@@ -15,7 +15,7 @@ inline const std::vector<std::string>& fuzz_specs() {
       "none", "fp16", "bf16", "qsgd:levels=16", "qsgd:levels=1", "terngrad", "natural",
       "dither:levels=8", "dither:levels=5,partition=natural,norm=l2", "signsgd", "efsignsgd",
       "signum", "onebit", "topk:ratio=0.1", "randomk:ratio=0.1", "dgc:ratio=0.1",
-      "threshold:tau=0.5", "powersgd:rank=2", "intq:bits=8", "intq:bits=4"};
+      "threshold:tau=0.5", "powersgd:rank=2", "intq:bits=8", "intq:bits=4", "onebit:block=64"};
   return specs;
 }
 

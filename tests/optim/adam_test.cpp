@@ -61,6 +61,22 @@ TEST(FrozenAdam, StepsOnTheGivenMomentumWithTheFrozenVariance) {
   EXPECT_EQ(layer.exp_avg_sq, v) << "the variance stays frozen";
 }
 
+TEST(FrozenAdam, ACoordinateWhoseVarianceFrozeAtZeroStepsNoFurtherThanAdamCould) {
+  // An embedding row never seen in the warm-up: v = 0, and now a gradient arrives.
+  Layer layer(3);
+  layer.param = {1.0f, 1.0f, 1.0f};
+  layer.exp_avg = {1e-3f, -1e-3f, 0.0f};
+  layer.exp_avg_sq = {0.0f, 0.0f, 0.0f};
+  AdamHyper h;
+  h.lr = 0.01;
+  h.weight_decay = 0;
+  frozen_adam_step({layer.param, {}, layer.exp_avg, layer.exp_avg_sq}, 20, 10, h);
+  const float bound = static_cast<float>((1 - h.beta1) / std::sqrt(1 - h.beta2));  // 3.16 > 1
+  EXPECT_FLOAT_EQ(layer.param[0], 1.0f - 0.01f * bound);  // not 1 - 0.01 * 1e-3 / 1e-6
+  EXPECT_FLOAT_EQ(layer.param[1], 1.0f + 0.01f * bound);
+  EXPECT_EQ(layer.param[2], 1.0f);
+}
+
 TEST(FrozenAdam, GivesTheSameBytesOnAnyThreadCount) {
   const size_t n = 2 * kChunk + 3;
   Layer one(n), two(n);

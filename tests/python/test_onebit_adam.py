@@ -1,5 +1,6 @@
 """gradcomp.torch.OneBitAdam: the warm-up is AdamW on the mean gradient; the compression stage
-steps on the exchanged momentum with the frozen variance; 2 ranks stay bit-identical under
+steps on the exchanged momentum with the frozen variance (each coordinate's step within Adam's
+own bound); 2 ranks stay bit-identical under
 "onebit|ef|twoway" and resume bit-exactly from checkpoints taken in either stage; bad input is
 refused by name."""
 import copy
@@ -58,7 +59,9 @@ def test_warmup_is_adamw_and_then_the_variance_freezes():
                 t = step + 1
                 m_hat = st["exp_avg"] / (1 - 0.9 ** t)
                 v_hat = frozen_v[p] / (1 - 0.99 ** WARMUP)
-                p.sub_(0.01 * (m_hat / (v_hat.sqrt() + 1e-8) + 0.05 * p))
+                # clamped to Adam's own bound on a step, max(1, (1 - b1) / sqrt(1 - b2)) = 1
+                direction = (m_hat / (v_hat.sqrt() + 1e-8)).clamp(-1.0, 1.0)
+                p.sub_(0.01 * (direction + 0.05 * p))
         for a, b in zip(ours.parameters(), reference.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     state = opt.state[next(ours.parameters())]
@@ -81,6 +84,12 @@ def test_bad_input_is_refused_by_name():
         gc.OneBitAdam(_model().parameters(), compression="onebit|ef|twoway|start=5")
     with pytest.raises(gc.Error, match="parameter '0.weight' is torch.float64 on cpu; float32"):
         gc.OneBitAdam(_model().double().named_parameters())
+
+
+def test_wrapping_it_in_distributed_optimizer_is_refused():
+    model = _model()
+    with pytest.raises(gc.Error, match="averages over the ranks by itself"):
+        gc.DistributedOptimizer(gc.OneBitAdam(model.parameters()), model.named_parameters())
 
 
 def test_load_state_dict_refuses_another_warmup_and_changes_nothing():

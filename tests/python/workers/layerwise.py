@@ -2,6 +2,7 @@
 steps [--begin, --end) under each --compression, optionally resuming from (and saving)
 checkpoints of the model and the optimizer (LAMB/LANS moments and gradcomp's compression
 state); records the initial and final parameters' bytes, the losses, and the warnings the
+wrapper gave."""
 import warnings
 
 import torch
