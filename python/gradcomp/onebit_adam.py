@@ -11,13 +11,14 @@ averages over the ranks, then updates.
   steps on them, so the variance v learns the gradients' scale.
 - Compression stage: v is frozen. Each rank forms its momentum from its own gradient,
   m_r = b1 m + (1 - b1) g_r, and the momenta are averaged through `compression` (by default
-  scaled 1-bit codes with error feedback on the worker and on the server:
-  "onebit|ef|twoway"), so every rank holds the same m; then x -= lr (m^ / (sqrt(v^) + eps)
-  + wd x). A sign code of the momentum loses little, because Adam's step divides by the frozen
+  scaled 1-bit codes, a pair of means per 256 elements, with error feedback on the worker and
+  on the server: "onebit:block=256|ef|twoway"), so every rank holds the same m; then
+  x -= lr (m^ / (sqrt(v^) + eps) + wd x), each coordinate's step within Adam's own bound. A
+  sign code of the momentum loses little, because Adam's step divides by the frozen
   per-coordinate scale and the momentum changes slowly.
 
-Volume: the warm-up sends fp32, the rest 1 bit per element: about 1 / (w + (1 - w) / 32) of
-fp32's bytes for a warm-up fraction w (5x at w = 15%).
+Volume: the warm-up sends fp32, the rest about 1 bit per element (1.25 with the blocks' means):
+about 1 / (w + (1 - w) / 32) of fp32's bytes for a warm-up fraction w (5.6x at w = 15%).
 """
 import json
 import math
@@ -45,7 +46,8 @@ class OneBitAdam(torch.optim.Optimizer):
     warmup_steps: steps of uncompressed AdamW before the variance freezes (>= 1). Default:
         15% of total_steps when that is given, else 1000.
     compression: the momentum's exchange after the warm-up, "codec|feedback|route"
-        ("onebit|ef|twoway"); tensors under min_compress_elements stay uncompressed.
+        ("onebit:block=256|ef|twoway"); tensors under min_compress_elements stay
+        uncompressed.
     transport, seed, bucket_mb, min_compress_elements, timeline, codec_threads, broadcast: as
         for DistributedOptimizer (broadcast: rank 0's parameters to every rank, at the start).
 
@@ -54,8 +56,9 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.0, bias_correction=True, warmup_steps=None, total_steps=None,
-                 compression="onebit|ef|twoway", transport=None, seed=0, bucket_mb=25.0,
-                 min_compress_elements=16384, timeline=None, codec_threads=1, broadcast=True):
+                 compression="onebit:block=256|ef|twoway", transport=None, seed=0,
+                 bucket_mb=25.0, min_compress_elements=16384, timeline=None, codec_threads=1,
+                 broadcast=True):
         from gradcomp import torch as gt  # the transports and checks DistributedOptimizer uses
         try:
             _C.check_adam_hyper("OneBitAdam", float(lr), float(betas[0]), float(betas[1]),

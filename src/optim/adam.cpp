@@ -19,7 +19,9 @@ void adamw_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int th
   const float* g = layer.grad.data();
   float* m = layer.exp_avg.data();
   float* v = layer.exp_avg_sq.data();
-  for_chunks(layer.param.size(), threads, [&](size_t begin, size_t end, size_t) {
+  // The pointers by value: read through a reference capture, they would be reloaded after
+  // every store (the stores might alias them), and the loop would not vectorise.
+  for_chunks(layer.param.size(), threads, [x, g, m, v, c, lr](size_t begin, size_t end, size_t) {
     for (size_t k = begin; k < end; ++k) {
       optim::update_moments(g[k], m[k], v[k], c);
       x[k] -= lr * optim::adam_direction(m[k], v[k], x[k], c);

@@ -24,7 +24,7 @@ Norms update_and_measure(const LayerSlot& layer, const optim::MomentCoefficients
   float* v = layer.exp_avg_sq.data();
   return reduce_chunks<Norms>(
       layer.param.size(), threads, Norms{},
-      [&](size_t begin, size_t end) {
+      [x, g, m, v, c](size_t begin, size_t end) {
         optim::SquareLanes param, step;
         for (size_t i = begin; i < end; i += kLanes) {
           const size_t len = std::min(kLanes, end - i);
@@ -55,7 +55,7 @@ LayerStep lamb_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, in
   float* x = layer.param.data();
   const float* m = layer.exp_avg.data();
   const float* v = layer.exp_avg_sq.data();
-  for_chunks(layer.param.size(), threads, [&](size_t begin, size_t end, size_t) {
+  for_chunks(layer.param.size(), threads, [x, m, v, c, scale](size_t begin, size_t end, size_t) {
     for (size_t k = begin; k < end; ++k) x[k] -= scale * optim::adam_direction(m[k], v[k], x[k], c);
   });
   return result;

@@ -52,7 +52,7 @@ Norms update_and_measure(const LayerSlot& layer, float grad_scale,
   float* v = layer.exp_avg_sq.data();
   return reduce_chunks<Norms>(
       layer.param.size(), threads, Norms{},
-      [&](size_t begin, size_t end) {
+      [x, g, m, v, c, grad_scale](size_t begin, size_t end) {
         optim::SquareLanes param, momentum, gradient;
         for (size_t i = begin; i < end; i += kLanes) {
           const size_t len = std::min(kLanes, end - i);
@@ -90,7 +90,7 @@ LayerStep lans_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, bo
   const float* g = layer.grad.data();
   const float* m = layer.exp_avg.data();
   const float* v = layer.exp_avg_sq.data();
-  for_chunks(layer.param.size(), threads, [&](size_t begin, size_t end, size_t) {
+  for_chunks(layer.param.size(), threads, [=](size_t begin, size_t end, size_t) {
     for (size_t k = begin; k < end; ++k) {
       const float r = optim::adam_direction(m[k], v[k], x[k], c);
       const float d = gradient_direction(g[k] * grad_scale, v[k], x[k], c);

@@ -12,16 +12,7 @@ namespace {
 
 using testing::Layer;
 using testing::Reference;
-
-// Largest |a - b| relative to the largest |b|.
-double relative_gap(const std::vector<float>& a, const std::vector<double>& b) {
-  double gap = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    gap = std::max(gap, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return gap / scale;
-}
+using testing::relative_gap;
 
 TEST(Lamb, FollowsThePapersUpdateOverManySteps) {
   for (const bool bias_correction : {true, false}) {

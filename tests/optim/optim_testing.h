@@ -2,6 +2,7 @@
 // straightforward double-precision statement of the two updates to compare the kernels with.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -29,6 +30,16 @@ struct Layer {
     for (float& g : grad) g = normal(rng);
   }
 };
+
+// Largest |a - b| relative to the largest |b|.
+inline double relative_gap(const std::vector<float>& a, const std::vector<double>& b) {
+  double gap = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    gap = std::max(gap, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return gap / scale;
+}
 
 inline double norm(const std::vector<double>& x) {
   double s = 0;
