@@ -86,33 +86,33 @@ def slug(name):
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
 
 
+def launch(world, script, recipe):
+    """`gradcomp launch` of `script` on `world` ranks with the recipe's optimizer and exchange."""
+    return [LAUNCH, "launch", "-n", str(world), "--master-port", str(free_port()), "--", PYTHON,
+            script, "--optimizer", recipe["optimizer"], "--compression", recipe["compression"]]
+
+
+def recipe_flags(recipe, lans_lr):
+    """The flags a recipe adds on either task: LANS's learning rate, every tensor compressed."""
+    flags = ["--lr", f"{lans_lr:g}"] if recipe.get("lans") else []
+    return flags + (["--min-compress-elements", "1"] if recipe.get("every_tensor") else [])
+
+
 def lm_command(args, recipe, world, json_path):
-    cmd = [LAUNCH, "launch", "-n", str(world), "--master-port", str(free_port()), "--", PYTHON,
-           LM, "--optimizer", recipe["optimizer"], "--compression", recipe["compression"],
-           "--steps", str(args.lm_steps), "--batch-size", "8", "--seed", str(args.seed),
-           "--onebit-warmup", f"{recipe.get('warmup', ONEBIT_WARMUP):g}", "--json", json_path,
-           "--no-progress"]
-    if recipe.get("lans"):
-        cmd += ["--lr", f"{LM_LANS_LR:g}"]
-    if recipe.get("every_tensor"):
-        cmd += ["--min-compress-elements", "1"]
-    if "beta2" in recipe:
-        cmd += ["--beta2", f"{recipe['beta2']:g}"]
-    return cmd
+    return (launch(world, LM, recipe)
+            + ["--steps", str(args.lm_steps), "--batch-size", "8", "--seed", str(args.seed),
+               "--onebit-warmup", f"{recipe.get('warmup', ONEBIT_WARMUP):g}", "--json",
+               json_path, "--no-progress"]
+            + recipe_flags(recipe, LM_LANS_LR)
+            + (["--beta2", f"{recipe['beta2']:g}"] if "beta2" in recipe else []))
 
 
 def fmnist_command(args, recipe, json_path):
-    cmd = [LAUNCH, "launch", "-n", "2", "--master-port", str(free_port()), "--", PYTHON, FMNIST,
-           "--optimizer", recipe["optimizer"], "--compression", recipe["compression"],
-           "--epochs", f"{args.fmnist_epochs:g}", "--seed", str(args.seed), "--json", json_path,
-           "--no-progress"]
-    if recipe.get("lans"):
-        cmd += ["--lr", f"{FMNIST_LANS_LR:g}"]
-    if recipe.get("every_tensor"):
-        cmd += ["--min-compress-elements", "1"]
-    if "warmup" in recipe:
-        cmd += ["--onebit-warmup", f"{recipe['warmup']:g}"]
-    return cmd
+    return (launch(2, FMNIST, recipe)
+            + ["--epochs", f"{args.fmnist_epochs:g}", "--seed", str(args.seed), "--json",
+               json_path, "--no-progress"]
+            + recipe_flags(recipe, FMNIST_LANS_LR)
+            + (["--onebit-warmup", f"{recipe['warmup']:g}"] if "warmup" in recipe else []))
 
 
 def run_all(args):

@@ -51,7 +51,7 @@ def contenders(n):
             update(p, g, m, v, counter[0])
         return step
 
-    hyper = (1e-3, 0.9, 0.999, 1e-8, 0.01, True, 1)
+    hyper = _C.AdamHyper(1e-3, 0.9, 0.999, 1e-8, 0.01)
     src, dst = torch.randn(n), torch.empty(n)
     return {
         "memcpy of the parameters": lambda: dst.copy_(src),
@@ -60,9 +60,9 @@ def contenders(n):
         "gradcomp LAMB": stepper(lambda ps: gc.LAMB(ps, lr=1e-3)),
         "gradcomp LANS": stepper(lambda ps: gc.LANS(ps, lr=1e-3)),
         "gradcomp AdamW kernel (1-bit Adam's warm-up)": kernel(
-            lambda p, g, m, v, t: _C.adamw_step(p, g, m, v, t, *hyper)),
+            lambda p, g, m, v, t: _C.adamw_step(p, g, m, v, t, hyper, 1)),
         "gradcomp 1-bit Adam's frozen-variance step": kernel(
-            lambda p, g, m, v, t: _C.frozen_adam_step(p, m, v, t, 1, *hyper)),
+            lambda p, g, m, v, t: _C.frozen_adam_step(p, None, m, v, t, hyper, 1, 1)),
     }
 
 

@@ -5,6 +5,7 @@
 #include <pybind11/functional.h>
 #include <torch/extension.h>
 
+#include <optional>
 #include <span>
 
 #include "gradcomp/codec.h"
@@ -129,79 +130,57 @@ OptimizerFamily optimizer_family(const std::string& name) {
   throw Error("optimizer family '" + name + "' is unknown; use 'sgd' or 'adam'");
 }
 
-AdamHyper adam_hyper(double lr, double beta1, double beta2, double eps, double weight_decay,
-                     bool bias_correction) {
-  return {.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay,
-          .bias_correction = bias_correction};
-}
-
 LayerSlot layer_slot(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                      const at::Tensor& exp_avg_sq) {
-  return {float_span(param, "param"), float_span(grad, "grad"), float_span(exp_avg, "exp_avg"),
-          float_span(exp_avg_sq, "exp_avg_sq")};
+  return {float_span(param, "param"), grad.defined() ? float_span(grad, "grad") : std::span<float>{},
+          float_span(exp_avg, "exp_avg"), float_span(exp_avg_sq, "exp_avg_sq")};
 }
 
-// The optimizers' kernels on one layer (gradcomp/optimizer.h), for python/gradcomp/optimizers.py.
+// A kernel of gradcomp/optimizer.h as Python calls it: (param, grad, exp_avg, exp_avg_sq, step,
+// hyper, threads, *extra), in place on contiguous float32 CPU tensors, without the GIL.
+template <typename... Extra, typename Kernel>
+auto on_layer(Kernel kernel) {
+  return [kernel](const at::Tensor& param, const std::optional<at::Tensor>& grad,
+                  const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t step,
+                  const AdamHyper& h, int threads, Extra... extra) {
+    const LayerSlot layer = layer_slot(param, grad.value_or(at::Tensor()), exp_avg, exp_avg_sq);
+    py::gil_scoped_release release;
+    return kernel(layer, step, h, threads, extra...);
+  };
+}
+
+// The optimizers' kernels on one layer, for python/gradcomp/optimizers.py and onebit_adam.py.
 void bind_optimizer_kernels(py::module_& m) {
-  m.def(
-      "check_adam_hyper",
-      [](const std::string& optimizer, double lr, double beta1, double beta2, double eps,
-         double weight_decay) {
-        check_adam_hyper(adam_hyper(lr, beta1, beta2, eps, weight_decay, true), optimizer);
-      },
-      "Raises SpecError naming the first hyper-parameter out of range.");
-  m.def(
-      "lamb_step",
-      [](const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-         const at::Tensor& exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
-         double eps, double weight_decay, bool bias_correction, int threads) {
-        const LayerSlot layer = layer_slot(param, grad, exp_avg, exp_avg_sq);
-        const AdamHyper h = adam_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction);
-        py::gil_scoped_release release;
-        return lamb_step(layer, step, h, threads);
-      },
-      "One LAMB step on one layer, in place (contiguous float32 CPU tensors); returns "
-      "a LayerStep (param_norm, trust_ratio, grad_trust).");
-  m.def(
-      "lans_step",
-      [](const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-         const at::Tensor& exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
-         double eps, double weight_decay, bool bias_correction, bool normalize_grad,
-         int threads) {
-        const LayerSlot layer = layer_slot(param, grad, exp_avg, exp_avg_sq);
-        const AdamHyper h = adam_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction);
-        py::gil_scoped_release release;
-        return lans_step(layer, step, h, normalize_grad, threads);
-      },
-      "One LANS step on one layer, in place; returns a LayerStep.");
-  m.def(
-      "adamw_step",
-      [](const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-         const at::Tensor& exp_avg_sq, int64_t step, double lr, double beta1, double beta2,
-         double eps, double weight_decay, bool bias_correction, int threads) {
-        const LayerSlot layer = layer_slot(param, grad, exp_avg, exp_avg_sq);
-        const AdamHyper h = adam_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction);
-        py::gil_scoped_release release;
-        adamw_step(layer, step, h, threads);
-      },
-      "One AdamW step on one layer, in place (1-bit Adam's warm-up).");
-  m.def(
-      "frozen_adam_step",
-      [](const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-         int64_t step, int64_t frozen_at, double lr, double beta1, double beta2, double eps,
-         double weight_decay, bool bias_correction, int threads) {
-        const LayerSlot layer{float_span(param, "param"), {}, float_span(exp_avg, "exp_avg"),
-                              float_span(exp_avg_sq, "exp_avg_sq")};
-        const AdamHyper h = adam_hyper(lr, beta1, beta2, eps, weight_decay, bias_correction);
-        py::gil_scoped_release release;
-        frozen_adam_step(layer, step, frozen_at, h, threads);
-      },
-      "1-bit Adam's compression-stage step on one layer: x moves on the given momentum and the "
-      "variance frozen at step frozen_at.");
+  py::class_<AdamHyper>(m, "AdamHyper")
+      .def(py::init([](double lr, double beta1, double beta2, double eps, double weight_decay,
+                       bool bias_correction) {
+             return AdamHyper{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
+                              .weight_decay = weight_decay, .bias_correction = bias_correction};
+           }),
+           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+           py::arg("weight_decay"), py::arg("bias_correction") = true)
+      .def("check", [](const AdamHyper& h, const std::string& optimizer) {
+        check_adam_hyper(h, optimizer);
+      }, "Raises SpecError naming the first hyper-parameter out of range.");
   py::class_<LayerStep>(m, "LayerStep")
       .def_readonly("param_norm", &LayerStep::param_norm)
       .def_readonly("trust_ratio", &LayerStep::trust_ratio)
       .def_readonly("grad_trust", &LayerStep::grad_trust);
+  m.def("lamb_step", on_layer([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t) {
+          return lamb_step(l, s, h, t);
+        }), "One LAMB step on one layer; returns a LayerStep.");
+  m.def("lans_step",
+        on_layer<bool>([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t, bool normalize) {
+          return lans_step(l, s, h, normalize, t);
+        }), "One LANS step on one layer (the last argument: normalize_grad); returns a LayerStep.");
+  m.def("adamw_step", on_layer([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t) {
+          adamw_step(l, s, h, t);
+        }), "One AdamW step on one layer (1-bit Adam's warm-up).");
+  m.def("frozen_adam_step",
+        on_layer<int64_t>([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t,
+                             int64_t frozen_at) { frozen_adam_step(l, s, frozen_at, h, t); }),
+        "1-bit Adam's compression-stage step on one layer (grad None; the last argument: the "
+        "step the variance froze at).");
 }
 
 }  // namespace

@@ -61,8 +61,8 @@ class OneBitAdam(torch.optim.Optimizer):
                  broadcast=True):
         from gradcomp import torch as gt  # the transports and checks DistributedOptimizer uses
         try:
-            _C.check_adam_hyper("OneBitAdam", float(lr), float(betas[0]), float(betas[1]),
-                                float(eps), float(weight_decay))
+            _C.AdamHyper(float(lr), float(betas[0]), float(betas[1]), float(eps),
+                         float(weight_decay)).check("OneBitAdam")
         except _C.SpecError as e:
             raise ValueError(str(e)) from None
         self.warmup_steps = _warmup(warmup_steps, total_steps)
@@ -146,12 +146,12 @@ class OneBitAdam(torch.optim.Optimizer):
         state = self._state(p)
         state["step"] += 1
         beta1, beta2 = group["betas"]
-        hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                 float(group["weight_decay"]), bool(group["bias_correction"]))
+        hyper = _C.AdamHyper(float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                             float(group["weight_decay"]), bool(group["bias_correction"]))
         threads = torch.get_num_threads()
         if not frozen:
             _C.adamw_step(p.data, exchanged, state["exp_avg"], state["exp_avg_sq"],
-                          state["step"], *hyper, threads)
+                          state["step"], hyper, threads)
             return
         if "frozen_at" not in state:  # v's bias correction stays that of its last update
             state["frozen_at"] = state["step"] - 1
@@ -160,8 +160,8 @@ class OneBitAdam(torch.optim.Optimizer):
                             "(every warm-up step was skipped: non-finite averages)")
             _fill_unseen(state["exp_avg_sq"])
         state["exp_avg"].copy_(exchanged)  # the averaged momentum, the same on every rank
-        _C.frozen_adam_step(p.data, state["exp_avg"], state["exp_avg_sq"], state["step"],
-                            state["frozen_at"], *hyper, threads)
+        _C.frozen_adam_step(p.data, None, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                            hyper, threads, state["frozen_at"])
 
     def _state(self, p):
         state = self.state[p]

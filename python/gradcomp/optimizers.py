@@ -23,8 +23,8 @@ class _LayerwiseAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr, betas, eps, weight_decay, bias_correction, **extra):
         try:
-            _C.check_adam_hyper(self._name, float(lr), float(betas[0]), float(betas[1]),
-                                float(eps), float(weight_decay))
+            _C.AdamHyper(float(lr), float(betas[0]), float(betas[1]), float(eps),
+                         float(weight_decay)).check(self._name)
         except SpecError as e:
             raise ValueError(str(e)) from None
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
@@ -70,8 +70,8 @@ class _LayerwiseAdam(torch.optim.Optimizer):
     @staticmethod
     def _hyper(group):
         beta1, beta2 = group["betas"]
-        return (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                float(group["weight_decay"]), bool(group["bias_correction"]))
+        return _C.AdamHyper(float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                            float(group["weight_decay"]), bool(group["bias_correction"]))
 
 
 def _working_dtype(p):
@@ -113,7 +113,7 @@ class LAMB(_LayerwiseAdam):
     def _update(self, p, grad, state, group):
         if self._fused(p, grad, state):
             _C.lamb_step(p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
-                         *self._hyper(group), torch.get_num_threads())
+                         self._hyper(group), torch.get_num_threads())
             return
         x = p.to(_working_dtype(p))
         m_hat, inverse_scale = _moments(grad.to(x.dtype), state, group)
@@ -142,7 +142,7 @@ class LANS(_LayerwiseAdam):
     def _update(self, p, grad, state, group):
         if self._fused(p, grad, state):
             _C.lans_step(p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
-                         *self._hyper(group), group["normalize_grad"], torch.get_num_threads())
+                         self._hyper(group), torch.get_num_threads(), group["normalize_grad"])
             return
         x = p.to(_working_dtype(p))
         g = grad.to(x.dtype)
