@@ -132,7 +132,8 @@ OptimizerFamily optimizer_family(const std::string& name) {
 
 LayerSlot layer_slot(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                      const at::Tensor& exp_avg_sq) {
-  return {float_span(param, "param"), grad.defined() ? float_span(grad, "grad") : std::span<float>{},
+  return {float_span(param, "param"),
+          grad.defined() ? float_span(grad, "grad") : std::span<float>{},
           float_span(exp_avg, "exp_avg"), float_span(exp_avg_sq, "exp_avg_sq")};
 }
 
@@ -154,28 +155,35 @@ void bind_optimizer_kernels(py::module_& m) {
   py::class_<AdamHyper>(m, "AdamHyper")
       .def(py::init([](double lr, double beta1, double beta2, double eps, double weight_decay,
                        bool bias_correction) {
-             return AdamHyper{.lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps,
-                              .weight_decay = weight_decay, .bias_correction = bias_correction};
+             return AdamHyper{.lr = lr,
+                              .beta1 = beta1,
+                              .beta2 = beta2,
+                              .eps = eps,
+                              .weight_decay = weight_decay,
+                              .bias_correction = bias_correction};
            }),
            py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
            py::arg("weight_decay"), py::arg("bias_correction") = true)
-      .def("check", [](const AdamHyper& h, const std::string& optimizer) {
-        check_adam_hyper(h, optimizer);
-      }, "Raises SpecError naming the first hyper-parameter out of range.");
+      .def(
+          "check",
+          [](const AdamHyper& h, const std::string& optimizer) { check_adam_hyper(h, optimizer); },
+          "Raises SpecError naming the first hyper-parameter out of range.");
   py::class_<LayerStep>(m, "LayerStep")
       .def_readonly("param_norm", &LayerStep::param_norm)
       .def_readonly("trust_ratio", &LayerStep::trust_ratio)
       .def_readonly("grad_trust", &LayerStep::grad_trust);
   m.def("lamb_step", on_layer([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t) {
           return lamb_step(l, s, h, t);
-        }), "One LAMB step on one layer; returns a LayerStep.");
+        }),
+        "One LAMB step on one layer; returns a LayerStep.");
   m.def("lans_step",
-        on_layer<bool>([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t, bool normalize) {
-          return lans_step(l, s, h, normalize, t);
-        }), "One LANS step on one layer (the last argument: normalize_grad); returns a LayerStep.");
+        on_layer<bool>([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t,
+                          bool normalize) { return lans_step(l, s, h, normalize, t); }),
+        "One LANS step on one layer (the last argument: normalize_grad); returns a LayerStep.");
   m.def("adamw_step", on_layer([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t) {
           adamw_step(l, s, h, t);
-        }), "One AdamW step on one layer (1-bit Adam's warm-up).");
+        }),
+        "One AdamW step on one layer (1-bit Adam's warm-up).");
   m.def("frozen_adam_step",
         on_layer<int64_t>([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t,
                              int64_t frozen_at) { frozen_adam_step(l, s, frozen_at, h, t); }),

@@ -75,6 +75,9 @@ class OneBitAdam(torch.optim.Optimizer):
                         bias_correction=bool(bias_correction))
         super().__init__(groups, defaults)
         self._params = [p for _, p in named]
+        # Each parameter's group, by index: load_state_dict() replaces the group dicts.
+        group_of = {id(p): g for g, group in enumerate(self.param_groups) for p in group["params"]}
+        self._group_index = [group_of[id(p)] for p in self._params]
         self.compression = compression
         # One engine for both stages: the option's "|start=N" makes steps before N a plain
         # allreduce, so its step counter is the optimizer's (counted from 0).
@@ -107,8 +110,9 @@ class OneBitAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         frozen = self.frozen
-        for i, p in enumerate(self._params):
-            self._local_input(i, p, frozen)
+        groups = [self.param_groups[g] for g in self._group_index]
+        for i, (p, group) in enumerate(zip(self._params, groups)):
+            self._local_input(i, p, group, frozen)
             self._engine.ready(i, self._exchanged[i])
         self._engine.synchronize()
         self._steps += 1
@@ -118,11 +122,11 @@ class OneBitAdam(torch.optim.Optimizer):
                           "on some rank): the step is skipped on every rank", RuntimeWarning,
                           stacklevel=2)
             return loss
-        for i, (p, group) in enumerate(self._param_groups_of()):
-            self._update(p, self._exchanged[i], group, frozen)
+        for p, group, exchanged in zip(self._params, groups, self._exchanged):
+            self._update(p, exchanged, group, frozen)
         return loss
 
-    def _local_input(self, i, p, frozen):
+    def _local_input(self, i, p, group, frozen):
         """What rank r hands to the exchange for parameter i: its gradient (zeros when it has
         none) in the warm-up, its momentum b1 m + (1 - b1) g_r after it."""
         out = self._exchanged[i]
@@ -136,7 +140,7 @@ class OneBitAdam(torch.optim.Optimizer):
             else:
                 out.copy_(grad)
             return
-        beta1 = self._group_of(p)["betas"][0]
+        beta1 = group["betas"][0]
         if grad is None:
             torch.mul(state["exp_avg"], beta1, out=out)
         else:
@@ -170,13 +174,6 @@ class OneBitAdam(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         return state
-
-    def _group_of(self, p):
-        return next(g for g in self.param_groups if any(q is p for q in g["params"]))
-
-    def _param_groups_of(self):
-        by_id = {id(q): g for g in self.param_groups for q in g["params"]}
-        return [(p, by_id[id(p)]) for p in self._params]
 
     def last_step(self):
         """The engine's figures of the last step: bytes_sent, uncompressed_bytes, finite, ..."""
@@ -212,11 +209,13 @@ class OneBitAdam(torch.optim.Optimizer):
 def _fill_unseen(v):
     """Coordinates whose gradient was always 0 in the warm-up (an embedding row of a token not
     seen yet) have v = 0: frozen so, their first gradient would step by m / eps. They take the
-    mean of the tensor's other variances instead (in double, so the value does not depend on
-    the thread count), a step of the size the tensor's other coordinates take."""
+    mean of the tensor's other variances instead, a step of the size the tensor's other
+    coordinates take. The mean is numpy's single-threaded pairwise sum in double: torch's
+    reduction splits by thread count, and every rank must fill in the same bits."""
     unseen = v == 0
     if unseen.any() and not unseen.all():
-        v[unseen] = v[~unseen].double().mean().float()
+        seen = v[~unseen].double().numpy()
+        v[unseen] = float(seen.sum() / seen.size)
 
 
 def _warmup(warmup_steps, total_steps):

@@ -29,6 +29,7 @@
 
 #include "common/bitpack.h"
 #include "common/parallel.h"
+#include "common/square_sums.h"
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
@@ -255,28 +256,6 @@ inline float max_abs(std::span<const float> x, int threads) {
       x.size(), threads, 0, [&](size_t b, size_t e) { return max_abs_bits(x.data() + b, e - b); },
       [](uint32_t a, uint32_t c) { return std::max(a, c); });
   return std::bit_cast<float>(bits);
-}
-
-// Sum of squares in double, in a fixed order (16 interleaved partial sums folded pairwise), so
-// it vectorises without -ffast-math and gives the same value on any machine and thread count.
-inline double sum_squares(const float* x, size_t len) {
-  constexpr size_t kLanes = 16;
-  double acc[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= len; i += kLanes) {
-    for (size_t j = 0; j < kLanes; ++j) {
-      const double v = x[i + j];
-      acc[j] += v * v;
-    }
-  }
-  for (size_t j = 0; i + j < len; ++j) {
-    const double v = x[i + j];
-    acc[j] += v * v;
-  }
-  for (size_t width = kLanes / 2; width > 0; width /= 2) {
-    for (size_t j = 0; j < width; ++j) acc[j] += acc[j + width];
-  }
-  return acc[0];
 }
 
 // ||x[begin, end)||_2 rounded to float; the partial sums of kChunk-aligned pieces are folded

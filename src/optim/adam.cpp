@@ -34,12 +34,16 @@ void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, c
   check_adam_hyper(h, "OneBitAdam");
   const size_t n = layer.param.size();
   if (layer.exp_avg.size() != n || layer.exp_avg_sq.size() != n) {
-    throw Error(fmt::format("OneBitAdam: a layer's parameter and moments must have one length; "
-                            "got {}, {}, {}", n, layer.exp_avg.size(), layer.exp_avg_sq.size()));
+    throw Error(
+        fmt::format("OneBitAdam: a layer's parameter and moments must have one length; "
+                    "got {}, {}, {}",
+                    n, layer.exp_avg.size(), layer.exp_avg_sq.size()));
   }
   if (frozen_at < 1 || frozen_at >= step) {
-    throw Error(fmt::format("OneBitAdam: the variance frozen at step {} cannot serve step {}; "
-                            "allowed: 1 <= frozen_at < step", frozen_at, step));
+    throw Error(
+        fmt::format("OneBitAdam: the variance frozen at step {} cannot serve step {}; "
+                    "allowed: 1 <= frozen_at < step",
+                    frozen_at, step));
   }
   // The momentum's bias correction is this step's, the variance's that of the step it froze at.
   optim::MomentCoefficients c = optim::moment_coefficients(h, step);
@@ -47,13 +51,12 @@ void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, c
   // Adam's own step per coordinate is at most lr * max(1, (1 - b1) / sqrt(1 - b2)) (Kingma &
   // Ba, section 2.1); a frozen v has no such bound: a coordinate whose gradient was (nearly) 0
   // in the warm-up has a (nearly) zero v, and its first gradient after it would step by m / eps.
-  const auto bound =
-      static_cast<float>(std::max(1.0, (1.0 - h.beta1) / std::sqrt(1.0 - h.beta2)));
+  const auto bound = static_cast<float>(std::max(1.0, (1.0 - h.beta1) / std::sqrt(1.0 - h.beta2)));
   const auto lr = static_cast<float>(h.lr);
   float* x = layer.param.data();
   const float* m = layer.exp_avg.data();
   const float* v = layer.exp_avg_sq.data();
-  for_chunks(n, threads, [&](size_t begin, size_t end, size_t) {
+  for_chunks(n, threads, [x, m, v, c, bound, lr](size_t begin, size_t end, size_t) {
     for (size_t k = begin; k < end; ++k) {
       const float step = std::clamp(m[k] * c.first_scale * optim::inverse_scale(v[k], c), -bound,
                                     bound);  // a NaN stays NaN

@@ -25,10 +25,10 @@ MomentCoefficients moment_coefficients(const AdamHyper& h, int64_t step) {
   const auto t = static_cast<double>(step);
   const double first = h.bias_correction ? 1.0 / (1.0 - std::pow(h.beta1, t)) : 1.0;
   const double second = h.bias_correction ? 1.0 / std::sqrt(1.0 - std::pow(h.beta2, t)) : 1.0;
-  return {static_cast<float>(h.beta1),        static_cast<float>(1.0 - h.beta1),
-          static_cast<float>(h.beta2),        static_cast<float>(1.0 - h.beta2),
-          static_cast<float>(first),          static_cast<float>(second),
-          static_cast<float>(h.eps),          static_cast<float>(h.weight_decay)};
+  return {static_cast<float>(h.beta1), static_cast<float>(1.0 - h.beta1),
+          static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2),
+          static_cast<float>(first),   static_cast<float>(second),
+          static_cast<float>(h.eps),   static_cast<float>(h.weight_decay)};
 }
 
 void check_layer(const LayerSlot& layer, int64_t step, std::string_view optimizer) {

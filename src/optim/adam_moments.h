@@ -1,14 +1,14 @@
-// What LAMB and LANS share: Adam's moment update with bias correction, the per-coordinate
-// direction m^ / (sqrt(v^) + eps), the layer's trust ratio, and sums of squares that vectorise
-// in a fixed order (so a norm is the same on any thread count and any run).
+// What the optimizers' kernels share: Adam's moment update with bias correction, the
+// per-coordinate direction m^ / (sqrt(v^) + eps), the layer's trust ratio. Their norms are
+// fixed-order sums of squares (common/square_sums.h).
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "common/square_sums.h"
 #include "gradcomp/optimizer.h"
 
 namespace gradcomp::optim {
@@ -47,20 +47,5 @@ inline float adam_direction(float m, float v, float x, const MomentCoefficients&
 inline double trust_ratio(double param_norm, double step_norm) {
   return param_norm > 0 && step_norm > 0 ? param_norm / step_norm : 1.0;
 }
-
-// Sums of squares in kLanes interleaved double partial sums, folded pairwise: the inner loops
-// of a block of kLanes elements vectorise without -ffast-math, and the order is fixed.
-inline constexpr size_t kLanes = 16;
-
-struct SquareLanes {
-  double acc[kLanes] = {};
-  void add(size_t lane, float x) { acc[lane] += static_cast<double>(x) * x; }
-  double total() {
-    for (size_t width = kLanes / 2; width > 0; width /= 2) {
-      for (size_t j = 0; j < width; ++j) acc[j] += acc[j + width];
-    }
-    return acc[0];
-  }
-};
 
 }  // namespace gradcomp::optim

@@ -10,8 +10,6 @@
 namespace gradcomp {
 namespace {
 
-using optim::kLanes;
-
 struct Norms {
   double param = 0;  // sum of x^2
   double step = 0;   // sum of r^2
@@ -25,9 +23,9 @@ Norms update_and_measure(const LayerSlot& layer, const optim::MomentCoefficients
   return reduce_chunks<Norms>(
       layer.param.size(), threads, Norms{},
       [x, g, m, v, c](size_t begin, size_t end) {
-        optim::SquareLanes param, step;
-        for (size_t i = begin; i < end; i += kLanes) {
-          const size_t len = std::min(kLanes, end - i);
+        SquareLanes param, step;
+        for (size_t i = begin; i < end; i += kSquareLanes) {
+          const size_t len = std::min(kSquareLanes, end - i);
           for (size_t j = 0; j < len; ++j) {
             const size_t k = i + j;
             optim::update_moments(g[k], m[k], v[k], c);
@@ -37,7 +35,9 @@ Norms update_and_measure(const LayerSlot& layer, const optim::MomentCoefficients
         }
         return Norms{param.total(), step.total()};
       },
-      [](Norms a, Norms b) { return Norms{a.param + b.param, a.step + b.step}; });
+      [](Norms a, Norms b) {
+        return Norms{a.param + b.param, a.step + b.step};
+      });
 }
 
 }  // namespace

@@ -11,12 +11,10 @@
 namespace gradcomp {
 namespace {
 
-using optim::kLanes;
-
 struct Norms {
-  double param = 0;      // sum of x^2
-  double momentum = 0;   // sum of r^2
-  double gradient = 0;   // sum of c^2
+  double param = 0;     // sum of x^2
+  double momentum = 0;  // sum of r^2
+  double gradient = 0;  // sum of c^2
 };
 
 Norms add(Norms a, Norms b) {
@@ -26,15 +24,7 @@ Norms add(Norms a, Norms b) {
 // 1 / ||g|| (0 for an all-zero gradient, which stays zero).
 float inverse_grad_norm(std::span<const float> g, int threads) {
   const double sum = reduce_chunks<double>(
-      g.size(), threads, 0.0,
-      [&](size_t begin, size_t end) {
-        optim::SquareLanes lanes;
-        for (size_t i = begin; i < end; i += kLanes) {
-          const size_t len = std::min(kLanes, end - i);
-          for (size_t j = 0; j < len; ++j) lanes.add(j, g[i + j]);
-        }
-        return lanes.total();
-      },
+      g.size(), threads, 0.0, [&](size_t b, size_t e) { return sum_squares(g.data() + b, e - b); },
       [](double a, double b) { return a + b; });
   return sum > 0 ? static_cast<float>(1.0 / std::sqrt(sum)) : 0.0f;
 }
@@ -53,9 +43,9 @@ Norms update_and_measure(const LayerSlot& layer, float grad_scale,
   return reduce_chunks<Norms>(
       layer.param.size(), threads, Norms{},
       [x, g, m, v, c, grad_scale](size_t begin, size_t end) {
-        optim::SquareLanes param, momentum, gradient;
-        for (size_t i = begin; i < end; i += kLanes) {
-          const size_t len = std::min(kLanes, end - i);
+        SquareLanes param, momentum, gradient;
+        for (size_t i = begin; i < end; i += kSquareLanes) {
+          const size_t len = std::min(kSquareLanes, end - i);
           for (size_t j = 0; j < len; ++j) {
             const size_t k = i + j;
             const float gk = g[k] * grad_scale;

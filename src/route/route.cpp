@@ -97,13 +97,14 @@ RouteSpec parse_route_spec(const Option& option) {
   const bool has_server = out.name == "twoway" || out.inner == "twoway";
   if (has_server || spec.has("server_feedback")) {
     if (!has_server) {
-      spec.fail("parameter 'server_feedback' needs a two-way route (route 'twoway', or "
-                "'hierarchical' with inner=twoway)");
+      spec.fail(
+          "parameter 'server_feedback' needs a two-way route (route 'twoway', or "
+          "'hierarchical' with inner=twoway)");
     }
     // Feedback names only: a spec's values cannot hold commas, so parameters of the server
     // feedback would be cut.
-    out.server_feedback =
-        spec.get_choice("server_feedback", default_server_feedback(option.feedback), feedback_names());
+    out.server_feedback = spec.get_choice(
+        "server_feedback", default_server_feedback(option.feedback), feedback_names());
   }
   spec.finish();
   return out;
