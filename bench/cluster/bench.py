@@ -8,6 +8,13 @@ host) and asks `gradcomp simulate` what each should take. Results go to
 bench/cluster/results/cluster-benchmark.json after every configuration, and report.py turns
 them into docs/cluster-benchmark.md and plots. bench/cluster/run.sh is the entry point.
 
+A contender may name the optimizer that updates the parameters in every step after a '+'
+("ddp+adamw", "gradcomp:onebit:block=256|ef|twoway+lans"; worker.py --optimizer); without one
+it takes --optimizer (none: the exchange only, as in docs/cluster-benchmark.md). --optimizers
+runs the optimizer comparison of docs/optimizers.md instead: DDP + AdamW against gradcomp's
+adaptive recipes, at 1 Gbit/s x 4 by default, into bench/cluster/results/optimizer-benchmark.json
+and a Markdown table beside it (the simulator does not model the update, so no predictions).
+
 Links faster than --max-real-rate run by time dilation: compute K times slower, links at
 rate / K, measured times divided by K (this machine's kernel cannot carry 10 Gbit/s of TCP and
 gloo's reductions on 2 cores). Dilation hides K-fold any CPU cost of encoding, so the planner
@@ -51,6 +58,29 @@ LABELS = {
     "plan": "gradcomp planned",
 }
 
+# worker.py's --optimizer choices (not imported: worker.py loads torch; a test compares them).
+OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam"]
+
+# The optimizer comparison (--optimizers): the baseline, gradcomp's adaptive recipes over the
+# same 1-bit exchange (docs/optimizers.md), and what the steps are made of: compute alone (the
+# bound), compute and each kind of update without an exchange, each exchange without an update.
+ONEBIT = "onebit:block=256|ef|twoway"
+OPTIMIZER_CONTENDERS = ["compute", "compute+adamw", "compute+lans", "ddp", f"gradcomp:{ONEBIT}",
+                        "ddp+adamw", f"gradcomp:{ONEBIT}+lans", f"gradcomp:{ONEBIT}+onebitadam",
+                        f"gradcomp:{ONEBIT}+adamw"]
+BASELINE = "ddp+adamw"
+OPTIMIZER_LABELS = {"sgd": "SGD", "adamw": "AdamW", "lans": "LANS", "lamb": "LAMB",
+                    "onebitadam": "1-bit Adam"}
+LABELS.update({
+    "compute+adamw": "compute only + AdamW (no exchange)",
+    "compute+lans": "compute only + LANS (no exchange)",
+    f"gradcomp:{ONEBIT}": "gradcomp 1-bit exchange only (no update)",
+    "ddp+adamw": "DDP + AdamW",
+    f"gradcomp:{ONEBIT}+lans": "gradcomp CLAN 1-bit (LANS)",
+    f"gradcomp:{ONEBIT}+onebitadam": "gradcomp 1-bit Adam",
+    f"gradcomp:{ONEBIT}+adamw": "gradcomp AdamW over 1-bit (naive)",
+})
+
 
 class BenchError(Exception):
     """A failure with a message for the user."""
@@ -65,8 +95,16 @@ def parse_args(argv=None):
                     "an emulated cluster (network namespaces + tbf). Needs root.")
     p.add_argument("--quick", action="store_true",
                    help="a few-minute subset: resnet50, 1gbit and 10gbit, 4 workers, no train")
-    p.add_argument("--profiles", default="resnet50",
-                   help="replay profiles, comma separated (shipped names or paths)")
+    p.add_argument("--optimizers", action="store_true",
+                   help="the optimizer comparison instead (docs/optimizers.md): "
+                        f"{', '.join(OPTIMIZER_CONTENDERS)}; defaults: profiles resnet50 and "
+                        "bert-base, 1gbit, 4 workers, no train")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="none",
+                   help="the optimizer of every contender that names none after a '+' (none: "
+                        "no update, the step is the exchange)")
+    p.add_argument("--profiles", default=None,
+                   help="replay profiles, comma separated (shipped names or paths; default "
+                        "resnet50)")
     p.add_argument("--rates", default=None,
                    help="link rates, comma separated (default 100mbit,1gbit,10gbit)")
     p.add_argument("--workers", default=None, help="worker counts (default 2,4,8)")
@@ -74,7 +112,9 @@ def parse_args(argv=None):
                    help="gradcomp codecs on default plans, and the planner's choices "
                         "(separated by ',')")
     p.add_argument("--contenders", default=None,
-                   help="run only these contenders (e.g. ddp,plan,gradcomp:fp16)")
+                   help="run only these contenders (e.g. ddp,plan,gradcomp:fp16), each with "
+                        "an optimizer after a '+' if wanted (ddp+adamw); with --optimizers any "
+                        "compute, ddp..., gradcomp:SPEC with any optimizer")
     p.add_argument("--warmup", type=int, default=None,
                    help="steps not measured (5; --quick 4): DDP's PowerSGD hook compresses "
                         "from its third step and settles over the next ones")
@@ -93,17 +133,29 @@ def parse_args(argv=None):
     p.add_argument("--costs", help="codec costs JSON for the planner and the simulator (default: "
                                    "measured now with `gradcomp bench codecs`)")
     p.add_argument("--out", default=str(HERE / "results"), help="results directory")
-    p.add_argument("--md", default=str(ROOT / "docs" / "cluster-benchmark.md"))
+    p.add_argument("--md", default=None,
+                   help="the Markdown report (default docs/cluster-benchmark.md; with "
+                        "--optimizers OUT/optimizer-benchmark.md, a table for docs/optimizers.md)")
     p.add_argument("--img", default=str(ROOT / "docs" / "img"))
     p.add_argument("--clean", action="store_true",
                    help="only remove namespaces and processes left by an aborted run")
     args = p.parse_args(argv)
-    args.rates = args.rates or ("1gbit,10gbit" if args.quick else "100mbit,1gbit,10gbit")
-    args.workers = [int(w) for w in (args.workers or ("4" if args.quick else "2,4,8")).split(",")]
+    if args.optimizers and args.quick:
+        p.error("--optimizers and --quick are two different runs; choose one")
+    narrow = args.quick or args.optimizers
+    args.profiles = args.profiles or ("resnet50,bert-base" if args.optimizers else "resnet50")
+    args.rates = args.rates or ("1gbit" if args.optimizers else
+                                "1gbit,10gbit" if args.quick else "100mbit,1gbit,10gbit")
+    args.workers = [int(w) for w in (args.workers or ("4" if narrow else "2,4,8")).split(",")]
+    if args.md is None:
+        args.md = str(Path(args.out) / "optimizer-benchmark.md" if args.optimizers
+                      else ROOT / "docs" / "cluster-benchmark.md")
     args.steps = args.steps or (5 if args.quick else 8)
     args.warmup = args.warmup if args.warmup is not None else (4 if args.quick else 5)
     if args.train is None:
-        args.train = not args.quick
+        args.train = not narrow
+    if args.train and args.optimizers:
+        p.error("--optimizers replays profiles only; drop --train")
     if min(args.workers) < 2:
         p.error("--workers: every count must be at least 2")
     return args
@@ -114,12 +166,45 @@ def contenders(args):
     chosen = ["compute", *DDP_CONTENDERS, *codecs, "plan"]
     if args.contenders:
         wanted = split(args.contenders)
-        unknown = [c for c in wanted if c not in chosen]
+        unknown = [c for c in wanted if split_optimizer(c)[0] not in chosen]
         if unknown:
             raise BenchError(f"unknown contender(s) {', '.join(unknown)}; choose from "
-                             f"{', '.join(chosen)}")
-        chosen = [c for c in chosen if c in wanted]
+                             f"{', '.join(chosen)} (each may end in +OPTIMIZER)")
+        order = {c: i for i, c in enumerate(chosen)}
+        chosen = sorted(wanted, key=lambda c: order[split_optimizer(c)[0]])
+    for name in chosen:
+        check_optimizer(name, args.optimizer)
     return chosen
+
+
+def optimizer_contenders(args):
+    """The optimizer comparison's contenders: the default set, or --contenders (any compute,
+    ddp... or gradcomp contender with any optimizer; no plan: nothing is planned here)."""
+    chosen = split(args.contenders) if args.contenders else list(OPTIMIZER_CONTENDERS)
+    for name in chosen:
+        base = split_optimizer(name)[0]
+        if not (base in ("compute", "ddp", "gradcomp") or base.startswith(("ddp-", "gradcomp:"))):
+            raise BenchError(f"contender '{name}' cannot run in the optimizer comparison; use "
+                             "compute, ddp, ddp-HOOK, gradcomp or gradcomp:SPEC, each with "
+                             f"+OPTIMIZER ({', '.join(OPTIMIZERS)})")
+        check_optimizer(name, args.optimizer)
+    return chosen
+
+
+def split_optimizer(name, default="none"):
+    """(contender, optimizer) of a contender name: "ddp+adamw" -> ("ddp", "adamw"); without a
+    known optimizer after the last '+', the name is all contender and the optimizer `default`."""
+    base, plus, optimizer = name.rpartition("+")
+    if plus and optimizer in OPTIMIZERS:
+        return base, optimizer
+    return name, default
+
+
+def check_optimizer(name, default):
+    base, optimizer = split_optimizer(name, default)
+    if optimizer == "onebitadam" and not (base == "gradcomp" or base.startswith("gradcomp:")):
+        raise BenchError(f"contender '{name}': 1-bit Adam averages over the ranks by itself, so "
+                         "it runs with gradcomp or gradcomp:SPEC only (SPEC: its exchange)")
 
 
 def split(text):
@@ -127,13 +212,18 @@ def split(text):
 
 
 def family(contender):
+    contender = split_optimizer(contender)[0]
     if contender in ("compute", "ddp", "plan"):
         return contender
     return "ddp-hook" if contender.startswith("ddp-") else "gradcomp"
 
 
 def label(contender):
-    return LABELS.get(contender, contender.replace("gradcomp:", "gradcomp "))
+    if contender in LABELS:
+        return LABELS[contender]
+    base, optimizer = split_optimizer(contender)
+    text = LABELS.get(base, base.replace("gradcomp:", "gradcomp "))
+    return text + (f" + {OPTIMIZER_LABELS[optimizer]}" if optimizer != "none" else "")
 
 
 # ---------------------------------------------------------------------------- gradcomp CLI
@@ -292,13 +382,29 @@ def probe_latency(runner, workers, link_bps):
 def replay_row(contender, ranks, dilation):
     mean = statistics.fmean
     payload = [r["payload_bytes_per_step"] for r in ranks if r["payload_bytes_per_step"]]
-    return {
+    row = {
         "step_ms": [1e3 * s / dilation for s in ranks[0]["step_s"]],
         "wire_bytes_per_step": mean(r["tx_bytes_per_step"] for r in ranks),
         "payload_bytes_per_step": mean(payload) if payload else None,
         "cpu_ms_per_step": 1e3 * mean(r["cpu_s_per_step"] for r in ranks),
         "ranks_median_ms": [1e3 * statistics.median(r["step_s"]) / dilation for r in ranks],
     }
+    r0 = ranks[0]
+    marks = r0["step_marks"]
+    if marks and len(marks[0]) == 4:
+        # Rank 0's phases, as its step times: until backward returned (compute and the
+        # exchange's tail), and the optimizer's step after it.
+        row.update(backward_end_ms=[1e3 * (m[2] - m[0]) / dilation for m in marks],
+                   after_backward_ms=[1e3 * (m[3] - m[2]) / dilation for m in marks])
+    if r0.get("optimizer", "none") == "none":
+        return row
+    row.update(update_ms=[1e3 * s / dilation for s in r0["update_s"]],
+               ranks_agree=len({r["param_digest"] for r in ranks}) == 1)
+    if "onebit_warmup_steps" in r0:
+        row.update(onebit_warmup_steps=r0["onebit_warmup_steps"],
+                   onebit_compression=r0["onebit_compression"],
+                   onebit_compressed_steps=r0["onebit_compressed_steps"])
+    return row
 
 
 def failed_row(contender, error):
@@ -357,27 +463,43 @@ def replay_config(args, profile, rate, workers, names, out, port):
 
 
 def run_replay(args, runner, model, name, profile, dilation, config):
+    base, optimizer = split_optimizer(name, args.optimizer)
+    if optimizer == "none":
+        try:
+            predicted, note = model.predict(base)
+        except BenchError as e:
+            predicted, note = None, f"simulator failed: {e}"
+    else:
+        predicted, note = None, "not modelled: the simulator has no optimizer update"
+    expect_s = max(predicted or 0, config["compute_ms"]) / 1e3 * dilation
+    contender = f"plan:{model.plan_path}" if base == "plan" else base
+    row = run_contender(args, runner, name, contender, profile, dilation, expect_s,
+                        predicted_ms=predicted, prediction_note=note)
+    if row["status"] == "ok":
+        say(f"   {label(name):<32} {statistics.median(row['step_ms']):9.1f} ms/step  "
+            f"{row['wire_bytes_per_step'] / 1e6:8.2f} MB/step on the wire  predicted "
+            f"{predicted if predicted is None else round(predicted, 1)} ms  "
+            f"({row['seconds']:.0f} s)")
+    return row
+
+
+def run_contender(args, runner, name, contender, profile, dilation, expect_s, **extra):
+    """Runs one contender's replay (`contender`: the worker's --contender) and returns its
+    row, failed or ok; expect_s: a generous guess of one step's seconds, for the timeout."""
+    optimizer = split_optimizer(name, args.optimizer)[1]
     worker_args = ["--workload", "replay", "--profile", str(profile), "--warmup",
-                   str(args.warmup), "--steps", str(args.steps), "--dilation", str(dilation)]
+                   str(args.warmup), "--steps", str(args.steps), "--dilation", str(dilation),
+                   "--contender", contender, "--optimizer", optimizer]
     if args.burn:
         worker_args.append("--burn")
-    contender = f"plan:{model.plan_path}" if name == "plan" else name
-    row = {"contender": name, "label": label(name), "family": family(name)}
-    try:
-        predicted, note = model.predict(name)
-    except BenchError as e:
-        predicted, note = None, f"simulator failed: {e}"
-    row.update(predicted_ms=predicted, prediction_note=note)
-    expect_s = max(predicted or 0, config["compute_ms"]) / 1e3 * dilation
+    row = {"contender": name, "label": label(name), "family": family(name),
+           "exchange": split_optimizer(name)[0], "optimizer": optimizer, **extra}
     timeout = 180 + 6 * (args.warmup + args.steps) * expect_s
     try:
-        ranks, seconds = runner.run(name, [*worker_args, "--contender", contender], timeout)
+        ranks, seconds = runner.run(name, worker_args, timeout)
     except netns.ClusterError as e:
         return {**row, **failed_row(name, e)}
-    row.update(status="ok", **replay_row(name, ranks, dilation))
-    say(f"   {label(name):<32} {statistics.median(row['step_ms']):9.1f} ms/step  "
-        f"{row['wire_bytes_per_step'] / 1e6:8.2f} MB/step on the wire  predicted "
-        f"{predicted if predicted is None else round(predicted, 1)} ms  ({seconds:.0f} s)")
+    row.update(status="ok", seconds=seconds, **replay_row(name, ranks, dilation))
     return row
 
 
@@ -410,6 +532,87 @@ def train_config(args, out, port):
                 f"{r0['epoch_seconds'][-1]:.1f} s of training ({seconds:.0f} s)")
             config["runs"].append(row)
     return config
+
+
+def optimizer_config(args, profile, rate, workers, names, out, port):
+    """One cluster of the optimizer comparison: every contender's step with its optimizer's
+    update (no planner, no simulator: neither models the update)."""
+    rate_bps = netns.parse_rate(rate)
+    dilation = max(1, round(rate_bps / netns.parse_rate(args.max_real_rate)))
+    link_bps = rate_bps / dilation
+    config_name = f"{Path(profile).stem}-{rate}-w{workers}"
+    profile_json = json.loads(Path(profile).read_text())
+    elements = sum(t["elements"] for t in profile_json["tensors"])
+    config = {"profile": Path(profile).stem, "rate": rate, "rate_bps": rate_bps,
+              "dilation": dilation, "workers": workers, "link_bps": link_bps,
+              "elements": elements, "baseline": BASELINE,
+              "compute_ms": profile_json["forward_ms"] + profile_json["backward_ms"],
+              "runs": []}
+    say(f"\n== optimizers, {config_name}: {workers} hosts, links {netns.format_rate(link_bps)}"
+        + (f" (time-dilated x{dilation}: emulates {rate})" if dilation > 1 else ""))
+    # For the timeout only: a ring allreduce of fp32 gradients at the link rate and torch's
+    # AdamW (about 7 ns per element on a core here) with the workers sharing the cores.
+    expect_s = (config["compute_ms"] / 1e3 * dilation + 64 * elements / link_bps
+                + 2e-8 * elements * workers / (os.cpu_count() or 1))
+    with netns.Cluster(workers, link_bps, run_id=f"{os.getpid()}") as cluster:
+        config["measured_link_bps"] = cluster.measure_rate(1.0) * dilation
+        say(f"   measured ring throughput per link: {config['measured_link_bps'] / 1e9:.3f} "
+            "Gbit/s (emulated time)")
+        runner = Runner(cluster, out / "runs" / f"optimizers-{config_name}", port)
+        for name in names:
+            base = split_optimizer(name, args.optimizer)[0]
+            row = run_contender(args, runner, name, base, profile, dilation, expect_s)
+            config["runs"].append(row)
+            if row["status"] == "ok":
+                say_optimizer_row(row)
+    return config
+
+
+def say_optimizer_row(row):
+    update = row.get("update_ms")
+    text = (f"   {row['label']:<36} {statistics.median(row['step_ms']):9.1f} ms/step  "
+            + (f"update {statistics.median(update):7.1f} ms  " if update else "")
+            + f"{row['wire_bytes_per_step'] / 1e6:8.2f} MB/step on the wire  "
+            f"({row['seconds']:.0f} s)")
+    if "onebit_warmup_steps" in row:
+        text += (f"; 1-bit Adam: warm-up of {row['onebit_warmup_steps']} uncompressed "
+                 f"step(s) before the measured steps; {row['onebit_compressed_steps']} of "
+                 f"{len(row['step_ms'])} measured steps compressed")
+    if row.get("ranks_agree") is False and row["family"] != "compute":
+        text += "; RANKS DISAGREE"
+    say(text)
+
+
+def run_optimizers(args, names, profiles):
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "optimizer-benchmark.json"
+    results = {
+        "format": report.OPTIMIZER_FORMAT, "version": 1,
+        "command": "bench/cluster/run.sh" + "".join(f" {a}" for a in sys.argv[1:]),
+        "started": now(), "machine": machine(),
+        "settings": {"warmup": args.warmup, "steps": args.steps, "burn": args.burn,
+                     "max_real_rate": args.max_real_rate, "optimizer": args.optimizer},
+        "configs": [],
+    }
+    port = 29600
+    for profile in profiles:
+        for rate in split(args.rates):
+            for workers in args.workers:
+                results["configs"].append(optimizer_config(args, profile, rate, workers, names,
+                                                           out, port))
+                port += 100
+                save(results, results_path)
+    results["finished"] = now()
+    save(results, results_path)
+    md_path = Path(args.md)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text(report.render_optimizer_markdown(results))
+    say(f"\nwrote {results_path}\nwrote {md_path}")
+    for config in results["configs"]:
+        for line in report.optimizer_verdicts(config):
+            say(line)
+    return 0
 
 
 # ---------------------------------------------------------------------------- main
@@ -473,10 +676,12 @@ def main(argv=None):
         if not GRADCOMP.exists():
             raise BenchError(f"{GRADCOMP} is missing: build first (bash scripts/setup.sh; "
                              "bench/cluster/run.sh does)")
-        names = contenders(args)
+        names = optimizer_contenders(args) if args.optimizers else contenders(args)
         profiles = [profile_path(p) for p in split(args.profiles)]
         for rate in split(args.rates):
             netns.parse_rate(rate)
+        if args.optimizers:
+            return run_optimizers(args, names, profiles)
         return run_all(args, names, profiles)
     except (BenchError, netns.ClusterError) as e:
         print(f"bench/cluster: {e}", file=sys.stderr)
@@ -496,7 +701,8 @@ def run_all(args, names, profiles):
         "started": now(), "machine": machine(),
         "settings": {"warmup": args.warmup, "steps": args.steps, "burn": args.burn,
                      "max_real_rate": args.max_real_rate,
-                     "target_accuracy": args.target_accuracy, "codecs": split(args.codecs)},
+                     "target_accuracy": args.target_accuracy, "codecs": split(args.codecs),
+                     "optimizer": args.optimizer},
         "replay": [], "train": [],
     }
     costs = {}  # workers -> codec costs measured with that many copies

@@ -14,6 +14,10 @@ The report (docs/cluster-benchmark.md) holds, in this order:
 - the time-to-accuracy table of the Fashion-MNIST training runs, with a plot;
 - the hand-written analysis, bench/cluster/analysis.md, verbatim if it exists.
 
+The optimizer comparison (bench.py --optimizers, its own results JSON) becomes one table per
+cluster for docs/optimizers.md (render_optimizer_markdown): each contender's step with its
+optimizer's update, the speed-up over DDP + AdamW and what the update costs.
+
 Every derived number (medians, percentiles, ratios, errors, time to accuracy) is computed here
 from the raw measurements; nothing precomputed in the JSON is trusted. Failed runs are listed
 with their error and take part in no ratio. Configs run by time dilation (links faster than the
@@ -36,6 +40,7 @@ import numpy as np  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 FORMAT = "gradcomp-cluster-benchmark"
+OPTIMIZER_FORMAT = "gradcomp-optimizer-benchmark"
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 ANALYSIS = HERE / "analysis.md"
@@ -49,6 +54,14 @@ FAST_RATE = "10gbit"
 FAST_SLACK = 1.03
 # Target 3: the simulator's predictions.
 PREDICTION_TOLERANCE = 0.10
+# The optimizer comparison's target (issue 14): gradcomp's recipes against DDP + AdamW.
+OPTIMIZER_SPEEDUP = 3.0
+OPTIMIZER_COLUMNS = ["contender", "exchange", "optimizer", "median ms", "spread (p10-p90)",
+                     "vs DDP + AdamW", "until backward ends, ms", "step() ms", "update ms",
+                     "wire MB/step", "payload MB/step", "CPU ms/step"]
+OPTIMIZER_NAMES = {"none": "none", "sgd": "SGD (torch)", "adamw": "AdamW (torch)",
+                   "lans": "LANS (gradcomp)", "lamb": "LAMB (gradcomp)",
+                   "onebitadam": "1-bit Adam (gradcomp)"}
 
 FEW_STEPS = 5  # below this, p10/p90 mean little: the spread is shown as min-max
 DPI = 110
@@ -59,12 +72,13 @@ TABLE_COLUMNS = ["contender", "median ms", "spread (p10-p90)", "vs DDP", "scalin
                  "wire MB/step", "payload MB/step", "CPU ms/step", "predicted ms", "error"]
 
 
-def load(path):
-    """The results dict of a cluster-benchmark JSON file; ValueError for any other file."""
+def load(path, formats=(FORMAT,)):
+    """The results dict of a cluster-benchmark JSON file (or of one of `formats`);
+    ValueError for any other file."""
     with open(path) as f:
         results = json.load(f)
-    if results.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a {FORMAT} results file "
+    if results.get("format") not in formats:
+        raise ValueError(f"{path}: not a {' or '.join(formats)} results file "
                          f"(format {results.get('format')!r})")
     if results.get("version", 1) != 1:
         raise ValueError(f"{path}: version {results['version']} is not supported (only 1)")
@@ -534,6 +548,99 @@ def render_markdown(results, image_names, analysis=ANALYSIS):
 
 
 # ---------------------------------------------------------------------------------------------
+# The optimizer comparison
+
+def _optimizer_cells(config, run):
+    name = label(run)
+    if dilation(config) > 1:
+        name += f" [time-dilated x{dilation(config):g}]"
+    exchange = run.get("exchange", run.get("contender", "?"))
+    exchange = {"compute": "none", "ddp": "DDP gloo 25 MB"}.get(
+        exchange, exchange.replace("gradcomp:", ""))
+    optimizer = run.get("optimizer", "none")
+    optimizer = OPTIMIZER_NAMES.get(optimizer, optimizer)
+    if run.get("onebit_warmup_steps"):
+        optimizer += (f" (warm-up: {run['onebit_warmup_steps']} step(s), not measured; "
+                      f"{run.get('onebit_compressed_steps', '?')} of "
+                      f"{len(run.get('step_ms') or [])} measured steps compressed)")
+    if not is_ok(run):
+        error = run.get("error") or "no steps measured"
+        return [name, exchange, optimizer, f"**failed**: {error}"] + ["-"] * (
+            len(OPTIMIZER_COLUMNS) - 4)
+    stats = step_stats(run["step_ms"])
+    low, high, kind = spread(stats)
+    baseline = median(find_run(config, contender=config.get("baseline")))
+    phases = [step_stats(run[k])["median"] if run.get(k) else None
+              for k in ("backward_end_ms", "after_backward_ms", "update_ms")]
+    return [name, exchange, optimizer, _num(stats["median"]),
+            f"{low:.1f}-{high:.1f}" + (" (min-max)" if kind == "min-max" else ""),
+            f"{baseline / stats['median']:.2f}x" if baseline else "-",
+            *(_num(p) for p in phases),
+            _mb(run.get("wire_bytes_per_step")), _mb(run.get("payload_bytes_per_step")),
+            _num(run.get("cpu_ms_per_step"))]
+
+
+def optimizer_verdicts(config):
+    """One line per gradcomp run: its speed-up over the baseline (DDP + AdamW) against the
+    target."""
+    baseline_run = find_run(config, contender=config.get("baseline"))
+    name = config_name(config)
+    problems = _problems(baseline_run, "DDP + AdamW")
+    if problems:
+        return [f"{name}: no speed-up: {'; '.join(problems)}"]
+    baseline = median(baseline_run)
+    lines = []
+    for run in config.get("runs", []):
+        if run.get("family") != "gradcomp" or run.get("optimizer", "none") == "none":
+            continue  # an exchange without an update is no contender for this target
+        if not is_ok(run):
+            lines.append(f"{name}: {label(run)}: failed ({run.get('error')})")
+            continue
+        speed = baseline / median(run)
+        met = "met" if speed >= OPTIMIZER_SPEEDUP else "NOT met"
+        lines.append(f"{name}: {label(run)} {median(run):.1f} ms, {speed:.2f}x DDP + AdamW "
+                     f"({baseline:.1f} ms): target {OPTIMIZER_SPEEDUP:g}x {met}")
+    return lines
+
+
+def render_optimizer_markdown(results):
+    """The optimizer comparison as Markdown: how it was measured, then per cluster a table and
+    the speed-ups against the target."""
+    m, s = results.get("machine", {}), results.get("settings", {})
+    lines = [
+        "# Optimizer comparison on the emulated cluster", "",
+        f"Generated by `bench/cluster/report.py` from the results of "
+        f"`{results.get('command', '?')}`, started {results.get('started', '?')}, finished "
+        f"{results.get('finished', '?')}, at commit {m.get('commit', '?')}, on "
+        f"{m.get('cores', '?')} cores, torch {m.get('torch', '?')}.", "",
+        f"- {s.get('warmup', '?')} warm-up steps, then {s.get('steps', '?')} measured steps; "
+        "times are rank 0's, medians over the measured steps; compute is emulated by "
+        + ("burning CPU." if s.get("burn") else "waiting (sleeping)."),
+        "- until backward ends: the profile's forward and backward and the exchange's tail "
+        "(DDP and DistributedOptimizer finish their exchange when backward ends). step(): "
+        "the optimizer's step after it. update: the parameters' update, which is all of "
+        "step(), except for 1-bit Adam, whose step() also exchanges the momentum (its "
+        "engine's step time, which includes forming each rank's momentum, is taken off).",
+        "- 1-bit Adam's uncompressed warm-up ends within the warm-up steps, so the measured "
+        "steps are in its compression stage; the worker checks each (it sent under half the "
+        "uncompressed bytes).",
+        "- The emulated hosts share this machine's cores: CPU work on every host at once (the "
+        "update, the codecs, gloo's reductions) costs up to W/C times what it would on hosts "
+        "with a core each.", ""]
+    for config in results.get("configs", []):
+        lines += [f"## {config_name(config)}", ""]
+        link = f"Link: {config.get('rate', '?')}"
+        if config.get("measured_link_bps"):
+            link += f"; measured {_bps(config['measured_link_bps'])} per link"
+        lines += [f"{link}. {config.get('elements', 0):,} parameters; the profile's forward "
+                  f"and backward take {_num(config.get('compute_ms'))} ms.", ""]
+        lines += _table(OPTIMIZER_COLUMNS,
+                        [_optimizer_cells(config, r) for r in config.get("runs", [])])
+        lines += [""] + [f"- {v}" for v in optimizer_verdicts(config)] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
 # Plots
 
 def _contender_colors(results):
@@ -729,12 +836,20 @@ def write_report(results, md_path, img_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", help="the benchmark's results JSON")
-    parser.add_argument("--md", default=ROOT / "docs" / "cluster-benchmark.md",
-                        help="the Markdown report to write (default: docs/cluster-benchmark.md)")
+    parser.add_argument("--md", default=None,
+                        help="the Markdown report to write (default: docs/cluster-benchmark.md; "
+                             "for an optimizer comparison the results' path ending in .md)")
     parser.add_argument("--img", default=ROOT / "docs" / "img",
                         help="directory of the PNG plots (default: docs/img)")
     args = parser.parse_args(argv)
-    for path in write_report(load(args.results), args.md, args.img):
+    results = load(args.results, (FORMAT, OPTIMIZER_FORMAT))
+    if results["format"] == OPTIMIZER_FORMAT:
+        md_path = Path(args.md or Path(args.results).with_suffix(".md"))
+        md_path.write_text(render_optimizer_markdown(results))
+        print(f"wrote {md_path}")
+        return 0
+    for path in write_report(results, args.md or ROOT / "docs" / "cluster-benchmark.md",
+                             args.img):
         print(f"wrote {path}")
     return 0
 

@@ -22,8 +22,23 @@ Contenders (--contender):
                            returns (on gloo the stock hook issues collectives from callbacks,
                            which reorders them across ranks and crashes)
   gradcomp:SPEC            gradcomp.torch.DistributedOptimizer with compression SPEC on the
-                           default plan, over gradcomp's own Gloo transport
+                           default plan, over gradcomp's own Gloo transport (with
+                           --optimizer onebitadam: gradcomp.torch.OneBitAdam, SPEC its
+                           compression stage's exchange)
+  gradcomp                 the same with the optimizer's own default compression: none for
+                           DistributedOptimizer, onebit:block=256|ef|twoway for OneBitAdam
   plan:PATH                gradcomp with the plan in PATH (from `gradcomp plan`)
+
+Optimizers (--optimizer, replay only): what updates the replay's parameters after the exchange,
+so that its cost is part of the step.
+  none        no update: the step is the exchange only (every result before the option)
+  sgd, adamw  torch.optim.SGD (momentum 0.9) / AdamW: under DDP as they are (DDP + AdamW is the
+              baseline of docs/optimizers.md), under gradcomp inside DistributedOptimizer
+  lans, lamb  gradcomp.torch.LANS / LAMB (fused kernels), likewise; LANS over
+              gradcomp:onebit:block=256|ef|twoway is the CLAN recipe
+  onebitadam  gradcomp.torch.OneBitAdam, a distributed optimizer of its own (gradcomp
+              contenders only): its uncompressed warm-up takes the first half of the --warmup
+              steps (rounded up), so every measured step is in the compression stage
 
 Ranks meet through torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Each rank
 writes OUT/rank<r>.json; the workers end with a barrier and exit without tearing gloo down (a
@@ -49,6 +64,9 @@ class BenchError(Exception):
     """A failure with a message for the user."""
 
 
+OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam"]
+
+
 # ---------------------------------------------------------------------------- arguments
 
 def parse_args(argv=None):
@@ -61,6 +79,9 @@ def parse_args(argv=None):
     p.add_argument("--dilation", type=float, default=1.0,
                    help="replay: compute this many times slower (time dilation)")
     p.add_argument("--burn", action="store_true", help="replay: burn CPU instead of waiting")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="none",
+                   help="replay: the optimizer that updates the parameters in every step "
+                        "(none: no update; see the module docstring)")
     p.add_argument("--epochs", type=float, default=2.0, help="train: epochs")
     p.add_argument("--batch-size", type=int, default=32, help="train: images per rank and step")
     p.add_argument("--lr", type=float, default=0.05, help="train: SGD learning rate")
@@ -75,11 +96,16 @@ def parse_args(argv=None):
         p.error("--warmup must be >= 0 and --steps >= 1")
     if args.dilation < 1:
         p.error("--dilation must be >= 1")
+    if args.optimizer != "none" and args.workload != "replay":
+        p.error(f"--optimizer is for the replay workload ({args.workload} has its own)")
+    if args.optimizer == "onebitadam" and args.warmup < 1:
+        p.error("--optimizer onebitadam needs --warmup >= 1: its uncompressed warm-up steps "
+                "must be over before the measured steps begin")
     return args
 
 
 def parse_contender(text):
-    """(kind, argument): ('compute', None), ('ddp', hook or None), ('gradcomp', spec),
+    """(kind, argument): ('compute', None), ('ddp', hook or None), ('gradcomp', spec or None),
     ('plan', path)."""
     if text == "compute":
         return "compute", None
@@ -89,12 +115,14 @@ def parse_contender(text):
         return "ddp", text[4:]
     if text.startswith("ddp-powersgd:rank="):
         return "ddp", text[4:]
+    if text == "gradcomp":
+        return "gradcomp", None
     if text.startswith("gradcomp:"):
         return "gradcomp", text[len("gradcomp:"):]
     if text.startswith("plan:"):
         return "plan", text[len("plan:"):]
     raise BenchError(f"contender '{text}' is unknown; use compute, ddp, ddp-fp16, ddp-bf16, "
-                     "ddp-powersgd:rank=R, gradcomp:SPEC or plan:PATH")
+                     "ddp-powersgd:rank=R, gradcomp, gradcomp:SPEC or plan:PATH")
 
 
 # ---------------------------------------------------------------------------- environment
@@ -195,13 +223,72 @@ def powersgd_hook(rank):
 
 
 class NoUpdate(torch.optim.Optimizer):
-    """The replay measures the exchange, not the update: an optimizer whose step is empty."""
+    """--optimizer none: the replay measures the exchange, not the update: an optimizer whose
+    step is empty."""
 
     def __init__(self, params):
         super().__init__(params, {})
 
     def step(self, closure=None):
         return None
+
+
+def onebit_warmup(warmup):
+    """1-bit Adam's uncompressed warm-up: the first half of the replay's unmeasured steps
+    (rounded up), so the other half runs its compression stage before the measured steps."""
+    return -(-warmup // 2)
+
+
+def local_optimizer(name, params):
+    """The torch optimizer that updates the replay's parameters. Learning rates as the recipes
+    of docs/optimizers.md use them (LANS wants a larger one than AdamW); the step's cost does
+    not depend on them."""
+    if name == "none":
+        return NoUpdate(params)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+    import gradcomp.torch as gct
+    if name == "lans":
+        return gct.LANS(params, lr=1e-2, weight_decay=0.01)
+    if name == "lamb":
+        return gct.LAMB(params, lr=1e-2, weight_decay=0.01)
+    raise BenchError(f"optimizer '{name}' has no local form; use one of "
+                     f"{', '.join(o for o in OPTIMIZERS if o != 'onebitadam')}")
+
+
+def check_optimizer(optimizer, kind, contender):
+    """Refuses, before any rank meets another, an optimizer the contender cannot run."""
+    if optimizer == "onebitadam" and kind != "gradcomp":
+        raise BenchError(f"--optimizer onebitadam averages over the ranks by itself: use it "
+                         f"with a gradcomp or gradcomp:SPEC contender, not '{contender}'")
+
+
+def make_step(args, kind, argument, model, exchange):
+    """(the module the forward pass runs through, the optimizer to step after backward or
+    None, the gradcomp optimizer whose last_step() counts the bytes or None)."""
+    name = args.optimizer
+    if name == "onebitadam":
+        import gradcomp.torch as gct
+        spec = {} if argument is None else {"compression": argument}
+        onebit = gct.OneBitAdam(model.named_parameters(), lr=1e-3, weight_decay=0.01,
+                                warmup_steps=onebit_warmup(args.warmup),
+                                transport=exchange.transport, seed=args.seed, broadcast=False,
+                                **spec)
+        return model, onebit, onebit
+    update = None if name == "none" else local_optimizer(name, model.parameters())
+    if kind == "ddp":
+        return wrap_ddp(model, argument), update, None
+    if kind == "compute":
+        return model, update, None
+    import gradcomp.torch as gct
+    distributed = gct.DistributedOptimizer(
+        update or NoUpdate(model.parameters()), model.named_parameters(),
+        compression=argument if kind == "gradcomp" and argument is not None else "none",
+        plan=argument if kind == "plan" else None, transport=exchange.transport,
+        seed=args.seed, broadcast=False)
+    return model, distributed, distributed
 
 
 # ---------------------------------------------------------------------------- replay
@@ -290,14 +377,20 @@ class ReplayModel(nn.Module):
     """Parameters with the profile's names and sizes, registered in forward order (the reverse
     of backward order), so DDP buckets them as it would the real model."""
 
-    def __init__(self, profile, dilation, burn, seed, rank):
+    def __init__(self, profile, dilation, burn, seed, rank, init=False):
         super().__init__()
         tensors = profile["tensors"]  # backward order
         shapes = profile_shapes(profile)
         self.order = list(reversed(range(len(tensors))))  # forward order: indices into tensors
         self.params = []
+        # With an optimizer (init): weights of a trained model's scale rather than zeros (the
+        # layer-wise optimizers' trust ratios see real norms), the same on every rank, as DDP's
+        # broadcast would make them.
+        weights = torch.Generator().manual_seed(seed)
         for i in self.order:
-            param = nn.Parameter(torch.zeros(shapes[i]))
+            value = (torch.randn(shapes[i], generator=weights) * 0.02 if init
+                     else torch.zeros(shapes[i]))
+            param = nn.Parameter(value)
             self._register(tensors[i]["name"], param)
             self.params.append(param)
         generator = torch.Generator().manual_seed(1_000_003 * seed + rank)
@@ -328,44 +421,47 @@ class ReplayModel(nn.Module):
 
 def replay(args, kind, argument):
     profile = json.loads(Path(args.profile).read_text())
+    check_optimizer(args.optimizer, kind, args.contender)
     exchange = Exchange(kind, args.timeout)
     rank, world = exchange.rank, exchange.world
     torch.set_num_threads(1)
-    model = ReplayModel(profile, args.dilation, args.burn, args.seed, rank)
-    step_model, optimizer = model, None
-    if kind == "ddp":
-        step_model = wrap_ddp(model, argument)
-    elif kind in ("gradcomp", "plan"):
-        import gradcomp.torch as gct
-        optimizer = gct.DistributedOptimizer(
-            NoUpdate(model.parameters()), model.named_parameters(),
-            compression=argument if kind == "gradcomp" else "none",
-            plan=argument if kind == "plan" else None, transport=exchange.transport,
-            seed=args.seed, broadcast=False)
+    model = ReplayModel(profile, args.dilation, args.burn, args.seed, rank,
+                        init=args.optimizer != "none")
+    step_model, optimizer, counter = make_step(args, kind, argument, model, exchange)
+    onebit = args.optimizer == "onebitadam"
 
     def one_step():
         model.zero_grad(set_to_none=True)
         loss = step_model(torch.zeros(1))
         model.clock.backward_start = time.perf_counter()
         loss.backward()
+        backward_end = time.perf_counter()
         if optimizer is not None:
             optimizer.step()
+        return backward_end
 
     for _ in range(args.warmup):
         one_step()
+    if onebit and not optimizer.frozen:
+        raise BenchError(f"1-bit Adam is still in its warm-up after {args.warmup} steps: the "
+                         "measured steps would not be compressed")
     exchange.barrier()
     tx0, rx0 = link_bytes(args.iface)
     cpu0, payload = time.process_time(), 0
-    step_s, marks = [], []
+    step_s, marks, update_s, compressed = [], [], [], 0
     for _ in range(args.steps):
         start = time.perf_counter()
-        one_step()
+        backward_end = one_step()
         end = time.perf_counter()
         step_s.append(end - start)
         # Machine-wide monotonic times, comparable between ranks: when each phase began.
-        marks.append([start, model.clock.backward_start, end])
-        if optimizer is not None:
-            payload += optimizer.last_step()["bytes_sent"]
+        marks.append([start, model.clock.backward_start, backward_end, end])
+        if counter is not None:
+            sent = counter.last_step()
+            payload += sent["bytes_sent"]
+            compressed += sent["bytes_sent"] < sent["uncompressed_bytes"] / 2
+        if args.optimizer != "none":
+            update_s.append(update_seconds(optimizer, onebit, end - backward_end))
     cpu = time.process_time() - cpu0
     tx1, rx1 = link_bytes(args.iface)
     n = args.steps
@@ -374,25 +470,48 @@ def replay(args, kind, argument):
         "profile": profile["model"], "dilation": args.dilation, "burn": args.burn,
         "warmup": args.warmup, "step_s": step_s,
         "tx_bytes_per_step": (tx1 - tx0) / n, "rx_bytes_per_step": (rx1 - rx0) / n,
-        "payload_bytes_per_step": payload / n if optimizer is not None else None,
+        "payload_bytes_per_step": payload / n if counter is not None else None,
         "cpu_s_per_step": cpu / n, "step_marks": marks,
         "compute_s": args.dilation * (profile["forward_ms"] + profile["backward_ms"]) / 1e3,
+        "optimizer": args.optimizer, "update_s": update_s or None,
     }
-    if optimizer is not None:
-        result["plan_buckets"] = len(optimizer.plan.get("buckets", []))
+    if counter is not None:
+        result["plan_buckets"] = len(counter.plan.get("buckets", []))
+    if onebit:
+        # Said in the output, and checked step by step: the measured steps are compressed.
+        result["onebit_warmup_steps"] = optimizer.warmup_steps
+        result["onebit_compression"] = optimizer.compression
+        result["onebit_compressed_steps"] = compressed
     # What the exchange left: every rank must hold the same bytes (the tests compare them).
     result["grad_sum"] = sum(float(p.grad.double().sum()) for p in model.parameters()
                              if p.grad is not None)
     result["grad_digest"] = grad_digest(model.parameters())
+    if args.optimizer != "none":
+        # What the updates made of the parameters: the same on every rank after an exchange.
+        result["param_sum"] = sum(float(p.detach().double().sum()) for p in model.parameters())
+        result["param_digest"] = tensor_digest(p.detach() for p in model.parameters())
     return exchange, result
 
 
+def update_seconds(optimizer, onebit, after_backward_s):
+    """The optimizer's update in one step: all of step() after a backward pass that ended with
+    the exchange (DDP, DistributedOptimizer, compute only); for 1-bit Adam, whose step() does
+    the exchange, what is left of it once its engine's step (first bucket handed over to the
+    last one finished) is taken off."""
+    if not onebit:
+        return after_backward_s
+    return max(after_backward_s - optimizer.last_step()["step_seconds"], 0.0)
+
+
 def grad_digest(params):
+    return tensor_digest(p.grad for p in params if p.grad is not None)
+
+
+def tensor_digest(tensors):
     import hashlib
     h = hashlib.blake2b(digest_size=8)
-    for p in params:
-        if p.grad is not None:
-            h.update(p.grad.contiguous().numpy().tobytes())
+    for t in tensors:
+        h.update(t.contiguous().numpy().tobytes())
     return h.hexdigest()
 
 

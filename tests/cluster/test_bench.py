@@ -15,6 +15,7 @@ BENCH = ROOT / "bench" / "cluster" / "bench.py"
 RUN = ROOT / "bench" / "cluster" / "run.sh"
 PYTHON = "/usr/bin/python3"
 sys.path.insert(0, str(ROOT / "bench" / "cluster"))
+import bench  # noqa: E402
 import netns  # noqa: E402
 import report  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -153,3 +154,56 @@ def test_unknown_contender_lists_the_known_ones(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "unknown contender(s) horovod" in done.stderr and "ddp-fp16" in done.stderr
+
+
+# ---------------------------------------------------------------- the optimizer comparison
+
+def test_optimizer_comparison_measures_every_update_and_leaves_nothing(tmp_path):
+    """--optimizers on a 2-host cluster: the default contenders, each with its optimizer's
+    update in the step, the ranks of every exchanging contender agreeing, and the table."""
+    before = set(netns.stale_namespaces())
+    proc = subprocess.run(bench_argv(tmp_path, "--optimizers"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "optimizer-benchmark.json").read_text())
+    assert results["format"] == report.OPTIMIZER_FORMAT
+    (config,) = results["configs"]
+    runs = {r["contender"]: r for r in config["runs"]}
+    assert list(runs) == bench.OPTIMIZER_CONTENDERS
+    for name, run in runs.items():
+        assert run["status"] == "ok", run
+        assert len(run["step_ms"]) == 2 and len(run["after_backward_ms"]) == 2
+        if run["optimizer"] != "none":
+            assert len(run["update_ms"]) == 2
+            assert run["ranks_agree"] == (run["family"] != "compute"), name
+    onebit = runs[f"gradcomp:{bench.ONEBIT}+onebitadam"]
+    assert onebit["onebit_warmup_steps"] == 1 and onebit["onebit_compressed_steps"] == 2
+    md = (tmp_path / "report.md").read_text()  # --md given: the table goes there
+    assert "| DDP + AdamW | DDP gloo 25 MB | AdamW (torch) |" in md
+    assert "x DDP + AdamW" in proc.stdout and "target 3x" in proc.stdout
+    assert set(netns.stale_namespaces()) <= before
+
+
+def test_optimizer_names_and_refusals(tmp_path):
+    assert bench.OPTIMIZERS == worker_optimizers()
+    assert bench.split_optimizer("gradcomp:onebit:block=256|ef|twoway+lans") == (
+        "gradcomp:onebit:block=256|ef|twoway", "lans")
+    assert bench.split_optimizer("gradcomp:topk:ratio=0.01|ef") == (
+        "gradcomp:topk:ratio=0.01|ef", "none")
+    assert bench.label("ddp-fp16+lamb") == "DDP + fp16 hook + LAMB"
+    assert bench.family("ddp+adamw") == "ddp"
+    done = subprocess.run(bench_argv(tmp_path, "--optimizers", "--contenders",
+                                     "ddp+onebitadam"), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert "1-bit Adam averages over the ranks by itself" in done.stderr
+    done = subprocess.run(bench_argv(tmp_path, "--contenders", "ddp+adamw,horovod+lans"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "unknown contender(s) horovod+lans" in done.stderr
+
+
+def worker_optimizers():
+    """worker.py's --optimizer choices, read from its source (importing it loads torch)."""
+    source = (ROOT / "bench" / "cluster" / "worker.py").read_text()
+    line = next(l for l in source.splitlines() if l.startswith("OPTIMIZERS = "))
+    return json.loads(line.split("=", 1)[1].replace("'", '"'))

@@ -427,3 +427,81 @@ def test_load_rejects_other_files(tmp_path):
         report.load(path)
     path.write_text(json.dumps(passing_results()))
     assert report.load(path)["replay"][0]["profile"] == "resnet50"
+
+
+# ---------------------------------------------------------------------------------------------
+# The optimizer comparison (bench.py --optimizers)
+
+def optimizer_run(contender, median_ms, optimizer, family, update_ms=None, **extra):
+    exchange = contender.rpartition("+")[0] or contender
+    run = make_run(contender, steps_around(median_ms), family=family, exchange=exchange,
+                   optimizer=optimizer, backward_end_ms=steps_around(median_ms - 20.0),
+                   after_backward_ms=steps_around(20.0), **extra)
+    if update_ms is not None:
+        run["update_ms"] = steps_around(update_ms)
+    return run
+
+
+def optimizer_results(clan_ms=300.0):
+    onebit = "gradcomp:onebit:block=256|ef|twoway"
+    runs = [optimizer_run("compute", 180.0, "none", "compute", label="bound"),
+            optimizer_run("ddp+adamw", 1000.0, "adamw", "ddp", update_ms=200.0,
+                          label="baseline"),
+            optimizer_run(onebit, 150.0, "none", "gradcomp", label="exchange only"),
+            optimizer_run(f"{onebit}+lans", clan_ms, "lans", "gradcomp", update_ms=60.0,
+                          label="CLAN"),
+            optimizer_run(f"{onebit}+onebitadam", 400.0, "onebitadam", "gradcomp",
+                          update_ms=30.0, onebit_warmup_steps=3, onebit_compressed_steps=8,
+                          label="1-bit Adam"),
+            {"contender": f"{onebit}+adamw", "label": "naive", "family": "gradcomp",
+             "exchange": onebit, "optimizer": "adamw", "status": "failed", "error": "gone"}]
+    config = {"profile": "bert-base", "rate": "1gbit", "dilation": 1, "workers": 4,
+              "elements": 109482240, "compute_ms": 75.3, "measured_link_bps": 0.955e9,
+              "baseline": "ddp+adamw", "runs": runs}
+    return {"format": report.OPTIMIZER_FORMAT, "version": 1,
+            "command": "bench/cluster/run.sh --optimizers", "started": "s", "finished": "f",
+            "machine": {"cores": 2, "torch": "1.13.1", "commit": "abc1234"},
+            "settings": {"warmup": 5, "steps": 8, "burn": False}, "configs": [config]}
+
+
+def test_optimizer_table_and_verdicts():
+    results = optimizer_results()
+    md = report.render_optimizer_markdown(results)
+    rows = {r["contender"]: r for r in table_after(md, "## bert-base 1gbit, 4 workers")}
+    clan = rows["CLAN"]
+    assert clan["exchange"] == "onebit:block=256\\|ef\\|twoway"
+    assert clan["optimizer"] == "LANS (gradcomp)"
+    assert clan["median ms"] == "300.0" and clan["vs DDP + AdamW"] == "3.33x"
+    assert clan["update ms"] == "60.0" and clan["step() ms"] == "20.0"
+    assert clan["until backward ends, ms"] == "280.0"
+    assert rows["bound"]["update ms"] == "-" and rows["bound"]["exchange"] == "none"
+    assert rows["baseline"]["exchange"] == "DDP gloo 25 MB"
+    onebit = rows["1-bit Adam"]
+    assert "warm-up: 3 step(s), not measured; 8 of 8 measured steps compressed" in \
+        onebit["optimizer"]
+    assert rows["naive"]["median ms"] == "**failed**: gone"
+    verdicts = report.optimizer_verdicts(results["configs"][0])
+    assert verdicts[0].endswith("3.33x DDP + AdamW (1000.0 ms): target 3x met")
+    assert verdicts[1].endswith("2.50x DDP + AdamW (1000.0 ms): target 3x NOT met")
+    assert verdicts[2] == "bert-base 1gbit, 4 workers: naive: failed (gone)"
+    assert len(verdicts) == 3  # the exchange without an update is no contender
+    assert "- " + verdicts[0] in md
+
+
+def test_optimizer_verdict_without_a_baseline():
+    results = optimizer_results()
+    config = results["configs"][0]
+    config["runs"] = [r for r in config["runs"] if r["contender"] != "ddp+adamw"]
+    assert report.optimizer_verdicts(config) == [
+        "bert-base 1gbit, 4 workers: no speed-up: no DDP + AdamW run"]
+
+
+def test_command_line_writes_the_optimizer_table_beside_its_results(tmp_path):
+    source = tmp_path / "optimizer-benchmark.json"
+    source.write_text(json.dumps(optimizer_results()))
+    done = subprocess.run([sys.executable, str(REPORT_PY), str(source)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    md = (tmp_path / "optimizer-benchmark.md").read_text()
+    assert md.startswith("# Optimizer comparison on the emulated cluster\n")
+    assert f"wrote {tmp_path / 'optimizer-benchmark.md'}" in done.stdout

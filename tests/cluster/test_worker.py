@@ -155,3 +155,77 @@ def test_train_reports_accuracy_over_time(tmp_path, contender):
     assert r0["epoch_accuracy"][-1] > 0.3
     assert ranks[1]["epoch_accuracy"] == r0["epoch_accuracy"]
     assert r0["tx_bytes_per_step"] > 0
+
+
+# ---------------------------------------------------------------------------- --optimizer
+
+def initial_param_sum(seed=0):
+    """The parameters' sum before any update (worker.ReplayModel with an optimizer)."""
+    model = worker.ReplayModel(PROFILE, 1.0, False, seed, 0, init=True)
+    return sum(float(p.detach().double().sum()) for p in model.parameters())
+
+
+def test_ddp_and_lossless_gradcomp_take_the_same_adamw_steps(tmp_path):
+    """torch's AdamW under DDP and inside DistributedOptimizer with no compression: every
+    step's mean is exact at 2 ranks, so both runs end with the same parameters, bit for bit,
+    on every rank, and not where they started."""
+    (tmp_path / "ddp").mkdir()
+    (tmp_path / "gc").mkdir()
+    ddp = run_workers(tmp_path / "ddp", "ddp", extra=("--optimizer", "adamw"))
+    ours = run_workers(tmp_path / "gc", "gradcomp:none", extra=("--optimizer", "adamw"))
+    digests = {r["param_digest"] for r in ddp + ours}
+    assert len(digests) == 1
+    assert ddp[0]["param_sum"] != pytest.approx(initial_param_sum(), abs=1e-3)
+    for r in ddp + ours:
+        assert r["optimizer"] == "adamw"
+        assert len(r["update_s"]) == 3 and all(s > 0 for s in r["update_s"])
+        # The update happens after backward: its marks are in order within each step.
+        assert all(m[0] <= m[1] <= m[2] <= m[3] for m in r["step_marks"])
+
+
+@pytest.mark.parametrize("optimizer", ["lans", "onebitadam"])
+def test_adaptive_recipes_update_alike_on_every_rank(tmp_path, optimizer):
+    """CLAN (LANS over the 1-bit two-way exchange) and 1-bit Adam over the same exchange:
+    compressed, yet the ranks apply the same mean, so they hold the same parameters."""
+    ranks = run_workers(tmp_path, "gradcomp:onebit:block=256|ef|twoway",
+                        extra=("--optimizer", optimizer))
+    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
+    assert ranks[0]["param_sum"] != pytest.approx(initial_param_sum(), abs=1e-3)
+    assert 0 < ranks[0]["payload_bytes_per_step"] < 4 * ELEMENTS / 4
+    assert all(s >= 0 for s in ranks[0]["update_s"])
+    if optimizer == "onebitadam":
+        # --warmup 2: one uncompressed step, then one compressed before the measured three.
+        assert ranks[0]["onebit_warmup_steps"] == 1
+        assert ranks[0]["onebit_compression"] == "onebit:block=256|ef|twoway"
+        assert ranks[0]["onebit_compressed_steps"] == 3
+
+
+def test_compute_only_with_an_optimizer_updates_each_rank_alone(tmp_path):
+    ranks = run_workers(tmp_path, "compute", extra=("--optimizer", "sgd"))
+    assert ranks[0]["param_digest"] != ranks[1]["param_digest"]  # no exchange: own gradients
+    assert ranks[0]["payload_bytes_per_step"] is None
+
+
+def test_without_an_optimizer_nothing_is_updated(tmp_path):
+    ranks = run_workers(tmp_path, "gradcomp:none")
+    assert ranks[0]["optimizer"] == "none" and ranks[0]["update_s"] is None
+    assert "param_digest" not in ranks[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--optimizer", "onebitadam", "--warmup", "0"], "needs --warmup >= 1"),
+    (["--optimizer", "adamw", "--workload", "train"], "--optimizer is for the replay workload"),
+    (["--optimizer", "adam"], "invalid choice: 'adam'"),
+])
+def test_bad_optimizer_arguments_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        worker.parse_args(["--contender", "gradcomp:none", "--profile", "p.json", "--out", "o",
+                           *argv])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("contender", ["ddp", "compute", "plan:p.json"])
+def test_onebit_adam_needs_a_gradcomp_contender(contender):
+    with pytest.raises(worker.BenchError, match="averages over the ranks by itself"):
+        worker.check_optimizer("onebitadam", worker.parse_contender(contender)[0], contender)
+    worker.check_optimizer("onebitadam", "gradcomp", "gradcomp")  # accepted
