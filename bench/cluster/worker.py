@@ -37,8 +37,11 @@ so that its cost is part of the step.
   lans, lamb  gradcomp.torch.LANS / LAMB (fused kernels), likewise; LANS over
               gradcomp:onebit:block=256|ef|twoway is the CLAN recipe
   onebitadam  gradcomp.torch.OneBitAdam, a distributed optimizer of its own (gradcomp
-              contenders only): its uncompressed warm-up takes the first half of the --warmup
-              steps (rounded up), so every measured step is in the compression stage
+              contenders only), with the "freeze" variance policy: its uncompressed warm-up
+              takes the first half of the --warmup steps (rounded up), so every measured step
+              is a compressed one (under the default "doubling" policy the first 16 steps are
+              exact, and later ones once in 16 or more: a long run's steps are the compressed
+              ones measured here)
 
 Ranks meet through torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Each rank
 writes OUT/rank<r>.json; the workers end with a barrier and exit without tearing gloo down (a
@@ -273,7 +276,7 @@ def make_step(args, kind, argument, model, exchange):
         import gradcomp.torch as gct
         spec = {} if argument is None else {"compression": argument}
         onebit = gct.OneBitAdam(model.named_parameters(), lr=1e-3, weight_decay=0.01,
-                                warmup_steps=onebit_warmup(args.warmup),
+                                variance="freeze", warmup_steps=onebit_warmup(args.warmup),
                                 transport=exchange.transport, seed=args.seed, broadcast=False,
                                 **spec)
         return model, onebit, onebit

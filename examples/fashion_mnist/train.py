@@ -53,10 +53,15 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lans", "onebitadam"],
                    help="sgd (momentum, the default), adamw (torch's), lans (gradcomp's; with "
                         "--compression 'onebit|ef|twoway' it is CLAN), onebitadam (gradcomp's "
-                        "1-bit Adam: its own exchange, --compression is the momentum's after "
-                        "--onebit-warmup)")
+                        "1-bit Adam: its own exchange, --compression is the momentum's on "
+                        "compressed steps)")
     p.add_argument("--onebit-warmup", type=float, default=0.15,
-                   help="onebitadam: fraction of the steps before the variance freezes (0.15)")
+                   help="onebitadam --onebit-variance freeze: fraction of the steps before the "
+                        "variance freezes (0.15)")
+    p.add_argument("--onebit-variance", default="doubling", choices=["doubling", "freeze"],
+                   help="onebitadam: which steps exchange exactly and update the variance: "
+                        "doubling (0/1 Adam's schedule, the default) or freeze (after "
+                        "--onebit-warmup)")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (sgd 0.05, adamw and onebitadam 1e-3, lans 1e-2)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
@@ -291,7 +296,7 @@ def make_optimizer(args, model, comm, total_steps):
     if args.optimizer == "onebitadam":
         optimizer = gct.OneBitAdam(
             model.named_parameters(), lr=lr, weight_decay=args.weight_decay,
-            warmup_steps=max(1, round(args.onebit_warmup * total_steps)),
+            variance=args.onebit_variance, **onebit_policy(args, total_steps),
             compression=args.compression, transport=comm.transport,
             seed=args.seed, min_compress_elements=args.min_compress_elements,
             bucket_mb=args.bucket_mb, timeline=args.timeline)
@@ -309,6 +314,13 @@ def make_optimizer(args, model, comm, total_steps):
         min_compress_elements=args.min_compress_elements, bucket_mb=args.bucket_mb,
         timeline=args.timeline)
     return optimizer, inner
+
+
+def onebit_policy(args, total_steps):
+    """OneBitAdam's schedule: the freeze policy's warm-up, a fraction of the run's steps."""
+    if args.onebit_variance == "freeze":
+        return dict(warmup_steps=max(1, round(args.onebit_warmup * total_steps)))
+    return {}
 
 
 def train(args):

@@ -54,14 +54,19 @@ def parse_args(argv=None):
                    help="adamw (torch's, in DistributedOptimizer: the default), lans or lamb "
                         "(gradcomp's, in DistributedOptimizer; lans with --compression "
                         "'onebit|ef|twoway' is CLAN), onebitadam (gradcomp's 1-bit Adam: its own "
-                        "exchange, --compression is the momentum's after --onebit-warmup), sgd "
+                        "exchange, --compression is the momentum's on compressed steps), sgd "
                         "(momentum 0.9)")
     p.add_argument("--beta2", type=float, default=None,
-                   help="Adam's second-moment decay (0.95; onebitadam 0.999, its paper's: a "
-                        "variance that decays fast leaves rows seen only early, rare tokens, "
-                        "near 0 when it freezes, and their steps then explode)")
+                   help="Adam's second-moment decay (0.95; onebitadam with --onebit-variance "
+                        "freeze 0.999, its paper's: a variance that decays fast leaves rows seen "
+                        "only early, rare tokens, near 0 when it freezes)")
     p.add_argument("--onebit-warmup", type=float, default=0.15,
-                   help="onebitadam: fraction of the steps before the variance freezes (0.15)")
+                   help="onebitadam --onebit-variance freeze: fraction of the steps before the "
+                        "variance freezes (0.15)")
+    p.add_argument("--onebit-variance", default="doubling", choices=["doubling", "freeze"],
+                   help="onebitadam: which steps exchange exactly and update the variance: "
+                        "doubling (0/1 Adam's schedule, the default) or freeze (after "
+                        "--onebit-warmup)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (2e-3)")
     p.add_argument("--warmup", type=float, default=0.05,
                    help="fraction of the steps of linear learning-rate warm-up (0.05)")
@@ -86,7 +91,8 @@ def parse_args(argv=None):
     if not 0 <= args.warmup < 1:
         p.error(f"--warmup is a fraction of the steps in [0, 1), not {args.warmup}")
     if args.beta2 is None:
-        args.beta2 = 0.999 if args.optimizer == "onebitadam" else 0.95
+        frozen = args.optimizer == "onebitadam" and args.onebit_variance == "freeze"
+        args.beta2 = 0.999 if frozen else 0.95
     return args
 
 
@@ -192,7 +198,7 @@ def make_distributed(args, model, comm):
                   dict(params=[(n, p) for n, p in named if p.dim() <= 1], weight_decay=0.0)]
         optimizer = gct.OneBitAdam(
             groups, lr=args.lr, betas=(0.9, args.beta2),
-            warmup_steps=max(1, round(args.onebit_warmup * args.steps)),
+            variance=args.onebit_variance, **onebit_policy(args, args.steps),
             compression=args.compression, transport=comm.transport, seed=args.seed,
             min_compress_elements=args.min_compress_elements)
         return optimizer, optimizer
@@ -202,6 +208,13 @@ def make_distributed(args, model, comm):
         transport=comm.transport, seed=args.seed,
         min_compress_elements=args.min_compress_elements)
     return optimizer, inner
+
+
+def onebit_policy(args, total_steps):
+    """OneBitAdam's schedule: the freeze policy's warm-up, a fraction of the run's steps."""
+    if args.onebit_variance == "freeze":
+        return dict(warmup_steps=max(1, round(args.onebit_warmup * total_steps)))
+    return {}
 
 
 def make_schedule(optimizer, steps, warmup_fraction):

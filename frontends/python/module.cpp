@@ -189,6 +189,13 @@ void bind_optimizer_kernels(py::module_& m) {
                              int64_t frozen_at) { frozen_adam_step(l, s, frozen_at, h, t); }),
         "1-bit Adam's compression-stage step on one layer (grad None; the last argument: the "
         "step the variance froze at).");
+  m.def("zero_one_adam_step",
+        on_layer<int64_t, bool>([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t,
+                                   int64_t updates, bool update_variance) {
+          zero_one_adam_step(l, s, updates, update_variance, h, t);
+        }),
+        "0/1 Adam's step on one layer (the last arguments: the variance's number of updates, "
+        "this one included, and whether this step updates it).");
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ struct EngineOptions {
 // What the last completed step did on this rank.
 struct StepStats {
   uint64_t step = 0;
-  size_t bytes_sent = 0;         // handed to the transport, all buckets and phases
+  size_t bytes_sent = 0;         // handed to the transport for other ranks, all buckets and
+                                 // phases (a frame a rank addresses to itself is not counted)
   size_t uncompressed_bytes = 0;  // 4 bytes per element of every bucket
   double step_seconds = 0;       // first ready() to the end of synchronize()
   double exchange_seconds = 0;   // time in the exchange stage: collectives and the work between

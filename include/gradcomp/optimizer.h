@@ -75,8 +75,20 @@ void adamw_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int th
 //   m^ = m / (1 - b1^step),  B = max(1, (1 - b1) / sqrt(1 - b2)),
 // B being the bound on Adam's own step per coordinate (Kingma & Ba, section 2.1): a coordinate
 // whose v froze (nearly) zero would otherwise step by m / eps.
-// layer.grad is not read (it may be empty). Throws Error unless 1 <= frozen_at < step.
+// frozen_at is the variance's number of updates: the step it froze at, or (0/1 Adam's policy)
+// how many exact steps have updated it so far. layer.grad is not read (it may be empty).
+// Throws Error unless 1 <= frozen_at <= step.
 void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, const AdamHyper& h,
                       int threads = 1);
+
+// 0/1 Adam's step (Lu et al. 2022): the variance is updated only on the steps whose gradient was
+// averaged exactly (update_variance), at intervals that grow, and is corrected by its own number
+// of updates; the momentum takes every step's averaged gradient g (compressed on the others):
+//   m = b1 m + (1 - b1) g;  if update_variance: v = b2 v + (1 - b2) g^2
+//   x -= lr * (clamp(m^ / (sqrt(v / (1 - b2^k)) + eps), +-B) + wd x)
+// with m^, B as frozen_adam_step's and k = variance_updates, this step's update included.
+// Throws Error unless 1 <= variance_updates <= step.
+void zero_one_adam_step(const LayerSlot& layer, int64_t step, int64_t variance_updates,
+                        bool update_variance, const AdamHyper& h, int threads = 1);
 
 }  // namespace gradcomp

@@ -283,8 +283,9 @@ EndCosts twoway_route(const RouteModel& m, const Group& g, Linear pass, double n
   const double w = g.p, shard = n / w;
   const double frame = frame_bytes(*m.codec, shard);
   const bool sizes = !m.traits.fixed_frame_size;
-  if (sizes) sink("shard sizes", g.alltoall(kSizeWord * w), kSizeWord * w);
-  sink("shards", g.alltoall(frame * w), frame * w);
+  // Bytes sent count the frames for the other ranks: a rank's own shard stays with it.
+  if (sizes) sink("shard sizes", g.alltoall(kSizeWord * w), kSizeWord * (w - 1));
+  sink("shards", g.alltoall(frame * w), frame * (w - 1));
   // The server: decode W frames of its shard, finalize, compensate and re-encode it.
   const double server = w * m.cost.decode.at(shard) + pass.at(shard) +
                         encode_cost(m, m.server_feedback, pass, shard);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 #include "common/parallel.h"
 #include "gradcomp/error.h"
@@ -29,9 +30,45 @@ void adamw_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int th
   });
 }
 
+namespace {
+
+// The coefficients of a step whose variance has had `variance_updates` updates: the momentum's
+// bias correction is this step's, the variance's that of its own count (the step it froze at,
+// or how many exact steps updated it).
+optim::MomentCoefficients counted_variance_coefficients(const AdamHyper& h, int64_t step,
+                                                        int64_t variance_updates,
+                                                        std::string_view optimizer) {
+  check_adam_hyper(h, optimizer);
+  if (variance_updates < 1 || variance_updates > step) {
+    throw Error(fmt::format("{}: a variance updated {} times cannot serve step {}; allowed: 1 <= "
+                            "variance updates <= step",
+                            optimizer, variance_updates, step));
+  }
+  optim::MomentCoefficients c = optim::moment_coefficients(h, step);
+  c.second_scale = optim::moment_coefficients(h, variance_updates).second_scale;
+  return c;
+}
+
+// Adam's own step per coordinate is at most lr * max(1, (1 - b1) / sqrt(1 - b2)) (Kingma & Ba,
+// section 2.1); a variance that is not updated every step has no such bound: a coordinate whose
+// gradient was (nearly) 0 at its updates has a (nearly) zero v, and its next gradient would
+// step by m / eps.
+float adam_step_bound(const AdamHyper& h) {
+  return static_cast<float>(std::max(1.0, (1.0 - h.beta1) / std::sqrt(1.0 - h.beta2)));
+}
+
+// The step of a coordinate whose moments are final: clamped Adam direction plus weight decay.
+inline float bounded_step(float m, float v, float x, const optim::MomentCoefficients& c,
+                          float bound) {
+  const float step = std::clamp(m * c.first_scale * optim::inverse_scale(v, c), -bound, bound);
+  return step + c.weight_decay * x;  // a NaN stays NaN
+}
+
+}  // namespace
+
 void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, const AdamHyper& h,
                       int threads) {
-  check_adam_hyper(h, "OneBitAdam");
+  const auto c = counted_variance_coefficients(h, step, frozen_at, "OneBitAdam");
   const size_t n = layer.param.size();
   if (layer.exp_avg.size() != n || layer.exp_avg_sq.size() != n) {
     throw Error(
@@ -39,28 +76,40 @@ void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, c
                     "got {}, {}, {}",
                     n, layer.exp_avg.size(), layer.exp_avg_sq.size()));
   }
-  if (frozen_at < 1 || frozen_at >= step) {
-    throw Error(
-        fmt::format("OneBitAdam: the variance frozen at step {} cannot serve step {}; "
-                    "allowed: 1 <= frozen_at < step",
-                    frozen_at, step));
-  }
-  // The momentum's bias correction is this step's, the variance's that of the step it froze at.
-  optim::MomentCoefficients c = optim::moment_coefficients(h, step);
-  c.second_scale = optim::moment_coefficients(h, frozen_at).second_scale;
-  // Adam's own step per coordinate is at most lr * max(1, (1 - b1) / sqrt(1 - b2)) (Kingma &
-  // Ba, section 2.1); a frozen v has no such bound: a coordinate whose gradient was (nearly) 0
-  // in the warm-up has a (nearly) zero v, and its first gradient after it would step by m / eps.
-  const auto bound = static_cast<float>(std::max(1.0, (1.0 - h.beta1) / std::sqrt(1.0 - h.beta2)));
+  const float bound = adam_step_bound(h);
   const auto lr = static_cast<float>(h.lr);
   float* x = layer.param.data();
   const float* m = layer.exp_avg.data();
   const float* v = layer.exp_avg_sq.data();
   for_chunks(n, threads, [x, m, v, c, bound, lr](size_t begin, size_t end, size_t) {
-    for (size_t k = begin; k < end; ++k) {
-      const float step = std::clamp(m[k] * c.first_scale * optim::inverse_scale(v[k], c), -bound,
-                                    bound);  // a NaN stays NaN
-      x[k] -= lr * (step + c.weight_decay * x[k]);
+    for (size_t k = begin; k < end; ++k) x[k] -= lr * bounded_step(m[k], v[k], x[k], c, bound);
+  });
+}
+
+void zero_one_adam_step(const LayerSlot& layer, int64_t step, int64_t variance_updates,
+                        bool update_variance, const AdamHyper& h, int threads) {
+  const auto c = counted_variance_coefficients(h, step, variance_updates, "OneBitAdam");
+  optim::check_layer(layer, step, "OneBitAdam");
+  const float bound = adam_step_bound(h);
+  const auto lr = static_cast<float>(h.lr);
+  float* x = layer.param.data();
+  const float* g = layer.grad.data();
+  float* m = layer.exp_avg.data();
+  float* v = layer.exp_avg_sq.data();
+  // Two loops rather than a branch per element, so that each vectorises.
+  if (update_variance) {
+    for_chunks(layer.param.size(), threads, [x, g, m, v, c, bound, lr](size_t b, size_t e, size_t) {
+      for (size_t k = b; k < e; ++k) {
+        optim::update_moments(g[k], m[k], v[k], c);
+        x[k] -= lr * bounded_step(m[k], v[k], x[k], c, bound);
+      }
+    });
+    return;
+  }
+  for_chunks(layer.param.size(), threads, [x, g, m, v, c, bound, lr](size_t b, size_t e, size_t) {
+    for (size_t k = b; k < e; ++k) {
+      m[k] = c.beta1 * m[k] + c.one_minus_beta1 * g[k];
+      x[k] -= lr * bounded_step(m[k], v[k], x[k], c, bound);
     }
   });
 }

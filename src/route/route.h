@@ -102,7 +102,8 @@ class Route {
   // are the same bits on every rank, so every rank decides alike.
   virtual void settle(bool /*keep*/, const StepState& /*step*/) {}
 
-  // Bytes this rank handed to the transport in the last step (all phases).
+  // Bytes this rank handed to the transport for other ranks in the last step (all phases; the
+  // frame of its own shard in an alltoall is not counted: it never leaves the rank).
   virtual size_t bytes_sent() const = 0;
   // Bytes of buffers and feedback state this route holds.
   virtual size_t memory_bytes() const = 0;

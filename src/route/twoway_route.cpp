@@ -142,7 +142,7 @@ void TwowayRoute::send_shards(const Phases& p) {
       recv_counts_[r] = checked_size(recv_sizes_[r], my_max_frame_, static_cast<int>(r),
                                      "shard frame size");
     }
-    sent_ += world_size_ * sizeof(uint64_t);
+    sent_ += (world_size_ - 1) * sizeof(uint64_t);  // its own size stays here
   }
   const size_t out = std::accumulate(send_counts_.begin(), send_counts_.end(), size_t{0});
   const size_t in = std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t{0});
@@ -150,7 +150,7 @@ void TwowayRoute::send_shards(const Phases& p) {
   p.wait(world_.alltoallv(std::span(sent_frames_).first(out), send_counts_,
                           std::span(shard_frames_).first(in), recv_counts_),
          "shards", issued);
-  sent_ += out;
+  sent_ += out - send_counts_[rank_];  // the frame of its own shard does not leave the rank
 }
 
 void TwowayRoute::serve(const StepState& step, const Phases& p) {

@@ -170,7 +170,7 @@ TEST(Routes, TwowayShardsServesAndGathers) {
   EXPECT_DOUBLE_EQ(b.phases[2].seconds, model.allgather(f));
   EXPECT_DOUBLE_EQ(b.encode_s, pass(n) + w * enc_ef(shard));
   EXPECT_DOUBLE_EQ(b.decode_s, w * dec(shard) + pass(n));
-  EXPECT_DOUBLE_EQ(b.bytes_sent(), f * w + f);
+  EXPECT_DOUBLE_EQ(b.bytes_sent(), f * (w - 1) + f);  // its own shard's frame stays here
   // Server feedback none: a plain encode on the server.
   const BucketCost plain =
       model.bucket(parse_option("topk:ratio=0.01|ef|twoway:server_feedback=none"), n);
@@ -181,7 +181,7 @@ TEST(Routes, TwowayShardsServesAndGathers) {
                                                 "results"}));
   EXPECT_DOUBLE_EQ(t.phases[0].seconds, model.alltoall(8.0 * w));
   const double tf = frame("threshold:tau=0.01", shard);
-  EXPECT_DOUBLE_EQ(t.bytes_sent(), 8.0 * w + tf * w + 8 + tf);
+  EXPECT_DOUBLE_EQ(t.bytes_sent(), 8.0 * (w - 1) + tf * (w - 1) + 8 + tf);
 }
 
 TEST(Routes, HierarchicalIntraThenLeadersThenBroadcast) {

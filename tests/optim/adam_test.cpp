@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/parallel.h"
@@ -93,14 +94,67 @@ TEST(FrozenAdam, GivesTheSameBytesOnAnyThreadCount) {
   EXPECT_EQ(one.param, two.param);
 }
 
-TEST(FrozenAdam, RefusesAFreezeStepThatIsNotBeforeThisStep) {
+TEST(FrozenAdam, RefusesMoreVarianceUpdatesThanSteps) {
   Layer layer(4);
-  EXPECT_THROW(frozen_adam_step(layer.slot(), 5, 5, AdamHyper{}), Error);
+  EXPECT_THROW(frozen_adam_step(layer.slot(), 5, 6, AdamHyper{}), Error);
   EXPECT_THROW(frozen_adam_step(layer.slot(), 5, 0, AdamHyper{}), Error);
   LayerSlot short_moment = layer.slot();
   short_moment.exp_avg_sq = short_moment.exp_avg_sq.first(3);
   EXPECT_THROW(frozen_adam_step(short_moment, 5, 2, AdamHyper{}), Error);
   EXPECT_THROW(frozen_adam_step(layer.slot(), 5, 2, {.beta1 = 2}), SpecError);
+}
+
+// 0/1 Adam's step over a schedule of exact and compressed steps, against the update in double.
+TEST(ZeroOneAdam, UpdatesTheVarianceOnExactStepsOnlyAndCorrectsItByTheirCount) {
+  Layer layer(333);
+  layer.fill_param(6, 0.1f);
+  std::vector<double> x(layer.param.begin(), layer.param.end()), m(x.size()), v(x.size());
+  AdamHyper h;
+  h.lr = 0.01;
+  h.beta2 = 0.95;
+  h.weight_decay = 0.1;
+  const double bound = std::max(1.0, (1 - h.beta1) / std::sqrt(1 - h.beta2));
+  int64_t updates = 0;
+  for (int64_t t = 1; t <= 24; ++t) {
+    const bool exact = t <= 3 || t % 5 == 0;
+    updates += exact;
+    layer.fill_grad(70 + static_cast<uint32_t>(t));
+    zero_one_adam_step(layer.slot(), t, updates, exact, h);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double g = layer.grad[i];
+      m[i] = h.beta1 * m[i] + (1 - h.beta1) * g;
+      if (exact) v[i] = h.beta2 * v[i] + (1 - h.beta2) * g * g;
+      const double m_hat = m[i] / (1 - std::pow(h.beta1, double(t)));
+      const double v_hat = v[i] / (1 - std::pow(h.beta2, double(updates)));
+      const double step = std::clamp(m_hat / (std::sqrt(v_hat) + h.eps), -bound, bound);
+      x[i] -= h.lr * (step + h.weight_decay * x[i]);
+    }
+  }
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_NEAR(layer.param[i], x[i], 1e-5 * (1 + std::abs(x[i]))) << i;
+    ASSERT_NEAR(layer.exp_avg[i], m[i], 1e-6) << i;
+    ASSERT_NEAR(layer.exp_avg_sq[i], v[i], 1e-6 * v[i] + 1e-12) << i;
+  }
+}
+
+TEST(ZeroOneAdam, GivesTheSameBytesOnAnyThreadCountAndRefusesBadCounts) {
+  const size_t n = 2 * kChunk + 3;
+  Layer one(n), two(n);
+  for (Layer* l : {&one, &two}) {
+    l->fill_param(8);
+    l->fill_grad(9);
+  }
+  for (const bool exact : {true, false}) {
+    zero_one_adam_step(one.slot(), 2, 1, exact, AdamHyper{}, 1);
+    zero_one_adam_step(two.slot(), 2, 1, exact, AdamHyper{}, 2);
+    EXPECT_EQ(one.param, two.param);
+    EXPECT_EQ(one.exp_avg_sq, two.exp_avg_sq);
+  }
+  EXPECT_THROW(zero_one_adam_step(one.slot(), 3, 4, true, AdamHyper{}), Error);
+  EXPECT_THROW(zero_one_adam_step(one.slot(), 3, 0, false, AdamHyper{}), Error);
+  LayerSlot short_grad = one.slot();
+  short_grad.grad = short_grad.grad.first(3);
+  EXPECT_THROW(zero_one_adam_step(short_grad, 3, 1, false, AdamHyper{}), Error);
 }
 
 }  // namespace

@@ -77,6 +77,20 @@ def test_trainer_ends_with_identical_ranks_and_reports_its_figures(tmp_path):
     assert summary["uncompressed_bytes_per_step"] == 4 * summary["parameters"]
 
 
+@pytest.mark.parametrize("variance", ["doubling", "freeze"])
+def test_trainer_runs_one_bit_adam_under_either_variance_policy(tmp_path, variance):
+    summary, stdout = train(tmp_path, "--optimizer", "onebitadam", "--onebit-variance",
+                            variance, "--compression", "onebit:block=256|ef|twoway",
+                            "--min-compress-elements", "4096")
+    assert "identical parameters on all ranks" in stdout
+    assert summary["optimizer"] == "onebitadam"
+    assert math.isfinite(summary["val_loss"]) and 0 < summary["val_loss"] < math.log(512) + 1
+    # doubling: 6 steps are all exact (the first 16 are); freeze: 15% of 6 is 1 exact step
+    full = summary["uncompressed_bytes_per_step"]
+    exact = [b for b in summary["bytes_sent_curve"] if b == full]
+    assert len(exact) == (6 if variance == "doubling" else 1), summary["bytes_sent_curve"]
+
+
 def test_trainer_refuses_a_width_the_heads_do_not_divide(tmp_path):
     proc = subprocess.run([PYTHON, str(TRAIN), "--width", "130", "--heads", "4"],
                           capture_output=True, text=True, timeout=60)

@@ -1,14 +1,16 @@
-"""gradcomp.torch.OneBitAdam: the warm-up is AdamW on the mean gradient; the compression stage
-steps on the exchanged momentum with the frozen variance (each coordinate's step within Adam's
-own bound); 2 ranks stay bit-identical under
-"onebit|ef|twoway" and resume bit-exactly from checkpoints taken in either stage; bad input is
-refused by name."""
+"""gradcomp.torch.OneBitAdam: exact steps are Adam's on the mean gradient, with the variance
+corrected by its own count of updates; compressed steps step on the exchanged momentum with the
+variance as it is (each coordinate's step within Adam's own bound); the "freeze" policy is
+AdamW for its warm-up, then freezes the variance; the "doubling" policy's exact steps follow 0/1
+Adam's schedule; 2 ranks stay bit-identical under "onebit|ef|twoway" and resume bit-exactly
+after steps of either kind, under either policy; bad input is refused by name."""
 import copy
 
 import pytest
 import torch
 
 import gradcomp.torch as gc
+from gradcomp.onebit_adam import is_exact_step
 
 WARMUP = 3
 STEPS = 8
@@ -33,8 +35,8 @@ def test_warmup_is_adamw_and_then_the_variance_freezes():
     # One rank, no compression: the exchange is exact, so the stages' arithmetic is on view.
     hyper = dict(lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05)
     ours, reference = _model(), _model()
-    opt = gc.OneBitAdam(ours.named_parameters(), warmup_steps=WARMUP, compression="none",
-                        **hyper)
+    opt = gc.OneBitAdam(ours.named_parameters(), variance="freeze", warmup_steps=WARMUP,
+                        compression="none", **hyper)
     adamw = torch.optim.AdamW(reference.parameters(), **hyper)
     frozen_v = None
     for step in range(STEPS):
@@ -65,19 +67,71 @@ def test_warmup_is_adamw_and_then_the_variance_freezes():
         for a, b in zip(ours.parameters(), reference.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     state = opt.state[next(ours.parameters())]
-    assert opt.frozen and state["step"] == STEPS and state["frozen_at"] == WARMUP
+    assert opt.frozen and state["step"] == STEPS and state["variance_updates"] == WARMUP
     assert torch.equal(state["exp_avg_sq"], ours_frozen), "the variance changed after freezing"
 
 
-def test_default_warmup_is_15_percent_of_total_steps():
-    assert gc.OneBitAdam(_model().parameters(), total_steps=1000).warmup_steps == 150
-    assert gc.OneBitAdam(_model().parameters(), total_steps=3).warmup_steps == 1
-    assert gc.OneBitAdam(_model().parameters()).warmup_steps == 1000
+def test_doubling_updates_the_variance_on_exact_steps_only():
+    # One rank, no compression: a compressed step's momentum is then the rank's own, exactly.
+    hyper = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
+    ours, reference = _model(), _model()
+    opt = gc.OneBitAdam(ours.named_parameters(), variance_interval=2, compression="none",
+                        **hyper)
+    moments = {p: (torch.zeros_like(p), torch.zeros_like(p)) for p in reference.parameters()}
+    updates, kinds = 0, []
+    for step in range(12):
+        kinds.append(opt.exact)
+        updates += kinds[-1]
+        for model in (ours, reference):
+            model.zero_grad()
+            _loss(model, step).backward()
+        opt.step()
+        with torch.no_grad():
+            for p in reference.parameters():
+                m, v = moments[p]
+                m.mul_(0.9).add_(p.grad, alpha=0.1)
+                if kinds[-1]:
+                    v.mul_(0.95).addcmul_(p.grad, p.grad, value=0.05)
+                m_hat = m / (1 - 0.9 ** (step + 1))
+                v_hat = v / (1 - 0.95 ** updates)
+                direction = m_hat / (v_hat.sqrt() + 1e-8)
+                if updates < step + 1:  # AdamW's until a step is not exact, then clamped to
+                    direction.clamp_(-1.0, 1.0)  # max(1, (1 - b1) / sqrt(1 - b2)) = 1
+                p.sub_(0.01 * (direction + 0.05 * p))
+        for a, b in zip(ours.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # every step for 2 exact steps, then every 2nd for 2, every 4th for 2, ...
+    assert kinds == [True, True, True, False, True, False, True, False, False, False, True,
+                     False]
+    state = opt.state[next(ours.parameters())]
+    assert not opt.frozen and state["step"] == 12 and state["variance_updates"] == updates == 6
+
+
+def test_doubling_schedule_shares_fewer_exact_steps_as_it_goes():
+    assert [t for t in range(40) if is_exact_step(t, 1)] == [0, 1, 3, 7, 15, 31]
+    assert sum(is_exact_step(t, 16) for t in range(400)) == 74
+    assert sum(is_exact_step(t, 16) for t in range(100_000)) == 201
+    assert all(is_exact_step(t, 16) for t in range(16))
+
+
+def test_default_policy_and_warmup():
+    assert gc.OneBitAdam(_model().parameters()).variance == "doubling"
+    assert gc.OneBitAdam(_model().parameters(), total_steps=1000).warmup_steps is None
+    freeze = dict(variance="freeze")
+    assert gc.OneBitAdam(_model().parameters(), total_steps=1000, **freeze).warmup_steps == 150
+    assert gc.OneBitAdam(_model().parameters(), total_steps=3, **freeze).warmup_steps == 1
+    assert gc.OneBitAdam(_model().parameters(), **freeze).warmup_steps == 1000
 
 
 def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match="warmup_steps is 0"):
-        gc.OneBitAdam(_model().parameters(), warmup_steps=0)
+        gc.OneBitAdam(_model().parameters(), variance="freeze", warmup_steps=0)
+    with pytest.raises(ValueError, match="warmup_steps applies to variance=\"freeze\""):
+        gc.OneBitAdam(_model().parameters(), warmup_steps=10)
+    with pytest.raises(ValueError, match="variance is 'sometimes'; allowed: 'doubling', 'freeze'"):
+        gc.OneBitAdam(_model().parameters(), variance="sometimes")
+    with pytest.raises(ValueError, match="variance_interval is 0; allowed: an int >= 1"):
+        gc.OneBitAdam(_model().parameters(), variance_interval=0)
     with pytest.raises(ValueError, match="OneBitAdam: lr is -1"):
         gc.OneBitAdam(_model().parameters(), lr=-1)
     with pytest.raises(gc.Error, match="has its own start="):
@@ -92,54 +146,66 @@ def test_wrapping_it_in_distributed_optimizer_is_refused():
         gc.DistributedOptimizer(gc.OneBitAdam(model.parameters()), model.named_parameters())
 
 
-def test_load_state_dict_refuses_another_warmup_and_changes_nothing():
+def test_load_state_dict_refuses_another_policy_and_changes_nothing():
     model = _model()
-    opt = gc.OneBitAdam(model.parameters(), warmup_steps=2, compression="none")
+    freeze = dict(variance="freeze", compression="none")
+    opt = gc.OneBitAdam(model.parameters(), warmup_steps=2, **freeze)
     for step in range(3):
         opt.zero_grad()
         _loss(model, step).backward()
         opt.step()
     saved = copy.deepcopy(opt.state_dict())
-    other = gc.OneBitAdam(_model().parameters(), warmup_steps=5, compression="none")
+    other = gc.OneBitAdam(_model().parameters(), warmup_steps=5, **freeze)
     before = copy.deepcopy(other.state_dict())
     with pytest.raises(gc.Error, match="saved with warmup_steps=2, this optimizer has 5"):
         other.load_state_dict(saved)
     assert other.state_dict()["gradcomp"] == before["gradcomp"]
+    doubling = gc.OneBitAdam(_model().parameters(), compression="none")
+    with pytest.raises(gc.Error, match="saved with variance='freeze', this optimizer has "
+                                       "'doubling'"):
+        doubling.load_state_dict(saved)
     with pytest.raises(gc.Error, match="no gradcomp part"):
         other.load_state_dict(torch.optim.Adam(_model().parameters()).state_dict())
 
 
-@pytest.fixture(scope="module")
-def runs(module_runner, tmp_path_factory):
-    """2 ranks: STEPS steps straight; then checkpoints in the warm-up (after 2 steps) and in the
-    compression stage (after 5), each resumed in new processes."""
+POLICIES = {"freeze": ["--variance", "freeze", "--warmup", WARMUP],
+            "doubling": ["--variance", "doubling", "--interval", 2]}
+KINDS = {"freeze": [True] * WARMUP + [False] * (STEPS - WARMUP),
+         "doubling": [True, True, True, False, True, False, True, False]}
+
+
+@pytest.fixture(scope="module", params=sorted(POLICIES))
+def runs(request, module_runner, tmp_path_factory):
+    """2 ranks: STEPS steps straight; then checkpoints after 2 steps (exact ones) and after 5
+    (a compressed one), each resumed in new processes."""
+    policy = POLICIES[request.param]
     ckpt = tmp_path_factory.mktemp("onebit")
-    straight = module_runner("onebit_adam.py", "--end", STEPS, "--warmup", WARMUP).check()
+    straight = module_runner("onebit_adam.py", "--end", STEPS, *policy).check()
     resumed = {}
     for at in (2, 5):
-        module_runner("onebit_adam.py", "--end", at, "--warmup", WARMUP,
-                      "--save", ckpt / f"at{at}").check()
-        resumed[at] = module_runner("onebit_adam.py", "--begin", at, "--end", STEPS,
-                                    "--warmup", WARMUP, "--load", ckpt / f"at{at}").check()
-    return straight, resumed
+        module_runner("onebit_adam.py", "--end", at, *policy, "--save", ckpt / f"at{at}").check()
+        resumed[at] = module_runner("onebit_adam.py", "--begin", at, "--end", STEPS, *policy,
+                                    "--load", ckpt / f"at{at}").check()
+    return request.param, straight, resumed
 
 
-def test_ranks_stay_bit_identical_and_bytes_drop_after_the_warmup(runs):
-    straight, _ = runs
+def test_ranks_stay_bit_identical_and_bytes_drop_on_compressed_steps(runs):
+    policy, straight, _ = runs
     finals = straight.loads("final")
     assert finals[0] == finals[1], "the ranks' parameters differ"
     steps = straight.report(0)["steps"]
-    assert [s["frozen"] for s in steps] == [False] * WARMUP + [True] * (STEPS - WARMUP)
-    for s in steps[:WARMUP]:
-        assert s["bytes_sent"] == s["uncompressed_bytes"]
-    for s in steps[WARMUP:]:
-        # two 16,384-element weights at 1 bit, both ways; biases and head in fp32
-        assert s["bytes_sent"] * 5 < s["uncompressed_bytes"], s
+    assert [s["exact"] for s in steps] == KINDS[policy]
+    for s in steps:
+        if s["exact"]:
+            assert s["bytes_sent"] == s["uncompressed_bytes"]
+        else:
+            # two 16,384-element weights at 1 bit, both ways; biases and head in fp32
+            assert s["bytes_sent"] * 5 < s["uncompressed_bytes"], s
 
 
 @pytest.mark.parametrize("at", [2, 5])
-def test_resume_in_either_stage_is_bit_exact(runs, at):
-    straight, resumed = runs
+def test_resume_after_either_kind_of_step_is_bit_exact(runs, at):
+    _, straight, resumed = runs
     for rank, final in enumerate(resumed[at].loads("final")):
         assert final == straight.load("final", rank), \
             f"rank {rank}: resumed after step {at}, training differs"

@@ -359,9 +359,10 @@ TEST(RouteMp, BytesSentCountWhatThisRankHandsOver) {
   EXPECT_EQ(gather->bytes_sent(), kFrameHeaderBytes + 2 * n);  // fixed frame size: no size word
   const auto twoway = make_route({.codec = "fp16", .route = "twoway"}, kBucket, n, flat_env());
   run_step(*twoway, grad, step_state(0));
-  // W shard frames, then this rank's server frame.
+  // The W - 1 shard frames for the other ranks (its own stays here), then its server frame.
   const auto shard = [&](uint32_t s) { return n * (s + 1) / w - n * s / w; };
-  EXPECT_EQ(twoway->bytes_sent(), w * kFrameHeaderBytes + 2 * n + kFrameHeaderBytes + 2 * shard(my_rank()));
+  EXPECT_EQ(twoway->bytes_sent(), (w - 1) * kFrameHeaderBytes + 2 * (n - shard(my_rank())) +
+                                      kFrameHeaderBytes + 2 * shard(my_rank()));
   // A codec whose frame size depends on the data sends its sizes first: 8 bytes per rank. This
   // threshold keeps nothing, so all its frames are as long as an empty one, of any length.
   const std::string keep_nothing = "threshold:tau=1e30";
@@ -374,7 +375,7 @@ TEST(RouteMp, BytesSentCountWhatThisRankHandsOver) {
   const auto sized_twoway = make_route({.codec = keep_nothing, .route = "twoway"}, kBucket, n,
                                        flat_env());
   run_step(*sized_twoway, grad, step_state(0));
-  EXPECT_EQ(sized_twoway->bytes_sent(), 8 * w + w * empty + 8 + empty);
+  EXPECT_EQ(sized_twoway->bytes_sent(), 8 * (w - 1) + (w - 1) * empty + 8 + empty);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-"""Trains the common model with gradcomp.torch.OneBitAdam for steps [--begin, --end) (the
-variance frozen after --warmup steps), optionally resuming from and saving checkpoints (model
-and optimizer state_dict, one file per rank); records the final parameters' bytes and each
-step's bytes sent and uncompressed bytes."""
+"""Trains the common model with gradcomp.torch.OneBitAdam for steps [--begin, --end) under a
+variance policy (--variance freeze: frozen after --warmup steps; doubling: exact steps every
+--interval), optionally resuming from and saving checkpoints (model and optimizer state_dict,
+one file per rank); records the final parameters' bytes and each step's kind, bytes sent and
+uncompressed bytes."""
 import torch
 
 import common
@@ -12,15 +13,19 @@ def main():
     p = common.parser(__doc__)
     p.add_argument("--begin", type=int, default=0)
     p.add_argument("--end", type=int, required=True)
-    p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--variance", choices=["freeze", "doubling"], required=True)
+    p.add_argument("--warmup", type=int, help="freeze: the warm-up's steps")
+    p.add_argument("--interval", type=int, default=16, help="doubling: variance_interval")
     p.add_argument("--compression", default="onebit|ef|twoway")
     p.add_argument("--load", help="checkpoint prefix to resume from")
     p.add_argument("--save", help="checkpoint prefix to write at the end")
     args = p.parse_args()
     rank, _ = common.setup()
     model = common.make_model()
+    policy = (dict(warmup_steps=args.warmup) if args.variance == "freeze"
+              else dict(variance_interval=args.interval))
     opt = gc.OneBitAdam(model.named_parameters(), lr=0.01, weight_decay=0.01,
-                        warmup_steps=args.warmup, compression=args.compression, seed=4)
+                        variance=args.variance, compression=args.compression, seed=4, **policy)
     if args.load:
         checkpoint = torch.load(f"{args.load}.rank{rank}.pt")
         model.load_state_dict(checkpoint["model"])
@@ -29,10 +34,10 @@ def main():
     for step in range(args.begin, args.end):
         opt.zero_grad()
         common.loss_of(model, *common.batch(rank, step)).backward()
-        frozen = opt.frozen  # this step's stage
+        exact = opt.exact  # this step's kind
         opt.step()
         stats = opt.last_step()
-        steps.append({"frozen": frozen, "bytes_sent": stats["bytes_sent"],
+        steps.append({"exact": exact, "bytes_sent": stats["bytes_sent"],
                       "uncompressed_bytes": stats["uncompressed_bytes"]})
     if args.save:
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
