@@ -133,6 +133,14 @@ def write(found, library, path):
         "warm-up (a `start=N` field) the option lacks, naming what held; rank 0 warns for the "
         "job (the libtorch `DistributedOptimizer` alike). A codec that held under SGD only "
         "(`topk:ratio=0.01|ef`, say) trains a CNN under SGD without a warning.",
+        "- gradcomp's LANS counts as Adam-family, and also takes the CLAN recipes that held "
+        "with it where the codec lost under AdamW ([optimizers-accuracy.md]"
+        "(optimizers-accuracy.md): within 1% of AdamW's validation loss on the language model "
+        "at 2 and 4 ranks and 0.5 pp of its Fashion-MNIST accuracy), written exactly so: "
+        + ", ".join(f"{r['codec']} as `{r['lans'].replace('|', chr(92) + '|')}`"
+                    for r in library if r["lans"])
+        + " (`gradcomp.recommended(\"lans\")`). LAMB has no such evidence and counts as "
+        "Adam-family only.",
         "",
         "| codec | option | Fashion-MNIST, SGD: Δ pp | mean Δ pp over seeds | "
         "language model, AdamW: Δ % | held under | recommended |",

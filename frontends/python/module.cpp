@@ -121,13 +121,15 @@ py::dict recommendation_dict(const Recommendation& r) {
   return py::dict(py::arg("codec") = r.codec, py::arg("option") = r.option,
                   py::arg("sgd") = r.sgd, py::arg("adam") = r.adam,
                   py::arg("changes_optimizer") = r.changes_optimizer,
+                  py::arg("lans") = r.lans.empty() ? py::object(py::none()) : py::str(r.lans),
                   py::arg("recommended") = recommended(r));
 }
 
 OptimizerFamily optimizer_family(const std::string& name) {
   if (name == "sgd") return OptimizerFamily::kSgd;
   if (name == "adam") return OptimizerFamily::kAdam;
-  throw Error("optimizer family '" + name + "' is unknown; use 'sgd' or 'adam'");
+  if (name == "lans") return OptimizerFamily::kLans;
+  throw Error("optimizer family '" + name + "' is unknown; use 'sgd', 'adam' or 'lans'");
 }
 
 LayerSlot layer_slot(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,

@@ -37,8 +37,9 @@ OptimizerKind kind_of(::torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<o::AdamW*>(&optimizer)) return {"AdamW", OptimizerFamily::kAdam};
   if (dynamic_cast<o::RMSprop*>(&optimizer)) return {"RMSprop", OptimizerFamily::kAdam};
   if (dynamic_cast<o::Adagrad*>(&optimizer)) return {"Adagrad", OptimizerFamily::kAdam};
+  if (dynamic_cast<LANS*>(&optimizer)) return {"LANS", OptimizerFamily::kLans};
   if (auto* layerwise = dynamic_cast<LayerwiseAdam*>(&optimizer)) {
-    return {layerwise->name(), OptimizerFamily::kAdam};
+    return {layerwise->name(), OptimizerFamily::kAdam};  // LAMB: no evidence of its own
   }
   if (dynamic_cast<o::SGD*>(&optimizer)) return {"SGD", OptimizerFamily::kSgd};
   return {};

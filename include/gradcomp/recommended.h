@@ -21,6 +21,10 @@ struct Option;  // gradcomp/plan.h
 enum class OptimizerFamily {
   kSgd,   // SGD with or without momentum (the CNN's table)
   kAdam,  // Adam, AdamW and their kin: a per-coordinate normalised step (the language model's)
+  // LANS (gradcomp's): Adam's moments and a layer-wise trust ratio. What held under Adam-family
+  // optimizers holds for it, and so do the CLAN recipes measured with it
+  // (docs/optimizers-accuracy.md). LAMB counts as Adam-family: it has no such evidence.
+  kLans,
 };
 
 struct Recommendation {
@@ -31,12 +35,14 @@ struct Recommendation {
   // Its SGD row changed the optimizer (signsgd, signum: learning rate 0.001, no momentum):
   // recommended with that change only, so never a default candidate.
   bool changes_optimizer = false;
+  // The option that held under LANS (a CLAN recipe) when the codec lost under AdamW, or "".
+  std::string lans = {};
 };
 
 // One entry per codec other than none, in the codec table's order.
 const std::vector<Recommendation>& recommendations();
 
-// Whether r held under `family`.
+// Whether r held under `family` (under kLans: under Adam-family optimizers, or as r.lans).
 bool held_under(const Recommendation& r, OptimizerFamily family);
 
 // Whether r is recommended: it held under SGD and under Adam-family optimizers, with the

@@ -29,15 +29,17 @@ __all__ = ["Error", "SpecError", "CommError", "TimeoutError", "codec_names", "fe
 
 def recommended(optimizer=None):
     """The compression options the accuracy tables back (docs/recommended.md): a list of dicts
-    {codec, option, sgd, adam, changes_optimizer, recommended}, one per codec, with the option
-    as measured, whether it held under SGD (Fashion-MNIST CNN, within 0.5 pp) and under AdamW
-    (a small language model, within 2% of the validation loss), and whether it is recommended
-    (held under both, the optimizer unchanged). With optimizer="sgd" or "adam", the options
-    that held under it and need no change of the optimizer, "none" first."""
+    {codec, option, sgd, adam, changes_optimizer, lans, recommended}, one per codec, with the
+    option as measured, whether it held under SGD (Fashion-MNIST CNN, within 0.5 pp) and under
+    AdamW (a small language model, within 2% of the validation loss), the option that held
+    under LANS where AdamW lost (a CLAN recipe, docs/optimizers-accuracy.md; else None), and
+    whether it is recommended (held under SGD and AdamW, the optimizer unchanged). With
+    optimizer="sgd", "adam" or "lans", the options that held under it and need no change of
+    the optimizer, "none" first."""
     table = _recommendations()
     if optimizer is None:
         return table
-    if optimizer not in ("sgd", "adam"):
-        raise SpecError(f"optimizer must be 'sgd' or 'adam' (an Adam-family optimizer), not "
-                        f"{optimizer!r}")
+    if optimizer not in ("sgd", "adam", "lans"):
+        raise SpecError(f"optimizer must be 'sgd', 'adam' (an Adam-family optimizer) or "
+                        f"'lans', not {optimizer!r}")
     return _recommended_options(optimizer)

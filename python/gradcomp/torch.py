@@ -187,8 +187,11 @@ _NON_FINITE_STEP = (
 
 
 def _optimizer_family(optimizer):
-    """"adam" for optimizers that divide each coordinate's step by a running scale of its
-    gradient (Adam, AdamW, and their kin, RMSprop, Adagrad), "sgd" for SGD, else None."""
+    """"lans" for gradcomp's LANS (CLAN's recipes were measured with it), "adam" for optimizers
+    that divide each coordinate's step by a running scale of its gradient (Adam, AdamW, and
+    their kin, RMSprop, Adagrad, LAMB), "sgd" for SGD, else None."""
+    if isinstance(optimizer, LANS):
+        return "lans"
     adaptive = (torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.RMSprop)
     if "betas" in optimizer.defaults or isinstance(optimizer, adaptive):
         return "adam"

@@ -12,8 +12,9 @@ namespace gradcomp {
 
 const std::vector<Recommendation>& recommendations() {
   // codec, option as measured, SGD (Fashion-MNIST, 5 epochs), AdamW (language model), whether
-  // the SGD row changed the optimizer.
-  // Update together with docs/accuracy.md and docs/accuracy-lm.md (a test compares).
+  // the SGD row changed the optimizer, the option that held under LANS where AdamW lost.
+  // Update together with docs/accuracy.md, docs/accuracy-lm.md and
+  // docs/optimizers-accuracy.md (a test compares).
   static const std::vector<Recommendation> table = {
       {"fp16", "fp16", true, true},
       {"bf16", "bf16", true, true},
@@ -24,7 +25,7 @@ const std::vector<Recommendation>& recommendations() {
       {"signsgd", "signsgd", false, false, true},
       {"efsignsgd", "efsignsgd|ef||start=469", true, false},
       {"signum", "signum:momentum=0.9", false, false, true},
-      {"onebit", "onebit|ef||start=469", true, false},
+      {"onebit", "onebit|ef||start=469", true, false, false, "onebit:block=256|ef|twoway"},
       {"topk", "topk:ratio=0.01|ef", true, false},
       {"randomk", "randomk:ratio=0.01|ef", false, false},
       {"dgc", "dgc:ratio=0.001,stage_steps=117|ef", true, false},
@@ -45,7 +46,12 @@ const Recommendation* recommendation_for(std::string_view option) {
 }
 
 bool held_under(const Recommendation& r, OptimizerFamily family) {
-  return family == OptimizerFamily::kSgd ? r.sgd : r.adam;
+  switch (family) {
+    case OptimizerFamily::kSgd: return r.sgd;
+    case OptimizerFamily::kAdam: return r.adam;
+    case OptimizerFamily::kLans: return r.adam || !r.lans.empty();
+  }
+  return false;
 }
 
 bool recommended(const Recommendation& r) {
@@ -63,10 +69,33 @@ std::string option_text(const Option& o) {
 // "dgc:momentum=0.5" -> "dgc": the kind of feedback, whatever its settings.
 std::string feedback_name(const std::string& spec) { return spec.substr(0, spec.find(':')); }
 
+// "twoway:server_feedback=ef" -> "twoway".
+std::string route_name(const std::string& spec) { return spec.substr(0, spec.find(':')); }
+
+// Under LANS, a codec that lost under AdamW but held in a CLAN recipe: "" when `used` is that
+// recipe (codec with its parameters, kind of feedback, route), else why not.
+std::string lans_recipe_warning(std::string_view option, const Option& used,
+                                const Recommendation& r, std::string_view optimizer) {
+  const Option recipe = parse_option(r.lans);
+  if (used.codec == recipe.codec && feedback_name(used.feedback) == feedback_name(recipe.feedback) &&
+      route_name(used.route) == route_name(recipe.route)) {
+    return "";
+  }
+  return fmt::format(
+      "compression '{}' is not recommended with {} as written: {} lost accuracy under "
+      "Adam-family optimizers (docs/accuracy-lm.md) and held under LANS only as '{}' (CLAN, "
+      "docs/optimizers-accuracy.md)",
+      option, optimizer, r.codec, r.lans);
+}
+
 std::string warning_for(std::string_view option, const Option& used, OptimizerFamily family,
                         std::string_view optimizer) {
   const Recommendation* r = recommendation_for(used.codec);
   if (r == nullptr) return "";
+  if (family == OptimizerFamily::kLans) {
+    if (!r->adam && !r->lans.empty()) return lans_recipe_warning(option, used, *r, optimizer);
+    family = OptimizerFamily::kAdam;  // otherwise Adam-family evidence decides
+  }
   const bool sgd = family == OptimizerFamily::kSgd;
   const char* kind = sgd ? "SGD" : "Adam-family optimizers";
   const char* table = sgd ? "docs/accuracy.md" : "docs/accuracy-lm.md";
@@ -114,7 +143,11 @@ std::vector<std::string> recommended_options(std::initializer_list<OptimizerFami
   for (const auto& r : recommendations()) {
     const bool held = std::all_of(families.begin(), families.end(),
                                   [&](OptimizerFamily f) { return held_under(r, f); });
-    if (held && !r.changes_optimizer) options.push_back(r.option);
+    if (!held || r.changes_optimizer) continue;
+    // Held under LANS but not under AdamW: only as its CLAN recipe.
+    const bool as_recipe = !r.adam && std::find(families.begin(), families.end(),
+                                                OptimizerFamily::kLans) != families.end();
+    options.push_back(as_recipe ? r.lans : r.option);
   }
   return options;
 }

@@ -147,6 +147,20 @@ def test_distributed_optimizer_counts_them_as_adam_family(distributed):
     for name in ("LAMB", "LANS"):
         assert report[f"{name} powersgd:rank=4|ef"]["warnings"] == []
         assert report[f"{name} none"]["warnings"] == []
-    # onebit held under SGD only, so both optimizers are warned about it.
+    # onebit lost under AdamW: LAMB is warned; LANS too, but only because plain onebit is not
+    # CLAN's recipe (blocks of 256), which the warning names.
     assert any("onebit" in w for w in report["LAMB onebit|ef|twoway"]["warnings"])
-    assert any("onebit" in w for w in report["LANS onebit|ef|twoway"]["warnings"])
+    assert any("held under LANS only as 'onebit:block=256|ef|twoway'" in w
+               for w in report["LANS onebit|ef|twoway"]["warnings"])
+
+
+def test_clan_recipe_is_backed_under_lans_only():
+    from gradcomp import _C
+    recipe = "onebit:block=256|ef|twoway"
+    assert _C.recommendation_warning(recipe, "lans", "LANS") == ""
+    assert "lost accuracy under Adam-family" in _C.recommendation_warning(recipe, "adam", "LAMB")
+    for other in ("onebit:block=256|ef|allgather", "onebit|ef|twoway", "onebit:block=256||twoway"):
+        assert "held under LANS only as" in _C.recommendation_warning(other, "lans", "LANS")
+    # Codecs that held under AdamW hold under LANS; those that lost, with no recipe, do not.
+    assert _C.recommendation_warning("powersgd:rank=4|ef", "lans", "LANS") == ""
+    assert "lost accuracy" in _C.recommendation_warning("topk:ratio=0.01|ef", "lans", "LANS")

@@ -421,11 +421,12 @@ TEST(DistributedOptimizer, ACodecThatLostUnderThisOptimizerWarns) {
       messages.push_back(msg);
     }
   };
-  auto warnings_of = [&](auto make_optimizer, bool with_plan) {
+  auto warnings_of = [&](auto make_optimizer, bool with_plan,
+                         const char* compression = "topk:ratio=0.01|ef") {
     Parameters p = make_parameters();
     auto optimizer = make_optimizer(p.values());
     GradientOptions options;
-    options.compression = parse_compression("topk:ratio=0.01|ef");
+    options.compression = parse_compression(compression);
     options.min_compress_elements = 1;
     Collect collect;
     c10::Warning::WarningHandlerGuard guard(&collect);
@@ -445,6 +446,9 @@ TEST(DistributedOptimizer, ACodecThatLostUnderThisOptimizerWarns) {
   const auto adam_warnings = warnings_of(adam, false);
   const auto sgd_warnings = warnings_of(sgd, false);
   const auto plan_warnings = warnings_of(adam, true);
+  // CLAN's 1-bit recipe held under LANS (docs/optimizers-accuracy.md), not under AdamW.
+  const auto clan_warnings = warnings_of(lans, false, "onebit:block=256|ef|twoway");
+  EXPECT_TRUE(clan_warnings.empty()) << clan_warnings.front();
   EXPECT_TRUE(sgd_warnings.empty());
   EXPECT_TRUE(plan_warnings.empty());
   if (world()->rank() != 0) {
@@ -457,7 +461,7 @@ TEST(DistributedOptimizer, ACodecThatLostUnderThisOptimizerWarns) {
                                   "Adam-family optimizers"),
             std::string::npos) << adam_warnings[0];
   EXPECT_NE(adam_warnings[0].find("docs/accuracy-lm.md"), std::string::npos) << adam_warnings[0];
-  // gradcomp's own LAMB and LANS are Adam-family optimizers too.
+  // gradcomp's own LAMB and LANS are Adam-family optimizers too (LANS with CLAN's recipes).
   ASSERT_EQ(lans_warnings.size(), 1u);
   EXPECT_NE(lans_warnings[0].find("is not recommended with LANS"), std::string::npos)
       << lans_warnings[0];

@@ -69,6 +69,12 @@ void list_recommended() {
     fmt::print("{:<40} {:>4} {:>5}  {}\n", r.option, r.sgd ? "yes" : "no", r.adam ? "yes" : "no",
                recommended_text(r));
   }
+  for (const auto& r : gradcomp::recommendations()) {
+    if (!r.lans.empty()) {
+      fmt::print("\nunder LANS (CLAN, docs/optimizers-accuracy.md): {} also held as {}\n",
+                 r.codec, r.lans);
+    }
+  }
 }
 
 void add_bench_routes(CLI::App& bench, int& exit_code, const char* argv0) {
