@@ -32,6 +32,7 @@ about 1 / (w + (1 - w) / 32) of fp32's bytes for a share w of exact steps.
 """
 import json
 import math
+import os
 import warnings
 
 import torch
@@ -65,7 +66,9 @@ class OneBitAdam(torch.optim.Optimizer):
         ("onebit:block=256|ef|twoway"); tensors under min_compress_elements stay
         uncompressed.
     transport, seed, bucket_mb, min_compress_elements, timeline, codec_threads, broadcast: as
-        for DistributedOptimizer (broadcast: rank 0's parameters to every rank, at the start).
+        for DistributedOptimizer (broadcast: rank 0's parameters to every rank, at the start;
+        timeline, or GRADCOMP_TIMELINE: the compressed steps' trace, the exact steps' in a file
+        beside it, "trace.json" -> "trace-exact.json", each per rank as usual).
 
     state_dict() holds the moments, the step and gradcomp's state (both sides' error feedback):
     load_state_dict() resumes bit-exactly after a step of either kind."""
@@ -106,10 +109,11 @@ class OneBitAdam(torch.optim.Optimizer):
         plan = _C.default_plan(tensors, _without_start(compression), bucket_bytes, smallest)
         exact_plan = _C.default_plan(tensors, "none", bucket_bytes, smallest)
         self._transport = gt._exchange_transport(transport)
-        self._engine = _C.Engine(self._transport, plan, int(seed), timeline or "", 0,
+        timeline = timeline or os.environ.get("GRADCOMP_TIMELINE", "")
+        self._engine = _C.Engine(self._transport, plan, int(seed), timeline, 0,
                                  int(codec_threads))
-        self._exact_engine = _C.Engine(self._transport, exact_plan, int(seed), "", 0,
-                                       int(codec_threads))
+        self._exact_engine = _C.Engine(self._transport, exact_plan, int(seed),
+                                       _exact_trace(timeline), 0, int(codec_threads))
         self.plan = json.loads(plan)
         if broadcast:
             gt.broadcast_parameters(named, transport=self._transport)
@@ -254,6 +258,15 @@ def _fill_unseen(v):
     if unseen.any() and not unseen.all():
         seen = v[~unseen].double().numpy()
         v[unseen] = float(seen.sum() / seen.size)
+
+
+def _exact_trace(timeline):
+    """The exact steps' Chrome trace: next to the compressed steps' ("trace.json" ->
+    "trace-exact.json"), not over it; "" when there is none."""
+    if not timeline:
+        return ""
+    stem, ext = os.path.splitext(timeline)
+    return f"{stem}-exact{ext}"
 
 
 def is_exact_step(step, interval):

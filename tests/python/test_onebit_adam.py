@@ -107,6 +107,23 @@ def test_doubling_updates_the_variance_on_exact_steps_only():
     assert not opt.frozen and state["step"] == 12 and state["variance_updates"] == updates == 6
 
 
+def test_each_kind_of_step_has_its_own_trace(tmp_path):
+    model = _model()
+    opt = gc.OneBitAdam(model.named_parameters(), variance_interval=1, compression="none",
+                        timeline=str(tmp_path / "trace.json"))
+    for step in range(3):  # exact, exact, compressed
+        opt.zero_grad()
+        _loss(model, step).backward()
+        opt.step()
+    del opt
+    import gc as collector
+    collector.collect()  # the engines write their traces when they end
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["trace-exact.rank0.json", "trace.rank0.json"]
+    for name in names:  # each a Chrome trace with its steps' buckets
+        assert '"name":"thread_name"' in (tmp_path / name).read_text(), name
+
+
 def test_doubling_schedule_shares_fewer_exact_steps_as_it_goes():
     assert [t for t in range(40) if is_exact_step(t, 1)] == [0, 1, 3, 7, 15, 31]
     assert sum(is_exact_step(t, 16) for t in range(400)) == 74
