@@ -99,6 +99,10 @@ def parse_args(argv=None):
                    help="the optimizer comparison instead (docs/optimizers.md): "
                         f"{', '.join(OPTIMIZER_CONTENDERS)}; defaults: profiles resnet50 and "
                         "bert-base, 1gbit, 4 workers, no train")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="--optimizers: run the contenders this many times in turn (round "
+                        "robin, so a job that shares the cores for a while slows all alike); "
+                        "medians over every round's measured steps")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="none",
                    help="the optimizer of every contender that names none after a '+' (none: "
                         "no update, the step is the exchange)")
@@ -156,6 +160,8 @@ def parse_args(argv=None):
         args.train = not narrow
     if args.train and args.optimizers:
         p.error("--optimizers replays profiles only; drop --train")
+    if args.rounds < 1 or (args.rounds > 1 and not args.optimizers):
+        p.error("--rounds must be >= 1, and is for --optimizers only")
     if min(args.workers) < 2:
         p.error("--workers: every count must be at least 2")
     return args
@@ -390,6 +396,10 @@ def replay_row(contender, ranks, dilation):
         "ranks_median_ms": [1e3 * statistics.median(r["step_s"]) / dilation for r in ranks],
     }
     r0 = ranks[0]
+    if r0.get("window_s"):
+        # What else ran meanwhile: the machine's busy CPU less the workers' own, in cores.
+        workers = sum(r["cpu_s_per_step"] for r in ranks) * len(r0["step_s"])
+        row["other_cpu_cores"] = max(0.0, (r0["machine_busy_s"] - workers) / r0["window_s"])
     marks = r0["step_marks"]
     if marks and len(marks[0]) == 4:
         # Rank 0's phases, as its step times: until backward returned (compute and the
@@ -559,13 +569,46 @@ def optimizer_config(args, profile, rate, workers, names, out, port):
         say(f"   measured ring throughput per link: {config['measured_link_bps'] / 1e9:.3f} "
             "Gbit/s (emulated time)")
         runner = Runner(cluster, out / "runs" / f"optimizers-{config_name}", port)
-        for name in names:
-            base = split_optimizer(name, args.optimizer)[0]
-            row = run_contender(args, runner, name, base, profile, dilation, expect_s)
-            config["runs"].append(row)
-            if row["status"] == "ok":
-                say_optimizer_row(row)
+        rows = {}
+        for round_index in range(args.rounds):
+            if args.rounds > 1:
+                say(f"   round {round_index + 1} of {args.rounds}")
+            for name in names:
+                base = split_optimizer(name, args.optimizer)[0]
+                row = run_contender(args, runner, name, base, profile, dilation, expect_s)
+                if row["status"] == "ok":
+                    say_optimizer_row(row)
+                rows[name] = merge_rounds(rows.get(name), row)
+    config["runs"] = list(rows.values())
     return config
+
+
+# Per-step lists a round adds to; per-step means a round is averaged into.
+STEP_LISTS = ("step_ms", "backward_end_ms", "after_backward_ms", "update_ms")
+ROUND_MEANS = ("wire_bytes_per_step", "payload_bytes_per_step", "cpu_ms_per_step",
+               "other_cpu_cores")
+
+
+def merge_rounds(merged, row):
+    """One row of every round of a contender: the measured steps of all rounds, figures per
+    step averaged over the rounds, each round's median kept. A failed round fails the row."""
+    row = dict(row, round_median_ms=[statistics.median(row["step_ms"])]
+               if row["status"] == "ok" else [])
+    if merged is None or merged["status"] != "ok":
+        return merged or row
+    if row["status"] != "ok":
+        return row
+    rounds = len(merged["round_median_ms"])
+    for key in STEP_LISTS:
+        if merged.get(key) is not None:
+            merged[key] = merged[key] + row[key]
+    for key in ROUND_MEANS:
+        if merged.get(key) is not None:
+            merged[key] = (merged[key] * rounds + row[key]) / (rounds + 1)
+    merged["round_median_ms"] = merged["round_median_ms"] + row["round_median_ms"]
+    merged["ranks_agree"] = merged.get("ranks_agree", True) and row.get("ranks_agree", True)
+    merged["seconds"] += row["seconds"]
+    return merged
 
 
 def say_optimizer_row(row):
@@ -573,7 +616,9 @@ def say_optimizer_row(row):
     text = (f"   {row['label']:<36} {statistics.median(row['step_ms']):9.1f} ms/step  "
             + (f"update {statistics.median(update):7.1f} ms  " if update else "")
             + f"{row['wire_bytes_per_step'] / 1e6:8.2f} MB/step on the wire  "
-            f"({row['seconds']:.0f} s)")
+            + (f"other jobs {row['other_cpu_cores']:.2f} cores  "
+               if row.get("other_cpu_cores") is not None else "")
+            + f"({row['seconds']:.0f} s)")
     if "onebit_warmup_steps" in row:
         text += (f"; 1-bit Adam: warm-up of {row['onebit_warmup_steps']} uncompressed "
                  f"step(s) before the measured steps; {row['onebit_compressed_steps']} of "
@@ -592,7 +637,8 @@ def run_optimizers(args, names, profiles):
         "command": "bench/cluster/run.sh" + "".join(f" {a}" for a in sys.argv[1:]),
         "started": now(), "machine": machine(),
         "settings": {"warmup": args.warmup, "steps": args.steps, "burn": args.burn,
-                     "max_real_rate": args.max_real_rate, "optimizer": args.optimizer},
+                     "max_real_rate": args.max_real_rate, "optimizer": args.optimizer,
+                     "rounds": args.rounds},
         "configs": [],
     }
     port = 29600

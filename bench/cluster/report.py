@@ -58,7 +58,7 @@ PREDICTION_TOLERANCE = 0.10
 OPTIMIZER_SPEEDUP = 3.0
 OPTIMIZER_COLUMNS = ["contender", "exchange", "optimizer", "median ms", "spread (p10-p90)",
                      "vs DDP + AdamW", "until backward ends, ms", "step() ms", "update ms",
-                     "wire MB/step", "payload MB/step", "CPU ms/step"]
+                     "wire MB/step", "payload MB/step", "CPU ms/step", "other jobs, cores"]
 OPTIMIZER_NAMES = {"none": "none", "sgd": "SGD (torch)", "adamw": "AdamW (torch)",
                    "lans": "LANS (gradcomp)", "lamb": "LAMB (gradcomp)",
                    "onebitadam": "1-bit Adam (gradcomp)"}
@@ -577,7 +577,7 @@ def _optimizer_cells(config, run):
             f"{baseline / stats['median']:.2f}x" if baseline else "-",
             *(_num(p) for p in phases),
             _mb(run.get("wire_bytes_per_step")), _mb(run.get("payload_bytes_per_step")),
-            _num(run.get("cpu_ms_per_step"))]
+            _num(run.get("cpu_ms_per_step")), _num(run.get("other_cpu_cores"), 2)]
 
 
 def optimizer_verdicts(config):
@@ -613,8 +613,10 @@ def render_optimizer_markdown(results):
         f"`{results.get('command', '?')}`, started {results.get('started', '?')}, finished "
         f"{results.get('finished', '?')}, at commit {m.get('commit', '?')}, on "
         f"{m.get('cores', '?')} cores, torch {m.get('torch', '?')}.", "",
-        f"- {s.get('warmup', '?')} warm-up steps, then {s.get('steps', '?')} measured steps; "
-        "times are rank 0's, medians over the measured steps; compute is emulated by "
+        f"- {s.get('warmup', '?')} warm-up steps, then {s.get('steps', '?')} measured steps"
+        + (f", in each of {s['rounds']} rounds (every contender in turn, then again)"
+           if s.get("rounds", 1) > 1 else "")
+        + "; times are rank 0's, medians over the measured steps; compute is emulated by "
         + ("burning CPU." if s.get("burn") else "waiting (sleeping)."),
         "- until backward ends: the profile's forward and backward and the exchange's tail "
         "(DDP and DistributedOptimizer finish their exchange when backward ends). step(): "
@@ -626,7 +628,9 @@ def render_optimizer_markdown(results):
         "uncompressed bytes).",
         "- The emulated hosts share this machine's cores: CPU work on every host at once (the "
         "update, the codecs, gloo's reductions) costs up to W/C times what it would on hosts "
-        "with a core each.", ""]
+        "with a core each. other jobs: the machine's busy CPU while the steps were measured, "
+        "less the workers' own, in cores (another job sharing the machine slows whatever it "
+        "overlaps).", ""]
     for config in results.get("configs", []):
         lines += [f"## {config_name(config)}", ""]
         link = f"Link: {config.get('rate', '?')}"

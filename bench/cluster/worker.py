@@ -450,7 +450,7 @@ def replay(args, kind, argument):
                          "measured steps would not be compressed")
     exchange.barrier()
     tx0, rx0 = link_bytes(args.iface)
-    cpu0, payload = time.process_time(), 0
+    cpu0, busy0, window0, payload = time.process_time(), machine_busy_s(), time.perf_counter(), 0
     step_s, marks, update_s, compressed = [], [], [], 0
     for _ in range(args.steps):
         start = time.perf_counter()
@@ -466,6 +466,7 @@ def replay(args, kind, argument):
         if args.optimizer != "none":
             update_s.append(update_seconds(optimizer, onebit, end - backward_end))
     cpu = time.process_time() - cpu0
+    busy, window = machine_busy_s() - busy0, time.perf_counter() - window0
     tx1, rx1 = link_bytes(args.iface)
     n = args.steps
     result = {
@@ -477,6 +478,7 @@ def replay(args, kind, argument):
         "cpu_s_per_step": cpu / n, "step_marks": marks,
         "compute_s": args.dilation * (profile["forward_ms"] + profile["backward_ms"]) / 1e3,
         "optimizer": args.optimizer, "update_s": update_s or None,
+        "machine_busy_s": busy, "window_s": window,
     }
     if counter is not None:
         result["plan_buckets"] = len(counter.plan.get("buckets", []))
@@ -494,6 +496,15 @@ def replay(args, kind, argument):
         result["param_sum"] = sum(float(p.detach().double().sum()) for p in model.parameters())
         result["param_digest"] = tensor_digest(p.detach() for p in model.parameters())
     return exchange, result
+
+
+def machine_busy_s():
+    """CPU seconds the whole machine has spent in processes (user, nice, system: /proc/stat is
+    not per namespace), so that bench.py can tell how much of it was not the workers': another
+    job sharing the cores slows every contender measured meanwhile."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = f.readline().split()  # "cpu user nice system idle ..."
+    return sum(int(v) for v in fields[1:4]) / os.sysconf("SC_CLK_TCK")
 
 
 def update_seconds(optimizer, onebit, after_backward_s):

@@ -181,6 +181,7 @@ def test_optimizer_comparison_measures_every_update_and_leaves_nothing(tmp_path)
     md = (tmp_path / "report.md").read_text()  # --md given: the table goes there
     assert "| DDP + AdamW | DDP gloo 25 MB | AdamW (torch) |" in md
     assert "x DDP + AdamW" in proc.stdout and "target 3x" in proc.stdout
+    assert all(run["other_cpu_cores"] >= 0 for run in runs.values())
     assert set(netns.stale_namespaces()) <= before
 
 
@@ -200,6 +201,29 @@ def test_optimizer_names_and_refusals(tmp_path):
     done = subprocess.run(bench_argv(tmp_path, "--contenders", "ddp+adamw,horovod+lans"),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "unknown contender(s) horovod+lans" in done.stderr
+
+
+def test_rounds_merge_every_measured_step():
+    def row(steps, wire, status="ok"):
+        return {"status": status, "step_ms": steps, "update_ms": [1.0] * len(steps),
+                "backward_end_ms": None, "wire_bytes_per_step": wire, "seconds": 2.0,
+                "ranks_agree": True, "error": "gone" if status != "ok" else None}
+    merged = bench.merge_rounds(None, row([10.0, 30.0, 20.0], 100.0))
+    merged = bench.merge_rounds(merged, row([40.0, 50.0], 200.0))
+    assert merged["step_ms"] == [10.0, 30.0, 20.0, 40.0, 50.0]
+    assert merged["update_ms"] == [1.0] * 5 and merged["backward_end_ms"] is None
+    assert merged["round_median_ms"] == [20.0, 45.0]
+    assert merged["wire_bytes_per_step"] == 150.0 and merged["seconds"] == 4.0
+    failed = bench.merge_rounds(merged, row([], None, status="failed"))
+    assert failed["status"] == "failed" and failed["error"] == "gone"
+    assert bench.merge_rounds(failed, row([5.0], 1.0)) is failed
+
+
+def test_rounds_are_for_the_optimizer_comparison_only(tmp_path):
+    done = subprocess.run(bench_argv(tmp_path, "--rounds", "2"), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "--rounds must be >= 1, and is for --optimizers only" \
+        in done.stderr
 
 
 def worker_optimizers():

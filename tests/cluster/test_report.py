@@ -435,7 +435,8 @@ def test_load_rejects_other_files(tmp_path):
 def optimizer_run(contender, median_ms, optimizer, family, update_ms=None, **extra):
     exchange = contender.rpartition("+")[0] or contender
     run = make_run(contender, steps_around(median_ms), family=family, exchange=exchange,
-                   optimizer=optimizer, backward_end_ms=steps_around(median_ms - 20.0),
+                   optimizer=optimizer, other_cpu_cores=0.25,
+                   backward_end_ms=steps_around(median_ms - 20.0),
                    after_backward_ms=steps_around(20.0), **extra)
     if update_ms is not None:
         run["update_ms"] = steps_around(update_ms)
@@ -474,6 +475,7 @@ def test_optimizer_table_and_verdicts():
     assert clan["median ms"] == "300.0" and clan["vs DDP + AdamW"] == "3.33x"
     assert clan["update ms"] == "60.0" and clan["step() ms"] == "20.0"
     assert clan["until backward ends, ms"] == "280.0"
+    assert clan["other jobs, cores"] == "0.25"
     assert rows["bound"]["update ms"] == "-" and rows["bound"]["exchange"] == "none"
     assert rows["baseline"]["exchange"] == "DDP gloo 25 MB"
     onebit = rows["1-bit Adam"]

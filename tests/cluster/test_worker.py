@@ -181,6 +181,8 @@ def test_ddp_and_lossless_gradcomp_take_the_same_adamw_steps(tmp_path):
         assert len(r["update_s"]) == 3 and all(s > 0 for s in r["update_s"])
         # The update happens after backward: its marks are in order within each step.
         assert all(m[0] <= m[1] <= m[2] <= m[3] for m in r["step_marks"])
+        # The machine's busy CPU over the measured steps (for bench.py's other-jobs figure).
+        assert r["machine_busy_s"] >= 0 and r["window_s"] >= sum(r["step_s"])
 
 
 @pytest.mark.parametrize("optimizer", ["lans", "onebitadam"])
