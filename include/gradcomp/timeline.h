@@ -21,7 +21,9 @@ using Clock = std::chrono::steady_clock;
 class Timeline {
  public:
   // Opens `path` for writing; throws Error when it cannot. `rank` becomes the process id, so
-  // the files of several ranks can be loaded side by side.
+  // the files of several ranks can be loaded side by side. When another open timeline of this
+  // process writes `path` (two engines under one GRADCOMP_TIMELINE), this one writes
+  // "<stem>-2<ext>" (then -3, ...) instead: path() says which.
   Timeline(const std::string& path, int rank);
   ~Timeline();  // closes the file
   Timeline(const Timeline&) = delete;

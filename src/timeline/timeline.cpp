@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -25,12 +27,43 @@ constexpr size_t kFileBuffer = 1 << 20;
 // timestamps. Fractional: phases of small buckets last a few microseconds.
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
+// The paths the open timelines of this process write. Two engines of one process (a GAN's two
+// optimizers under one GRADCOMP_TIMELINE) would otherwise truncate and interleave one file.
+std::mutex open_paths_mutex;
+std::set<std::string>& open_paths() {
+  static std::set<std::string> paths;
+  return paths;
+}
+
+// `path`, or when another open timeline of this process writes it, "<stem>-2<ext>", "-3", ...
+std::string claim_path(const std::string& path) {
+  std::lock_guard lock(open_paths_mutex);
+  std::string candidate = path;
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  const std::string stem = has_extension ? path.substr(0, dot) : path;
+  const std::string extension = has_extension ? path.substr(dot) : "";
+  for (int k = 2; open_paths().count(candidate) > 0; ++k) {
+    candidate = fmt::format("{}-{}{}", stem, k, extension);
+  }
+  open_paths().insert(candidate);
+  return candidate;
+}
+
+void release_path(const std::string& path) {
+  std::lock_guard lock(open_paths_mutex);
+  open_paths().erase(path);
+}
+
 }  // namespace
 
-Timeline::Timeline(const std::string& path, int rank) : path_(path), rank_(rank) {
-  file_ = std::fopen(path.c_str(), "w");
+Timeline::Timeline(const std::string& path, int rank) : path_(claim_path(path)), rank_(rank) {
+  file_ = std::fopen(path_.c_str(), "w");
   if (file_ == nullptr) {
-    throw Error(fmt::format("cannot open timeline file '{}': {}", path, std::strerror(errno)));
+    const int error = errno;
+    release_path(path_);
+    throw Error(fmt::format("cannot open timeline file '{}': {}", path_, std::strerror(error)));
   }
   std::setvbuf(file_, nullptr, _IOFBF, kFileBuffer);
   std::fputs("[\n", file_);
@@ -101,6 +134,7 @@ void Timeline::close() {
   const bool failed = std::ferror(file_) != 0;
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
+  release_path(path_);
   if (failed || !closed) {
     throw Error(fmt::format("error writing timeline file '{}': {}", path_,
                             failed ? "a write failed (disk full?)" : std::strerror(errno)));

@@ -178,6 +178,31 @@ TEST_F(TimelineTest, ConcurrentSpansAreAllWrittenWhole) {
   }
 }
 
+// Two engines of one process under one GRADCOMP_TIMELINE: the second writes beside the first,
+// not over it; a path is free again once its timeline is closed.
+TEST_F(TimelineTest, ASecondOpenTimelineOnOnePathWritesBesideIt) {
+  const std::string second = (dir_ / "trace-2.json").string();
+  const std::string third = (dir_ / "trace-3.json").string();
+  {
+    Timeline first(path_, 0);
+    Timeline other(path_, 0);
+    Timeline another(path_, 0);
+    EXPECT_EQ(first.path(), path_);
+    EXPECT_EQ(other.path(), second);
+    EXPECT_EQ(another.path(), third);
+    first.name_lane(0, "first");
+    other.name_lane(0, "second");
+    other.close();
+    Timeline reused(path_, 0);  // "-2" is free again
+    EXPECT_EQ(reused.path(), second);
+  }
+  const json trace = json::parse(read());
+  ASSERT_EQ(events(trace, "M", "thread_name").size(), 1u);
+  EXPECT_EQ(events(trace, "M", "thread_name")[0]["args"]["name"], "first");
+  Timeline after(path_, 0);  // all closed: the path itself is free
+  EXPECT_EQ(after.path(), path_);
+}
+
 TEST(Timeline, BadPathNamesThePathAndTheReason) {
   EXPECT_EQ(testing::error_text([] { Timeline t("/nonexistent/dir/trace.json", 0); }),
             "cannot open timeline file '/nonexistent/dir/trace.json': No such file or directory");
