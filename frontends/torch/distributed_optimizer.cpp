@@ -10,6 +10,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/recommended.h"
 #include "gradcomp/torch/layerwise_optimizers.h"
+#include "gradcomp/torch/onebit_adam.h"
 
 namespace gradcomp::torch {
 namespace {
@@ -58,6 +59,16 @@ void warn_if_not_recommended(::torch::optim::Optimizer& optimizer, const Plan& p
   }
 }
 
+// OneBitAdam exchanges by itself: wrapping it would average twice (and its momentum exchange
+// would be lost). Refused before the exchange is built (a collective).
+::torch::optim::Optimizer& not_self_exchanging(::torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<OneBitAdam*>(&optimizer) != nullptr) {
+    throw Error("OneBitAdam averages over the ranks by itself: use it instead of "
+                "DistributedOptimizer, not inside it (its compression option sets the exchange)");
+  }
+  return optimizer;
+}
+
 double first_learning_rate(::torch::optim::Optimizer& optimizer) {
   auto& groups = optimizer.param_groups();
   return groups.empty() ? 0.0 : groups.front().options().get_lr();
@@ -76,7 +87,7 @@ DistributedOptimizer::DistributedOptimizer(
     ::torch::optim::Optimizer& optimizer,
     const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     std::shared_ptr<Transport> transport, GradientOptions&& options, bool default_plan)
-    : optimizer_(optimizer),
+    : optimizer_(not_self_exchanging(optimizer)),
       gradients_(to_pairs(named_parameters), std::move(transport), std::move(options)) {
   gradients_.set_learning_rate(first_learning_rate(optimizer_));
   // Every rank has the same options: rank 0 says it for the job.

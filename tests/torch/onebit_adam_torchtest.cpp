@@ -1,0 +1,402 @@
+// gradcomp::torch::OneBitAdam across real processes (mpirun and the Gloo launcher): without
+// compression it is the plain update (AdamW's, then 0/1 Adam's clamped one with v updated on
+// exact steps only); under 1-bit two-way compression the ranks stay bit-identical under both
+// variance policies (and "freeze" fills the variances of coordinates the warm-up never saw);
+// a checkpoint after an exact or a compressed step resumes bit-exactly; a non-finite average
+// is skipped on every rank, on either kind of step; each kind of step has its own trace; the
+// doubling schedule; bad input, foreign states and wrapping in DistributedOptimizer are clear
+// errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradcomp/error.h"
+#include "gradcomp/torch/distributed_optimizer.h"
+#include "gradcomp/torch/layerwise_optimizers.h"
+#include "gradcomp/torch/onebit_adam.h"
+#include "support/codec_testing.h"
+#include "support/mp_test.h"
+
+namespace gradcomp::torch {
+namespace {
+
+using testing::contains;
+using testing::error_text;
+using testing::gather_bytes;
+using testing::world;
+using Parameters = ::torch::OrderedDict<std::string, at::Tensor>;
+
+// A small network held as plain tensors; "rows" is an embedding-like table whose rows 1..3
+// get gradients only from step `rows_from` on (0 for every step).
+Parameters make_parameters() {
+  Parameters p;
+  auto init = [](std::vector<int64_t> shape, float phase) {
+    const int64_t n = c10::multiply_integers(shape);
+    return (at::sin(at::arange(n, at::kFloat) * 0.37f + phase) * 0.3f)
+        .reshape(shape)
+        .requires_grad_();
+  };
+  p.insert("w1", init({16, 8}, 0.1f));
+  p.insert("b1", init({16}, 0.2f));
+  p.insert("w2", init({4, 16}, 0.3f));
+  p.insert("b2", init({4}, 0.4f));
+  p.insert("rows", init({4, 8}, 0.5f));
+  return p;
+}
+
+Parameters copy_of(const Parameters& p) {
+  Parameters c;
+  for (const auto& item : p) c.insert(item.key(), item.value().detach().clone().requires_grad_());
+  return c;
+}
+
+at::Tensor loss_of(const Parameters& p, int rank, int step, int rows_from = 0) {
+  const float k = 0.1f * static_cast<float>(rank + 1);
+  const at::Tensor x = at::sin(at::arange(32 * 8, at::kFloat).reshape({32, 8}) * k + step);
+  const at::Tensor y = at::cos(at::arange(32 * 4, at::kFloat).reshape({32, 4}) * k - step);
+  const at::Tensor h = at::tanh(x.mm(p["w1"].t()) + p["b1"]);
+  const at::Tensor rows = step >= rows_from ? p["rows"] : p["rows"].narrow(0, 0, 1);
+  return (h.mm(p["w2"].t()) + p["b2"] - y).pow(2).mean() + (rows * x[0]).sum() * 0.01;
+}
+
+std::vector<std::byte> bytes_of(const Parameters& p) {
+  std::vector<std::byte> out;
+  for (const auto& item : p) {
+    const at::Tensor c = item.value().detach().contiguous();
+    const auto* data = static_cast<const std::byte*>(c.data_ptr());
+    out.insert(out.end(), data, data + c.numel() * c.element_size());
+  }
+  return out;
+}
+
+void expect_identical_across_ranks(const Parameters& p, const std::string& what) {
+  const auto mine = bytes_of(p);
+  const auto all = gather_bytes(mine);
+  for (int r = 0; r < world()->size(); ++r) {
+    EXPECT_EQ(std::memcmp(mine.data(), all.data() + r * mine.size(), mine.size()), 0)
+        << what << ": rank " << world()->rank() << " differs from rank " << r;
+  }
+}
+
+void train(Parameters& p, OneBitAdam& opt, int from, int steps, int rows_from = 0) {
+  for (int step = from; step < from + steps; ++step) {
+    opt.zero_grad();
+    loss_of(p, world()->rank(), step, rows_from).backward();
+    opt.step();
+  }
+}
+
+const OneBitAdamParamState& state_of(const OneBitAdam& opt, const at::Tensor& p) {
+  return static_cast<const OneBitAdamParamState&>(
+      *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+}
+
+std::string saved(const ::torch::optim::Optimizer& optimizer) {
+  ::torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load(::torch::optim::Optimizer& optimizer, const std::string& bytes) {
+  std::istringstream in(bytes);
+  ::torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  optimizer.load(archive);
+}
+
+// Every tensor compressed, 1-bit codes with both sides' error feedback.
+OneBitAdamOptions compressed(const std::string& variance) {
+  OneBitAdamOptions o(0.01);
+  o.weight_decay(0.01).variance(variance).min_compress_elements(1).seed(3);
+  if (variance == "freeze") {
+    o.warmup_steps(3);
+  } else {
+    o.variance_interval(1);  // exact steps 0, 1, 3, 7, ...
+  }
+  return o;
+}
+
+// Every rank the same data and no compression: the update is the plain one, as
+// tests/python/test_onebit_adam.py's test_doubling_updates_the_variance_on_exact_steps_only.
+TEST(OneBitAdam, WithoutCompressionItIsThePlainUpdate) {
+  Parameters ours = make_parameters();
+  Parameters reference = copy_of(ours);
+  OneBitAdam opt(ours, world(),
+                 OneBitAdamOptions(0.01)
+                     .betas({0.9, 0.95})
+                     .eps(1e-8)
+                     .weight_decay(0.05)
+                     .variance_interval(2)
+                     .compression("none"));
+  std::vector<std::pair<at::Tensor, at::Tensor>> moments;
+  for (const auto& item : reference) {
+    moments.emplace_back(at::zeros_like(item.value()), at::zeros_like(item.value()));
+  }
+  int updates = 0;
+  std::vector<bool> kinds;
+  for (int step = 0; step < 12; ++step) {
+    kinds.push_back(opt.exact());
+    updates += kinds.back() ? 1 : 0;
+    opt.zero_grad();
+    loss_of(ours, 0, step).backward();
+    for (auto& item : reference) item.value().mutable_grad() = at::Tensor();
+    loss_of(reference, 0, step).backward();
+    opt.step();
+    at::NoGradGuard no_grad;
+    size_t i = 0;
+    for (auto& item : reference) {
+      at::Tensor p = item.value();
+      auto& [m, v] = moments[i++];
+      m.mul_(0.9).add_(p.grad(), 0.1);
+      if (kinds.back()) v.mul_(0.95).addcmul_(p.grad(), p.grad(), 0.05);
+      const at::Tensor m_hat = m / (1 - std::pow(0.9, step + 1));
+      const at::Tensor v_hat = v / (1 - std::pow(0.95, updates));
+      at::Tensor direction = m_hat / (v_hat.sqrt() + 1e-8);
+      // AdamW's until a step is not exact, then clamped to max(1, (1 - b1) / sqrt(1 - b2)) = 1
+      if (updates < step + 1) direction.clamp_(-1.0, 1.0);
+      p.sub_(0.01 * (direction + 0.05 * p));
+    }
+    for (const auto& item : ours) {
+      EXPECT_TRUE(at::allclose(item.value(), reference[item.key()], 1e-5, 1e-6))
+          << item.key() << " at step " << step << ": largest difference "
+          << (item.value() - reference[item.key()]).abs().max().item<float>();
+    }
+  }
+  // every step for 2 exact steps, then every 2nd for 2, every 4th for 2, ...
+  EXPECT_EQ(kinds, (std::vector<bool>{true, true, true, false, true, false, true, false, false,
+                                      false, true, false}));
+  const auto& state = state_of(opt, ours["w1"]);
+  EXPECT_FALSE(opt.frozen());
+  EXPECT_EQ(state.step(), 12);
+  EXPECT_EQ(state.variance_updates(), 6);
+  EXPECT_EQ(updates, 6);
+}
+
+// Each rank its own data, 1-bit two-way compression: every rank holds the same parameters
+// after every step, under both policies; compressed steps send less than fp32; under "freeze"
+// the rows the warm-up never saw take the mean of the table's other variances.
+TEST(OneBitAdam, RanksAreBitIdenticalUnderOneBitCompression) {
+  for (const std::string variance : {"doubling", "freeze"}) {
+    Parameters p = make_parameters();
+    OneBitAdam opt(p, world(), compressed(variance));
+    EXPECT_EQ(opt.plan().buckets.front().option.codec, "onebit:block=256");
+    size_t exact_bytes = 0;  // what an exact step sent (fp32)
+    for (int step = 0; step < 8; ++step) {
+      const bool exact = opt.exact();
+      train(p, opt, step, 1, /*rows_from=*/5);
+      expect_identical_across_ranks(p, variance + " step " + std::to_string(step));
+      if (exact) {
+        exact_bytes = opt.last_step().bytes_sent;
+      } else {
+        // 1-bit codes: a fraction of fp32's bytes even with these small tensors' headers
+        EXPECT_LT(opt.last_step().bytes_sent, exact_bytes / 3) << variance << " step " << step;
+      }
+    }
+    EXPECT_EQ(opt.frozen(), variance == "freeze");
+    const at::Tensor v = state_of(opt, p["rows"]).exp_avg_sq();
+    if (variance == "freeze") {
+      EXPECT_GT(v.min().item<float>(), 0.0f) << "the unseen rows' variances were not filled";
+      EXPECT_TRUE(state_of(opt, p["rows"]).filled());
+      EXPECT_EQ(state_of(opt, p["rows"]).variance_updates(), 3);
+    } else {
+      EXPECT_EQ(state_of(opt, p["rows"]).variance_updates(), 4);  // steps 0, 1, 3, 7
+    }
+  }
+}
+
+// Saved after step 2 (the last one exact) and after step 5 (compressed) of 8, loaded into a new
+// optimizer over the saved parameters: the continuation is bit-exact.
+TEST(OneBitAdam, CheckpointsResumeBitExactly) {
+  for (const std::string variance : {"doubling", "freeze"}) {
+    Parameters p = make_parameters();
+    OneBitAdam opt(p, world(), compressed(variance));
+    std::vector<std::pair<int, std::pair<std::string, Parameters>>> checkpoints;
+    std::vector<bool> kinds;
+    for (int step = 0; step < 8; ++step) {
+      kinds.push_back(opt.exact());
+      train(p, opt, step, 1);
+      if (step == 1 || step == 4) checkpoints.push_back({step + 1, {saved(opt), copy_of(p)}});
+    }
+    EXPECT_TRUE(kinds[1]) << variance;   // the first checkpoint follows an exact step,
+    EXPECT_FALSE(kinds[4]) << variance;  // the second a compressed one
+    for (auto& [taken, checkpoint] : checkpoints) {
+      Parameters resumed = copy_of(checkpoint.second);
+      OneBitAdam again(resumed, world(), compressed(variance));
+      load(again, checkpoint.first);
+      EXPECT_EQ(again.steps(), taken);
+      train(resumed, again, taken, 8 - taken);
+      EXPECT_EQ(bytes_of(resumed), bytes_of(p)) << variance << ", saved after step " << taken;
+    }
+    // Without the state (moments, clock, error feedback) the continuation differs.
+    Parameters unloaded = copy_of(checkpoints.back().second.second);
+    OneBitAdam fresh(unloaded, world(), compressed(variance));
+    train(unloaded, fresh, 5, 3);
+    EXPECT_NE(bytes_of(unloaded), bytes_of(p)) << variance;
+  }
+}
+
+TEST(OneBitAdam, LoadRefusesAnotherPolicyOrAForeignStateChangingNothing) {
+  Parameters p = make_parameters();
+  OneBitAdam frozen(p, world(), compressed("freeze"));
+  train(p, frozen, 0, 1);
+  const std::string freeze_state = saved(frozen);
+
+  Parameters q = make_parameters();
+  OneBitAdam opt(q, world(), compressed("doubling"));
+  EXPECT_TRUE(contains(error_text([&] { load(opt, freeze_state); }),
+                       "the state was saved with variance='freeze', this optimizer has "
+                       "'doubling'"));
+  OneBitAdam other_warmup(q, world(), compressed("freeze").warmup_steps(4));
+  EXPECT_TRUE(contains(error_text([&] { load(other_warmup, freeze_state); }),
+                       "saved with warmup_steps=3, this optimizer has 4"));
+  OneBitAdam other_interval(q, world(), compressed("doubling").variance_interval(2));
+  train(q, opt, 0, 1);
+  EXPECT_TRUE(contains(error_text([&] { load(other_interval, saved(opt)); }),
+                       "saved with variance_interval=1, this optimizer has 2"));
+  EXPECT_EQ(other_interval.steps(), 0);
+  EXPECT_TRUE(other_interval.state().empty());
+
+  LAMB lamb(q.values());
+  EXPECT_TRUE(contains(error_text([&] { load(opt, saved(lamb)); }), "has no gradcomp part"));
+  EXPECT_EQ(opt.steps(), 1);
+}
+
+// A NaN in rank 0's gradient makes the average non-finite: every rank skips the step (the
+// parameters and moments as they were) with a warning, the clock advances, training goes on.
+TEST(OneBitAdam, ANonFiniteAverageSkipsTheStepOnEveryRank) {
+  struct Collect : c10::WarningHandler {
+    std::vector<std::string> messages;
+    void process(const c10::SourceLocation&, const std::string& msg, bool) override {
+      messages.push_back(msg);
+    }
+  };
+  Parameters p = make_parameters();
+  OneBitAdam opt(p, world(), compressed("doubling"));
+  train(p, opt, 0, 1);
+  for (int step = 1; step < 3; ++step) {  // an exact step, then a compressed one
+    EXPECT_EQ(opt.exact(), step == 1);
+    const std::vector<std::byte> before = bytes_of(p);
+    opt.zero_grad();
+    loss_of(p, world()->rank(), step).backward();
+    if (world()->rank() == 0) p["w1"].grad().view({-1})[3].fill_(std::nanf(""));
+    Collect collect;
+    {
+      c10::Warning::WarningHandlerGuard guard(&collect);
+      opt.step();
+    }
+    EXPECT_FALSE(opt.last_step().finite);
+    EXPECT_EQ(bytes_of(p), before) << "step " << step;
+    EXPECT_EQ(opt.steps(), step + 1);
+    EXPECT_EQ(state_of(opt, p["w1"]).step(), 1);
+    ASSERT_EQ(collect.messages.size(), 1u);
+    EXPECT_TRUE(contains(collect.messages[0], "the step is skipped on every rank"));
+  }
+  train(p, opt, 3, 2);
+  EXPECT_TRUE(opt.last_step().finite);
+  expect_identical_across_ranks(p, "after the skipped steps");
+  EXPECT_EQ(state_of(opt, p["w1"]).step(), 3);
+  EXPECT_EQ(state_of(opt, p["w1"]).variance_updates(), 2);  // steps 0 and 3
+}
+
+// The exact steps' engine writes its Chrome trace beside the compressed steps'.
+TEST(OneBitAdam, EachKindOfStepHasItsOwnTrace) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("gradcomp_onebit_trace_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    Parameters p = make_parameters();
+    OneBitAdam opt(p, world(),
+                   OneBitAdamOptions().variance_interval(1).compression("none").timeline(
+                       (dir / "trace.json").string()));
+    train(p, opt, 0, 3);  // exact, exact, compressed
+  }                       // the engines write their traces when they end
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  const std::string rank = std::to_string(world()->rank());
+  EXPECT_EQ(names, (std::vector<std::string>{"trace-exact.rank" + rank + ".json",
+                                             "trace.rank" + rank + ".json"}));
+  for (const auto& name : names) {
+    std::ifstream in(dir / name);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"name\":\"thread_name\""), std::string::npos) << name;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(OneBitAdam, DoublingScheduleAndFreezeWarmup) {
+  std::vector<int64_t> exact;
+  for (int64_t t = 0; t < 40; ++t) {
+    if (is_exact_step(t, 1)) exact.push_back(t);
+  }
+  EXPECT_EQ(exact, (std::vector<int64_t>{0, 1, 3, 7, 15, 31}));
+  int count = 0;
+  for (int64_t t = 0; t < 400; ++t) count += is_exact_step(t, 16) ? 1 : 0;
+  EXPECT_EQ(count, 74);
+  for (int64_t t = 0; t < 16; ++t) EXPECT_TRUE(is_exact_step(t, 16)) << t;
+
+  Parameters p = make_parameters();
+  OneBitAdam doubling(p, world(), OneBitAdamOptions().total_steps(1000));
+  EXPECT_EQ(doubling.variance(), "doubling");
+  EXPECT_EQ(doubling.variance_interval(), 16);
+  EXPECT_FALSE(doubling.warmup_steps().has_value());
+  EXPECT_EQ(doubling.plan().buckets.front().option.codec, "none");  // all tensors are small
+  const auto freeze = OneBitAdamOptions().variance("freeze");
+  EXPECT_EQ(OneBitAdam(p, world(), OneBitAdamOptions(freeze).total_steps(1000)).warmup_steps(),
+            150);
+  EXPECT_EQ(OneBitAdam(p, world(), OneBitAdamOptions(freeze).total_steps(3)).warmup_steps(), 1);
+  EXPECT_EQ(OneBitAdam(p, world(), freeze).warmup_steps(), 1000);
+}
+
+TEST(OneBitAdam, BadInputIsAClearError) {
+  Parameters p = make_parameters();
+  auto refusal = [&](const OneBitAdamOptions& options) {
+    return error_text([&] { OneBitAdam opt(p, world(), options); });
+  };
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().variance("sometimes")),
+                       "variance is 'sometimes'; allowed: 'doubling', 'freeze'"));
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().variance_interval(0)),
+                       "variance_interval is 0; allowed: an int >= 1"));
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().warmup_steps(10)),
+                       "warmup_steps applies to variance=\"freeze\""));
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().variance("freeze").warmup_steps(0)),
+                       "warmup_steps is 0; allowed: an int >= 1"));
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().variance("freeze").total_steps(0)),
+                       "total_steps is 0; allowed: an int >= 1"));
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().compression("onebit|ef|twoway|start=5")),
+                       "has its own start="));
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().compression("nosuchcodec")), "nosuchcodec"));
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().codec_threads(0)),
+                       "codec_threads is 0; allowed: an integer in [1, 1024]"));
+  EXPECT_THROW(OneBitAdam(p, world(), OneBitAdamOptions(-1.0)), SpecError);
+  EXPECT_THROW(OneBitAdam(p, world(), OneBitAdamOptions().betas({0.9, 1.0})), SpecError);
+
+  Parameters wide = make_parameters();
+  wide.insert("wide", at::ones({3}, at::kDouble).requires_grad_());
+  EXPECT_TRUE(contains(error_text([&] { OneBitAdam opt(wide, world()); }),
+                       "parameter 'wide' is a Double tensor on cpu; float32 contiguous CPU "
+                       "parameters only"));
+
+  OneBitAdam opt(p, world());
+  EXPECT_TRUE(contains(error_text([&] { DistributedOptimizer wrapped(opt, p, world()); }),
+                       "OneBitAdam averages over the ranks by itself"));
+}
+
+}  // namespace
+}  // namespace gradcomp::torch
