@@ -58,10 +58,10 @@ def parse_args(argv=None):
     p.add_argument("--onebit-warmup", type=float, default=0.15,
                    help="onebitadam --onebit-variance freeze: fraction of the steps before the "
                         "variance freezes (0.15)")
-    p.add_argument("--onebit-variance", default="doubling", choices=["doubling", "freeze"],
+    p.add_argument("--onebit-variance", default="freeze", choices=["freeze", "doubling"],
                    help="onebitadam: which steps exchange exactly and update the variance: "
-                        "doubling (0/1 Adam's schedule, the default) or freeze (after "
-                        "--onebit-warmup)")
+                        "freeze (after --onebit-warmup, the default) or doubling (0/1 Adam's "
+                        "schedule)")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (sgd 0.05, adamw and onebitadam 1e-3, lans 1e-2)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],

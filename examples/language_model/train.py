@@ -63,10 +63,10 @@ def parse_args(argv=None):
     p.add_argument("--onebit-warmup", type=float, default=0.15,
                    help="onebitadam --onebit-variance freeze: fraction of the steps before the "
                         "variance freezes (0.15)")
-    p.add_argument("--onebit-variance", default="doubling", choices=["doubling", "freeze"],
+    p.add_argument("--onebit-variance", default="freeze", choices=["freeze", "doubling"],
                    help="onebitadam: which steps exchange exactly and update the variance: "
-                        "doubling (0/1 Adam's schedule, the default) or freeze (after "
-                        "--onebit-warmup)")
+                        "freeze (after --onebit-warmup, the default) or doubling (0/1 Adam's "
+                        "schedule)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (2e-3)")
     p.add_argument("--warmup", type=float, default=0.05,
                    help="fraction of the steps of linear learning-rate warm-up (0.05)")

@@ -40,9 +40,9 @@ void check_range(const char* what, int64_t value, int64_t low, int64_t high) {
 
 // The warm-up under "freeze" (nullopt under "doubling"), after checking the policy's options.
 std::optional<int64_t> checked_policy(const OneBitAdamOptions& o) {
-  if (o.variance() != "doubling" && o.variance() != "freeze") {
+  if (o.variance() != "freeze" && o.variance() != "doubling") {
     throw SpecError(
-        fmt::format("OneBitAdam: variance is '{}'; allowed: 'doubling', 'freeze'", o.variance()));
+        fmt::format("OneBitAdam: variance is '{}'; allowed: 'freeze', 'doubling'", o.variance()));
   }
   if (o.variance_interval() < 1) {
     throw SpecError(fmt::format("OneBitAdam: variance_interval is {}; allowed: an int >= 1",
@@ -381,8 +381,8 @@ at::Tensor OneBitAdam::step(LossClosure closure) {
   ++steps_;
   last_ = engine.last_step();
   // The engine checks the means only when a route keeps state (the compressed plan's
-  // feedback); the exact plan's are checked here. The means are the same bits on every rank,
-  // so every rank decides alike.
+  // feedback); every step's are checked here too (the exact plan, an uncompressed one). The
+  // means are the same bits on every rank, so every rank decides alike.
   if (last_.finite) {
     for (const at::Tensor& mean : exchanged_) {
       if (!all_finite(mean)) {

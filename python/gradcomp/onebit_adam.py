@@ -20,12 +20,13 @@ Either way x -= lr (m^ / (sqrt(v^) + eps) + wd x), each coordinate's step within
 bound, v^ corrected by its own number of updates.
 
 Which steps are exact is the variance policy:
-- "doubling" (the default; 0/1 Adam's schedule, Lu et al. 2022): the first variance_interval
-  steps, then every 2nd step for variance_interval more, every 4th, ...: v keeps following the
-  gradients' scale while the share of exact steps shrinks (74 of the first 400 steps, 201 of
-  the first 100,000, with variance_interval = 16).
-- "freeze" (1-bit Adam as published, Tang et al. 2021): the first warmup_steps steps, then v is
-  frozen for good.
+- "freeze" (the default; 1-bit Adam as published, Tang et al. 2021): the first warmup_steps
+  steps, then v is frozen for good.
+- "doubling" (0/1 Adam's schedule, Lu et al. 2022): the first variance_interval steps, then
+  every 2nd step for variance_interval more, every 4th, ...: v keeps following the gradients'
+  scale while the share of exact steps shrinks (74 of the first 400 steps, 201 of the first
+  100,000, with variance_interval = 16). It won on short runs and lost on a longer one
+  (docs/optimizers.md).
 
 Volume: exact steps send fp32, the others about 1 bit per element (1.25 with the blocks' means):
 about 1 / (w + (1 - w) / 32) of fp32's bytes for a share w of exact steps.
@@ -45,7 +46,7 @@ DEFAULT_WARMUP_FRACTION = 0.15
 DEFAULT_WARMUP_STEPS = 1000  # when neither warmup_steps nor total_steps is given
 # 0/1 Adam's kappa: exact steps per interval before the interval doubles (its paper's 16).
 DEFAULT_VARIANCE_INTERVAL = 16
-VARIANCE_POLICIES = ("doubling", "freeze")
+VARIANCE_POLICIES = ("freeze", "doubling")
 
 
 class OneBitAdam(torch.optim.Optimizer):
@@ -57,8 +58,8 @@ class OneBitAdam(torch.optim.Optimizer):
         order; float32, on the CPU.
     lr, betas, eps, weight_decay (decoupled, AdamW's), bias_correction: as AdamW's
         (defaults 1e-3, (0.9, 0.999), 1e-8, 0, True).
-    variance: which steps are exact and update the variance: "doubling" (the default) or
-        "freeze" (see the module's doc).
+    variance: which steps are exact and update the variance: "freeze" (the default) or
+        "doubling" (see the module's doc).
     variance_interval: "doubling": exact steps at each interval before it doubles (16).
     warmup_steps: "freeze": exact steps before the variance freezes (>= 1). Default: 15% of
         total_steps when that is given, else 1000.
@@ -74,7 +75,7 @@ class OneBitAdam(torch.optim.Optimizer):
     load_state_dict() resumes bit-exactly after a step of either kind."""
 
     def __init__(self, named_parameters, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.0, bias_correction=True, variance="doubling",
+                 weight_decay=0.0, bias_correction=True, variance="freeze",
                  variance_interval=DEFAULT_VARIANCE_INTERVAL, warmup_steps=None, total_steps=None,
                  compression="onebit:block=256|ef|twoway", transport=None, seed=0,
                  bucket_mb=25.0, min_compress_elements=16384, timeline=None, codec_threads=1,
@@ -151,6 +152,11 @@ class OneBitAdam(torch.optim.Optimizer):
         engine.synchronize()
         self._steps += 1
         self._last = engine.last_step()
+        if self._last["finite"]:
+            # The engine checks the means only where a route keeps state (to take it back):
+            # not the exact plan's, nor an uncompressed one. The mean is the same bits on every
+            # rank, so every rank decides alike.
+            self._last["finite"] = all(bool(torch.isfinite(e).all()) for e in self._exchanged)
         if not self._last["finite"]:
             warnings.warn("gradcomp: OneBitAdam: this step's average is not finite (an overflow "
                           "on some rank): the step is skipped on every rank", RuntimeWarning,

@@ -75,8 +75,8 @@ def test_doubling_updates_the_variance_on_exact_steps_only():
     # One rank, no compression: a compressed step's momentum is then the rank's own, exactly.
     hyper = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05)
     ours, reference = _model(), _model()
-    opt = gc.OneBitAdam(ours.named_parameters(), variance_interval=2, compression="none",
-                        **hyper)
+    opt = gc.OneBitAdam(ours.named_parameters(), variance="doubling", variance_interval=2,
+                        compression="none", **hyper)
     moments = {p: (torch.zeros_like(p), torch.zeros_like(p)) for p in reference.parameters()}
     updates, kinds = 0, []
     for step in range(12):
@@ -109,8 +109,8 @@ def test_doubling_updates_the_variance_on_exact_steps_only():
 
 def test_each_kind_of_step_has_its_own_trace(tmp_path):
     model = _model()
-    opt = gc.OneBitAdam(model.named_parameters(), variance_interval=1, compression="none",
-                        timeline=str(tmp_path / "trace.json"))
+    opt = gc.OneBitAdam(model.named_parameters(), variance="doubling", variance_interval=1,
+                        compression="none", timeline=str(tmp_path / "trace.json"))
     for step in range(3):  # exact, exact, compressed
         opt.zero_grad()
         _loss(model, step).backward()
@@ -132,20 +132,44 @@ def test_doubling_schedule_shares_fewer_exact_steps_as_it_goes():
 
 
 def test_default_policy_and_warmup():
-    assert gc.OneBitAdam(_model().parameters()).variance == "doubling"
-    assert gc.OneBitAdam(_model().parameters(), total_steps=1000).warmup_steps is None
-    freeze = dict(variance="freeze")
-    assert gc.OneBitAdam(_model().parameters(), total_steps=1000, **freeze).warmup_steps == 150
-    assert gc.OneBitAdam(_model().parameters(), total_steps=3, **freeze).warmup_steps == 1
-    assert gc.OneBitAdam(_model().parameters(), **freeze).warmup_steps == 1000
+    assert gc.OneBitAdam(_model().parameters()).variance == "freeze"
+    assert gc.OneBitAdam(_model().parameters(), total_steps=1000).warmup_steps == 150
+    assert gc.OneBitAdam(_model().parameters(), total_steps=3).warmup_steps == 1
+    assert gc.OneBitAdam(_model().parameters()).warmup_steps == 1000
+    doubling = dict(variance="doubling")
+    assert gc.OneBitAdam(_model().parameters(), total_steps=1000, **doubling).warmup_steps is None
+
+
+@pytest.mark.parametrize("policy", [dict(variance="freeze", warmup_steps=2),
+                                    dict(variance="doubling", variance_interval=1)])
+def test_a_non_finite_average_is_skipped_on_either_kind_of_step(policy):
+    model = _model()
+    opt = gc.OneBitAdam(model.named_parameters(), compression="none", **policy)
+    kinds = []
+    for step in range(4):  # each a skipped step (exact or compressed), then a clean one
+        kinds.append(opt.exact)
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        _loss(model, step).backward()
+        next(model.parameters()).grad[0, 0] = float("nan")
+        with pytest.warns(RuntimeWarning, match="not finite"):
+            opt.step()
+        assert not opt.last_step()["finite"], step
+        for a, b in zip(before, model.parameters()):
+            assert torch.equal(a, b), f"step {step} (exact: {kinds[-1]}) moved the parameters"
+        opt.zero_grad()
+        _loss(model, step).backward()
+        opt.step()  # a clean step moves on
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert True in kinds and False in kinds
 
 
 def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match="warmup_steps is 0"):
         gc.OneBitAdam(_model().parameters(), variance="freeze", warmup_steps=0)
     with pytest.raises(ValueError, match="warmup_steps applies to variance=\"freeze\""):
-        gc.OneBitAdam(_model().parameters(), warmup_steps=10)
-    with pytest.raises(ValueError, match="variance is 'sometimes'; allowed: 'doubling', 'freeze'"):
+        gc.OneBitAdam(_model().parameters(), variance="doubling", warmup_steps=10)
+    with pytest.raises(ValueError, match="variance is 'sometimes'; allowed: 'freeze', 'doubling'"):
         gc.OneBitAdam(_model().parameters(), variance="sometimes")
     with pytest.raises(ValueError, match="variance_interval is 0; allowed: an int >= 1"):
         gc.OneBitAdam(_model().parameters(), variance_interval=0)
@@ -177,7 +201,7 @@ def test_load_state_dict_refuses_another_policy_and_changes_nothing():
     with pytest.raises(gc.Error, match="saved with warmup_steps=2, this optimizer has 5"):
         other.load_state_dict(saved)
     assert other.state_dict()["gradcomp"] == before["gradcomp"]
-    doubling = gc.OneBitAdam(_model().parameters(), compression="none")
+    doubling = gc.OneBitAdam(_model().parameters(), variance="doubling", compression="none")
     with pytest.raises(gc.Error, match="saved with variance='freeze', this optimizer has "
                                        "'doubling'"):
         doubling.load_state_dict(saved)

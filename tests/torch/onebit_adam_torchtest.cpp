@@ -138,6 +138,7 @@ TEST(OneBitAdam, WithoutCompressionItIsThePlainUpdate) {
                      .betas({0.9, 0.95})
                      .eps(1e-8)
                      .weight_decay(0.05)
+                     .variance("doubling")
                      .variance_interval(2)
                      .compression("none"));
   std::vector<std::pair<at::Tensor, at::Tensor>> moments;
@@ -320,7 +321,8 @@ TEST(OneBitAdam, EachKindOfStepHasItsOwnTrace) {
   {
     Parameters p = make_parameters();
     OneBitAdam opt(p, world(),
-                   OneBitAdamOptions().variance_interval(1).compression("none").timeline(
+                   OneBitAdamOptions().variance("doubling").variance_interval(1).compression(
+                       "none").timeline(
                        (dir / "trace.json").string()));
     train(p, opt, 0, 3);  // exact, exact, compressed
   }                       // the engines write their traces when they end
@@ -352,7 +354,8 @@ TEST(OneBitAdam, DoublingScheduleAndFreezeWarmup) {
   for (int64_t t = 0; t < 16; ++t) EXPECT_TRUE(is_exact_step(t, 16)) << t;
 
   Parameters p = make_parameters();
-  OneBitAdam doubling(p, world(), OneBitAdamOptions().total_steps(1000));
+  EXPECT_EQ(OneBitAdam(p, world(), OneBitAdamOptions()).variance(), "freeze");  // the default
+  OneBitAdam doubling(p, world(), OneBitAdamOptions().variance("doubling").total_steps(1000));
   EXPECT_EQ(doubling.variance(), "doubling");
   EXPECT_EQ(doubling.variance_interval(), 16);
   EXPECT_FALSE(doubling.warmup_steps().has_value());
@@ -370,10 +373,10 @@ TEST(OneBitAdam, BadInputIsAClearError) {
     return error_text([&] { OneBitAdam opt(p, world(), options); });
   };
   EXPECT_TRUE(contains(refusal(OneBitAdamOptions().variance("sometimes")),
-                       "variance is 'sometimes'; allowed: 'doubling', 'freeze'"));
+                       "variance is 'sometimes'; allowed: 'freeze', 'doubling'"));
   EXPECT_TRUE(contains(refusal(OneBitAdamOptions().variance_interval(0)),
                        "variance_interval is 0; allowed: an int >= 1"));
-  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().warmup_steps(10)),
+  EXPECT_TRUE(contains(refusal(OneBitAdamOptions().variance("doubling").warmup_steps(10)),
                        "warmup_steps applies to variance=\"freeze\""));
   EXPECT_TRUE(contains(refusal(OneBitAdamOptions().variance("freeze").warmup_steps(0)),
                        "warmup_steps is 0; allowed: an int >= 1"));

@@ -11,9 +11,9 @@
 // Either way x -= lr (m^ / (sqrt(v^) + eps) + wd x), v^ corrected by its own number of updates
 // (the fused kernels of gradcomp/optimizer.h).
 //
-// Policies: "doubling" (the default; 0/1 Adam's schedule: exact steps for the first
-// variance_interval steps, then every 2nd for variance_interval more, every 4th, ...) or
-// "freeze" (1-bit Adam as published: the first warmup_steps steps, then v is frozen for good).
+// Policies: "freeze" (the default; 1-bit Adam as published: the first warmup_steps steps, then
+// v is frozen for good) or "doubling" (0/1 Adam's schedule: exact steps for the first
+// variance_interval steps, then every 2nd for variance_interval more, every 4th, ...).
 //
 //   auto transport = std::shared_ptr<gradcomp::Transport>(gradcomp::make_transport());
 //   gradcomp::torch::OneBitAdam opt(model->named_parameters(), transport,
@@ -57,7 +57,7 @@ struct OneBitAdamOptions : public ::torch::optim::OptimizerCloneableOptions<OneB
   TORCH_ARG(double, weight_decay) = 0;  // decoupled, as AdamW's
   TORCH_ARG(bool, bias_correction) = true;
   // The optimizer's own (read at construction): which steps are exact, and the exchange.
-  TORCH_ARG(std::string, variance) = "doubling";                     // "doubling" or "freeze"
+  TORCH_ARG(std::string, variance) = "freeze";                       // "freeze" or "doubling"
   TORCH_ARG(int64_t, variance_interval) = kDefaultVarianceInterval;  // "doubling"
   // "freeze" only (>= 1); an error under "doubling". Default: 15% of total_steps, else 1000.
   TORCH_ARG(std::optional<int64_t>, warmup_steps) = std::nullopt;
