@@ -583,10 +583,11 @@ def optimizer_config(args, profile, rate, workers, names, out, port):
     return config
 
 
-# Per-step lists a round adds to; per-step means a round is averaged into.
+# Per-step lists a round adds to; per-step means a round is averaged into; counts it adds to.
 STEP_LISTS = ("step_ms", "backward_end_ms", "after_backward_ms", "update_ms")
 ROUND_MEANS = ("wire_bytes_per_step", "payload_bytes_per_step", "cpu_ms_per_step",
                "other_cpu_cores")
+ROUND_SUMS = ("onebit_compressed_steps", "seconds")
 
 
 def merge_rounds(merged, row):
@@ -605,9 +606,11 @@ def merge_rounds(merged, row):
     for key in ROUND_MEANS:
         if merged.get(key) is not None:
             merged[key] = (merged[key] * rounds + row[key]) / (rounds + 1)
+    for key in ROUND_SUMS:
+        if merged.get(key) is not None:
+            merged[key] += row[key]
     merged["round_median_ms"] = merged["round_median_ms"] + row["round_median_ms"]
     merged["ranks_agree"] = merged.get("ranks_agree", True) and row.get("ranks_agree", True)
-    merged["seconds"] += row["seconds"]
     return merged
 
 

@@ -207,13 +207,15 @@ def test_rounds_merge_every_measured_step():
     def row(steps, wire, status="ok"):
         return {"status": status, "step_ms": steps, "update_ms": [1.0] * len(steps),
                 "backward_end_ms": None, "wire_bytes_per_step": wire, "seconds": 2.0,
-                "ranks_agree": True, "error": "gone" if status != "ok" else None}
+                "onebit_compressed_steps": len(steps), "ranks_agree": True,
+                "error": "gone" if status != "ok" else None}
     merged = bench.merge_rounds(None, row([10.0, 30.0, 20.0], 100.0))
     merged = bench.merge_rounds(merged, row([40.0, 50.0], 200.0))
     assert merged["step_ms"] == [10.0, 30.0, 20.0, 40.0, 50.0]
     assert merged["update_ms"] == [1.0] * 5 and merged["backward_end_ms"] is None
     assert merged["round_median_ms"] == [20.0, 45.0]
     assert merged["wire_bytes_per_step"] == 150.0 and merged["seconds"] == 4.0
+    assert merged["onebit_compressed_steps"] == 5
     failed = bench.merge_rounds(merged, row([], None, status="failed"))
     assert failed["status"] == "failed" and failed["error"] == "gone"
     assert bench.merge_rounds(failed, row([5.0], 1.0)) is failed
