@@ -118,6 +118,9 @@ void DistributedOptimizer::step() {
 }
 
 void DistributedOptimizer::zero_grad(bool set_to_none) {
+  // A step skipped after an overflow or a backward that raised ends here, as in Python: its
+  // non-finite mean must not also skip the next step on this rank only.
+  gradients_.step_done();
   if (!set_to_none) {
     optimizer_.zero_grad();
     return;

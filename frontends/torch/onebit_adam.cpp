@@ -141,15 +141,6 @@ std::string exact_trace(const std::string& timeline) {
   return timeline.substr(0, dot) + "-exact" + timeline.substr(dot);
 }
 
-bool all_finite(const at::Tensor& t) {
-  const float* data = t.data_ptr<float>();
-  const auto n = static_cast<size_t>(t.numel());
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(data[i])) return false;
-  }
-  return true;
-}
-
 at::Tensor bytes_tensor(const std::vector<std::byte>& bytes) {
   at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
   if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
@@ -380,17 +371,7 @@ at::Tensor OneBitAdam::step(LossClosure closure) {
   engine.synchronize();
   ++steps_;
   last_ = engine.last_step();
-  // The engine checks the means only when a route keeps state (the compressed plan's
-  // feedback); every step's are checked here too (the exact plan, an uncompressed one). The
-  // means are the same bits on every rank, so every rank decides alike.
-  if (last_.finite) {
-    for (const at::Tensor& mean : exchanged_) {
-      if (!all_finite(mean)) {
-        last_.finite = false;
-        break;
-      }
-    }
-  }
+  // The engine checks every mean (the same bits on every rank): every rank decides alike.
   if (!last_.finite) {
     TORCH_WARN(
         "gradcomp: OneBitAdam: this step's average is not finite (an overflow on some "

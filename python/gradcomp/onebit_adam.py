@@ -152,11 +152,6 @@ class OneBitAdam(torch.optim.Optimizer):
         engine.synchronize()
         self._steps += 1
         self._last = engine.last_step()
-        if self._last["finite"]:
-            # The engine checks the means only where a route keeps state (to take it back):
-            # not the exact plan's, nor an uncompressed one. The mean is the same bits on every
-            # rank, so every rank decides alike.
-            self._last["finite"] = all(bool(torch.isfinite(e).all()) for e in self._exchanged)
         if not self._last["finite"]:
             warnings.warn("gradcomp: OneBitAdam: this step's average is not finite (an overflow "
                           "on some rank): the step is skipped on every rank", RuntimeWarning,

@@ -177,7 +177,9 @@ void Engine::Impl::make_routes(bool hierarchical) {
 void Engine::Impl::settle_step() {
   const bool keep = std::all_of(buckets.begin(), buckets.end(),
                                 [](const LiveBucket& b) { return b.finite; });
-  for (LiveBucket& b : buckets) b.route->settle(keep, step_state);
+  if (settles_steps) {
+    for (LiveBucket& b : buckets) b.route->settle(keep, step_state);
+  }
   stats.finite = keep;
 }
 
@@ -326,7 +328,9 @@ void Engine::Impl::decoder_loop() {
       try {
         LiveBucket& bucket = buckets[b];
         bucket.route->decode(bucket.buffer(), step_state, bucket.phases);
-        if (settles_steps) bucket.finite = route::all_finite(bucket.buffer());
+        // Every mean is checked: the stats say whether the step may be applied (a skipped
+        // step on every rank), stateful routes or not.
+        bucket.finite = route::all_finite(bucket.buffer());
         bucket.phases.run("write back", [&] { bucket.give_back(); });
       } catch (...) {
         lock.lock();
@@ -369,7 +373,7 @@ void Engine::Impl::synchronize() {
   });
   throw_if_failed();
   if (!finished) throw Error("synchronize: the engine is shutting down");
-  if (settles_steps) settle_step();
+  settle_step();
 
   stats.step = step_state.step;
   stats.bytes_sent = 0;

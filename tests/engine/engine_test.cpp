@@ -268,6 +268,22 @@ TEST(EngineSingleRank, AnOverflowInAnyBucketTakesTheWholeStepBack) {
   EXPECT_TRUE(engine.last_step().finite);
 }
 
+// A plan whose routes keep no state still reports a non-finite mean: the front ends skip the
+// step on it (DistributedOptimizer under "none", OneBitAdam's exact steps).
+TEST(EngineSingleRank, AStatelessPlanReportsANonFiniteMeanToo) {
+  for (const Option& option : {Option{}, Option{.codec = "fp16"}}) {
+    Engine engine(single_rank(), small_plan(option));
+    engine_step(engine, testing::gradient(1000, 93), 1);
+    EXPECT_TRUE(engine.last_step().finite) << option.codec;
+    auto w = testing::gradient(1000, 94);
+    w[7] = std::numeric_limits<float>::quiet_NaN();
+    engine_step(engine, w, 1);
+    EXPECT_FALSE(engine.last_step().finite) << option.codec;
+    engine_step(engine, testing::gradient(1000, 95), 1);
+    EXPECT_TRUE(engine.last_step().finite) << option.codec;
+  }
+}
+
 // A flipped byte anywhere in a saved state (a residual's, say) is an error, and the engine keeps
 // its own state: a checkpoint that changed on disk never resumes silently differently.
 TEST(EngineSingleRank, AStateWithAFlippedByteIsRefused) {

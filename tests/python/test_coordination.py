@@ -116,3 +116,28 @@ def test_stalled_peer_on_a_process_group_times_out_and_exits(run_workers):
     last = job.load("steps", 0)[-1]
     assert last["error_type"] == "TimeoutError", last
     assert last["error"].startswith("gradcomp: bucket"), last["error"]
+
+
+@pytest.mark.parametrize("compression", ["none", "fp16", "topk:ratio=0.5|ef"])
+def test_a_non_finite_mean_is_skipped_under_any_plan(compression):
+    # The engine used to check the means only where a route keeps state: under "none" or
+    # "fp16" a NaN reached the parameters without the documented skip.
+    import gradcomp.torch as gc
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = gc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  model.named_parameters(), compression=compression,
+                                  min_compress_elements=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    x = torch.randn(3, 4)
+    x[0, 0] = float("nan")  # the exchange runs in backward: the NaN must be there already
+    model(x).sum().backward()
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        opt.step()
+    for a, b in zip(before, model.parameters()):
+        assert torch.equal(a, b), "a non-finite step moved the parameters"
+    opt.zero_grad()
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    assert not torch.equal(before[0], model.weight), "a finite step moves them"
