@@ -33,8 +33,9 @@ LM_TOLERANCE_PERCENT = 1.0   # the issue's target: within 1% of AdamW's validati
 FMNIST_TOLERANCE_PP = 0.5
 ONEBIT_WARMUP = 0.15         # 1-bit Adam's warm-up fraction under "freeze" (its default)
 
-# LANS moves each layer by lr times its norm: its learning rate is not AdamW's (tuned below on
-# uncompressed LANS: docs/optimizers-accuracy.md says with what).
+# LANS and LAMB move each layer by lr times its norm: their learning rate is not AdamW's (tuned
+# on uncompressed LANS: docs/optimizers-accuracy.md says with what). Recipes with
+# layerwise=True take it.
 LM_LANS_LR = 1e-2
 FMNIST_LANS_LR = 1e-2
 
@@ -44,17 +45,22 @@ REFERENCE = dict(name="AdamW", optimizer="adamw", compression="none")
 ONEBIT = "onebit:block=256|ef|twoway"
 RECIPES = [
     REFERENCE,
-    dict(name="LANS", optimizer="lans", compression="none", lans=True),
-    dict(name="CLAN 1-bit", optimizer="lans", compression=ONEBIT, lans=True),
+    dict(name="LANS", optimizer="lans", compression="none", layerwise=True),
+    dict(name="CLAN 1-bit", optimizer="lans", compression=ONEBIT, layerwise=True),
     dict(name="CLAN 1-bit, one scale per bucket", optimizer="lans",
-         compression="onebit|ef|twoway", lans=True, lm_only=True),
+         compression="onebit|ef|twoway", layerwise=True, lm_only=True),
     # The tensors under 16,384 elements (0.8% of the language model: norms, biases) compressed
     # too, for the volume: in fp32 they hold the whole run near 21x.
     dict(name="CLAN 1-bit, every tensor compressed", optimizer="lans", compression=ONEBIT,
-         lans=True, every_tensor=True),
+         layerwise=True, every_tensor=True),
     dict(name="CLAN top-k", optimizer="lans", compression="topk:ratio=0.001|ef|twoway",
-         lans=True),
+         layerwise=True),
+    dict(name="LAMB", optimizer="lamb", compression="none", layerwise=True),
+    dict(name="1-bit LAMB", optimizer="onebitlamb", compression=ONEBIT, layerwise=True),
     dict(name="1-bit Adam", optimizer="onebitadam", compression=ONEBIT, variance="freeze"),
+    # The norms and biases in 1-bit codes too: in fp32 they cost the volume formula 4-7%.
+    dict(name="1-bit Adam, every tensor compressed", optimizer="onebitadam", compression=ONEBIT,
+         variance="freeze", every_tensor=True),
     dict(name="1-bit Adam, doubling variance schedule", optimizer="onebitadam",
          compression=ONEBIT, variance="doubling"),
     dict(name="naive: AdamW over 1-bit", optimizer="adamw", compression=ONEBIT),
@@ -77,17 +83,19 @@ def parse_args():
     p.add_argument("--lm-worlds", default="2,4", help="ranks of the language-model runs (2,4)")
     p.add_argument("--fmnist-epochs", type=float, default=1.0, help="Fashion-MNIST epochs (1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--recipes", help="comma-separated recipe names (default: all)")
+    p.add_argument("--recipes", help="comma-separated recipes, named as their run files are "
+                   "(\"1-bit-adam--every-tensor-compressed\"; default: all)")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "optimizers-accuracy.md"))
     p.add_argument("--runs", default=os.path.join(ROOT, "build", "optimizer-accuracy-runs"))
     p.add_argument("--resume", action="store_true", help="reuse runs done with these settings")
     args = p.parse_args()
     args.lm_worlds = [int(w) for w in args.lm_worlds.split(",")]
-    names = {r["name"] for r in RECIPES}
-    wanted = set(args.recipes.split(",")) if args.recipes else names
-    if wanted - names:
-        p.error(f"unknown recipes {sorted(wanted - names)}; known: {sorted(names)}")
-    args.recipes = [r for r in RECIPES if r["name"] in wanted or r is REFERENCE]
+    # By slug: most names hold a comma.
+    slugs = {slug(r["name"]) for r in RECIPES}
+    wanted = set(args.recipes.split(",")) if args.recipes else slugs
+    if wanted - slugs:
+        p.error(f"unknown recipes {sorted(wanted - slugs)}; known: {sorted(slugs)}")
+    args.recipes = [r for r in RECIPES if slug(r["name"]) in wanted or r is REFERENCE]
     return args
 
 
@@ -102,9 +110,9 @@ def launch(world, script, recipe):
 
 
 def recipe_flags(recipe, lans_lr):
-    """The flags a recipe adds on either task: LANS's learning rate, every tensor compressed,
-    1-bit Adam's variance policy."""
-    flags = ["--lr", f"{lans_lr:g}"] if recipe.get("lans") else []
+    """The flags a recipe adds on either task: the layer-wise learning rate, every tensor
+    compressed, 1-bit Adam's variance policy."""
+    flags = ["--lr", f"{lans_lr:g}"] if recipe.get("layerwise") else []
     flags += ["--onebit-variance", recipe["variance"]] if "variance" in recipe else []
     return flags + (["--min-compress-elements", "1"] if recipe.get("every_tensor") else [])
 
@@ -195,11 +203,12 @@ def fmnist_table(runs):
 
 
 def volume_lines(results):
-    """1-bit Adam's whole-run bytes against the formula, under either variance policy."""
+    """1-bit Adam's and 1-bit LAMB's whole-run bytes against the formula."""
     lines = ["| run | exact steps | fewer bytes than fp32, measured | the formula | gap | "
              "compressed steps alone |", "|---|---:|---:|---:|---:|---:|"]
     for (task, world), runs in results.items():
-        for name in ("1-bit Adam", "1-bit Adam, doubling variance schedule"):
+        for name in ("1-bit Adam", "1-bit Adam, every tensor compressed",
+                     "1-bit Adam, doubling variance schedule", "1-bit LAMB"):
             s = runs.get(name)
             if s is None or "error" in s:
                 continue
@@ -325,7 +334,7 @@ def write_report(args, results):
               f"marks more than {FMNIST_TOLERANCE_PP:g} pp below AdamW.", ""]
     lines += fmnist_table(results[("fmnist", 2)]) + [""]
     lines += ["![test accuracy](img/optimizers-fmnist.png)", "",
-              "## 1-bit Adam's volume against 1 / (w + (1 - w) / 32)", "",
+              "## 1-bit Adam's and 1-bit LAMB's volume against 1 / (w + (1 - w) / 32)", "",
               "w: the exact steps' share of the steps (counted from the bytes per step); the "
               "compressed steps' own ratio shows what the blocks' means, the uncompressed "
               "tensors and the frames' headers cost (the formula assumes every element at 1 "

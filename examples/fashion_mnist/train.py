@@ -50,20 +50,22 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=float, default=1.0,
                    help="passes over the training set; a fraction stops early (default: 1)")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank and step (32)")
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lans", "onebitadam"],
-                   help="sgd (momentum, the default), adamw (torch's), lans (gradcomp's; with "
-                        "--compression 'onebit|ef|twoway' it is CLAN), onebitadam (gradcomp's "
-                        "1-bit Adam: its own exchange, --compression is the momentum's on "
-                        "compressed steps)")
+    p.add_argument("--optimizer", default="sgd",
+                   choices=["sgd", "adamw", "lans", "lamb", "onebitadam", "onebitlamb"],
+                   help="sgd (momentum, the default), adamw (torch's), lans or lamb (gradcomp's; "
+                        "lans with --compression 'onebit|ef|twoway' is CLAN), onebitadam "
+                        "(gradcomp's 1-bit Adam: its own exchange, --compression is the "
+                        "momentum's on compressed steps), onebitlamb (1-bit LAMB, likewise)")
     p.add_argument("--onebit-warmup", type=float, default=0.15,
-                   help="onebitadam --onebit-variance freeze: fraction of the steps before the "
-                        "variance freezes (0.15)")
+                   help="onebitlamb, onebitadam --onebit-variance freeze: fraction of the steps "
+                        "before the variance freezes (0.15)")
     p.add_argument("--onebit-variance", default="freeze", choices=["freeze", "doubling"],
                    help="onebitadam: which steps exchange exactly and update the variance: "
                         "freeze (after --onebit-warmup, the default) or doubling (0/1 Adam's "
                         "schedule)")
     p.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate (sgd 0.05, adamw and onebitadam 1e-3, lans 1e-2)")
+                   help="peak learning rate (sgd 0.05, adamw and onebitadam 1e-3, lans, lamb "
+                        "and onebitlamb 1e-2)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
                    help="learning rate over the run: cosine decay from --lr to 0 at the last "
                         "step, or constant (default: cosine)")
@@ -285,26 +287,32 @@ def make_schedule(optimizer, kind, total_steps):
                                                         total_steps)))
 
 
-DEFAULT_LR = {"sgd": 0.05, "adamw": 1e-3, "onebitadam": 1e-3, "lans": 1e-2}
+DEFAULT_LR = {"sgd": 0.05, "adamw": 1e-3, "onebitadam": 1e-3, "lans": 1e-2, "lamb": 1e-2,
+              "onebitlamb": 1e-2}
 
 
 def make_optimizer(args, model, comm, total_steps):
     """(the optimizer step() is called on, the one the schedule drives): DistributedOptimizer
-    around SGD, AdamW or LANS, or 1-bit Adam, which exchanges by itself."""
+    around SGD, AdamW, LANS or LAMB, or 1-bit Adam or 1-bit LAMB, which exchange by themselves."""
     import gradcomp.torch as gct
     lr = args.lr
-    if args.optimizer == "onebitadam":
-        optimizer = gct.OneBitAdam(
-            model.named_parameters(), lr=lr, weight_decay=args.weight_decay,
-            variance=args.onebit_variance, **onebit_policy(args, total_steps),
-            compression=args.compression, transport=comm.transport,
-            seed=args.seed, min_compress_elements=args.min_compress_elements,
-            bucket_mb=args.bucket_mb, timeline=args.timeline)
+    if args.optimizer in ("onebitadam", "onebitlamb"):
+        common = dict(lr=lr, weight_decay=args.weight_decay, compression=args.compression,
+                      transport=comm.transport, seed=args.seed,
+                      min_compress_elements=args.min_compress_elements,
+                      bucket_mb=args.bucket_mb, timeline=args.timeline)
+        if args.optimizer == "onebitlamb":
+            optimizer = gct.OneBitLamb(model.named_parameters(),
+                                       warmup_steps=onebit_warmup(args, total_steps), **common)
+        else:
+            optimizer = gct.OneBitAdam(model.named_parameters(), variance=args.onebit_variance,
+                                       **onebit_policy(args, total_steps), **common)
         return optimizer, optimizer
     if args.optimizer == "adamw":
         inner = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
-    elif args.optimizer == "lans":
-        inner = gct.LANS(model.parameters(), lr=lr, weight_decay=args.weight_decay)
+    elif args.optimizer in ("lans", "lamb"):
+        cls = gct.LANS if args.optimizer == "lans" else gct.LAMB
+        inner = cls(model.parameters(), lr=lr, weight_decay=args.weight_decay)
     else:
         inner = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
@@ -319,8 +327,13 @@ def make_optimizer(args, model, comm, total_steps):
 def onebit_policy(args, total_steps):
     """OneBitAdam's schedule: the freeze policy's warm-up, a fraction of the run's steps."""
     if args.onebit_variance == "freeze":
-        return dict(warmup_steps=max(1, round(args.onebit_warmup * total_steps)))
+        return dict(warmup_steps=onebit_warmup(args, total_steps))
     return {}
+
+
+def onebit_warmup(args, total_steps):
+    """The exact steps before the variance freezes: --onebit-warmup of the run."""
+    return max(1, round(args.onebit_warmup * total_steps))
 
 
 def train(args):

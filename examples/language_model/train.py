@@ -50,19 +50,20 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=4, help="attention heads (4)")
     p.add_argument("--vocab", type=int, default=4096, help="vocabulary size (4096)")
     p.add_argument("--optimizer", default="adamw",
-                   choices=["adamw", "lans", "lamb", "onebitadam", "sgd"],
+                   choices=["adamw", "lans", "lamb", "onebitadam", "onebitlamb", "sgd"],
                    help="adamw (torch's, in DistributedOptimizer: the default), lans or lamb "
                         "(gradcomp's, in DistributedOptimizer; lans with --compression "
                         "'onebit|ef|twoway' is CLAN), onebitadam (gradcomp's 1-bit Adam: its own "
-                        "exchange, --compression is the momentum's on compressed steps), sgd "
-                        "(momentum 0.9)")
+                        "exchange, --compression is the momentum's on compressed steps), "
+                        "onebitlamb (gradcomp's 1-bit LAMB, likewise, after --onebit-warmup), "
+                        "sgd (momentum 0.9)")
     p.add_argument("--beta2", type=float, default=None,
-                   help="Adam's second-moment decay (0.95; onebitadam with --onebit-variance "
-                        "freeze 0.999, its paper's: a variance that decays fast leaves rows seen "
-                        "only early, rare tokens, near 0 when it freezes)")
+                   help="Adam's second-moment decay (0.95; onebitlamb, and onebitadam with "
+                        "--onebit-variance freeze: 0.999, their papers': a variance that decays "
+                        "fast leaves rows seen only early, rare tokens, near 0 when it freezes)")
     p.add_argument("--onebit-warmup", type=float, default=0.15,
-                   help="onebitadam --onebit-variance freeze: fraction of the steps before the "
-                        "variance freezes (0.15)")
+                   help="onebitlamb, onebitadam --onebit-variance freeze: fraction of the steps "
+                        "before the variance freezes (0.15)")
     p.add_argument("--onebit-variance", default="freeze", choices=["freeze", "doubling"],
                    help="onebitadam: which steps exchange exactly and update the variance: "
                         "freeze (after --onebit-warmup, the default) or doubling (0/1 Adam's "
@@ -91,7 +92,8 @@ def parse_args(argv=None):
     if not 0 <= args.warmup < 1:
         p.error(f"--warmup is a fraction of the steps in [0, 1), not {args.warmup}")
     if args.beta2 is None:
-        frozen = args.optimizer == "onebitadam" and args.onebit_variance == "freeze"
+        frozen = (args.optimizer == "onebitlamb"
+                  or args.optimizer == "onebitadam" and args.onebit_variance == "freeze")
         args.beta2 = 0.999 if frozen else 0.95
     return args
 
@@ -189,18 +191,22 @@ def make_optimizer(args, model):
 
 def make_distributed(args, model, comm):
     """(the optimizer step() is called on, the one the schedule drives): DistributedOptimizer
-    around make_optimizer's, or 1-bit Adam, which exchanges by itself."""
+    around make_optimizer's, or 1-bit Adam or 1-bit LAMB, which exchange by themselves."""
     import gradcomp.torch as gct
-    if args.optimizer == "onebitadam":
+    if args.optimizer in ("onebitadam", "onebitlamb"):
         named = list(model.named_parameters())
         groups = [dict(params=[(n, p) for n, p in named if p.dim() > 1],
                        weight_decay=args.weight_decay),
                   dict(params=[(n, p) for n, p in named if p.dim() <= 1], weight_decay=0.0)]
-        optimizer = gct.OneBitAdam(
-            groups, lr=args.lr, betas=(0.9, args.beta2),
-            variance=args.onebit_variance, **onebit_policy(args, args.steps),
-            compression=args.compression, transport=comm.transport, seed=args.seed,
-            min_compress_elements=args.min_compress_elements)
+        common = dict(lr=args.lr, betas=(0.9, args.beta2), compression=args.compression,
+                      transport=comm.transport, seed=args.seed,
+                      min_compress_elements=args.min_compress_elements)
+        if args.optimizer == "onebitlamb":
+            optimizer = gct.OneBitLamb(groups, warmup_steps=onebit_warmup(args, args.steps),
+                                       **common)
+        else:
+            optimizer = gct.OneBitAdam(groups, variance=args.onebit_variance,
+                                       **onebit_policy(args, args.steps), **common)
         return optimizer, optimizer
     inner = make_optimizer(args, model)
     optimizer = gct.DistributedOptimizer(
@@ -213,8 +219,13 @@ def make_distributed(args, model, comm):
 def onebit_policy(args, total_steps):
     """OneBitAdam's schedule: the freeze policy's warm-up, a fraction of the run's steps."""
     if args.onebit_variance == "freeze":
-        return dict(warmup_steps=max(1, round(args.onebit_warmup * total_steps)))
+        return dict(warmup_steps=onebit_warmup(args, total_steps))
     return {}
+
+
+def onebit_warmup(args, total_steps):
+    """The exact steps before the variance freezes: --onebit-warmup of the run."""
+    return max(1, round(args.onebit_warmup * total_steps))
 
 
 def make_schedule(optimizer, steps, warmup_fraction):

@@ -191,6 +191,35 @@ void bind_optimizer_kernels(py::module_& m) {
                              int64_t frozen_at) { frozen_adam_step(l, s, frozen_at, h, t); }),
         "1-bit Adam's compression-stage step on one layer (grad None; the last argument: the "
         "step the variance froze at).");
+  py::class_<OneBitLambHyper>(m, "OneBitLambHyper")
+      .def(py::init([](double coeff_beta, double max_coeff, double min_coeff, double factor_max,
+                       double factor_min, double factor_threshold) {
+             return OneBitLambHyper{.coeff_beta = coeff_beta,
+                                    .max_coeff = max_coeff,
+                                    .min_coeff = min_coeff,
+                                    .factor_max = factor_max,
+                                    .factor_min = factor_min,
+                                    .factor_threshold = factor_threshold};
+           }),
+           py::arg("coeff_beta"), py::arg("max_coeff"), py::arg("min_coeff"),
+           py::arg("factor_max"), py::arg("factor_min"), py::arg("factor_threshold"))
+      .def(
+          "check",
+          [](const OneBitLambHyper& h, const std::string& optimizer) {
+            check_onebit_lamb_hyper(h, optimizer);
+          },
+          "Raises SpecError naming the first knob out of range.");
+  m.def("onebit_lamb_step",
+        on_layer<const at::Tensor&, int64_t, double, double, const OneBitLambHyper&>(
+            [](const LayerSlot& l, int64_t s, const AdamHyper& h, int t, const at::Tensor& fresh,
+               int64_t frozen_at, double coeff, double factor, const OneBitLambHyper& lh) {
+              OneBitLambLayer state{coeff, factor, float_span(fresh, "fresh_exp_avg_sq")};
+              const LayerStep step = onebit_lamb_step(l, state, s, frozen_at, h, lh, t);
+              return std::make_pair(step, state.factor);
+            }),
+        "1-bit LAMB's compression-stage step on one layer (grad: this step's averaged momentum; "
+        "then the fresh variance, the variance's number of updates, the frozen coefficient, the "
+        "last factor and the knobs); returns (LayerStep, the new factor).");
   m.def("zero_one_adam_step",
         on_layer<int64_t, bool>([](const LayerSlot& l, int64_t s, const AdamHyper& h, int t,
                                    int64_t updates, bool update_variance) {

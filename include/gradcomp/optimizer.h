@@ -1,6 +1,6 @@
 // Adaptive optimizer updates: LAMB and LANS, the fused kernels behind gradcomp.torch.LAMB / LANS
-// and gradcomp::torch::LAMB / LANS, and the two stages of 1-bit Adam (gradcomp.torch.OneBitAdam)
-// (docs/optimizers.md).
+// and gradcomp::torch::LAMB / LANS, the two stages of 1-bit Adam (gradcomp.torch.OneBitAdam)
+// and 1-bit LAMB's compression stage (gradcomp.torch.OneBitLamb) (docs/optimizers.md).
 //
 // Both keep Adam's moments per coordinate and scale each layer's (each parameter tensor's) step
 // by a trust ratio ||x|| / ||step||, so every layer moves by about lr times its own norm
@@ -90,5 +90,50 @@ void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, c
 // Throws Error unless 1 <= variance_updates <= step.
 void zero_one_adam_step(const LayerSlot& layer, int64_t step, int64_t variance_updates,
                         bool update_variance, const AdamHyper& h, int threads = 1);
+
+// 1-bit LAMB's compression stage (Li et al. 2021): LAMB whose variance froze after a warm-up of
+// exact steps, whose momentum is exchanged in 1-bit codes, and whose per-layer coefficient (the
+// trust ratio, which a compressed momentum's noisy norm would make noisy) froze too: at the
+// average of the warm-up's ratios, then scaled by a factor that follows how far the gradients'
+// scale has moved since. The gradient is reconstructed from two consecutive averaged momenta,
+// g~ = (m_t - b1 m_{t-1}) / (1 - b1), and feeds a fresh variance v' (v at the freeze to begin
+// with); the factor is the largest ratio over the layer of the frozen to the fresh
+// denominator (how much larger a step live Adam would take), held within soft bounds.
+struct OneBitLambHyper {
+  double coeff_beta = 0.9;         // warm-up: the trust ratios' moving-average decay
+  double max_coeff = 10.0;         // the frozen coefficient's bounds
+  double min_coeff = 0.01;
+  double factor_max = 4.0;         // the factor's bounds
+  double factor_min = 0.5;
+  double factor_threshold = 0.1;   // the factor changes by at most this share per step
+};
+
+// Throws SpecError naming `optimizer` when h is out of range: 0 <= coeff_beta < 1,
+// 0 < min_coeff <= max_coeff, 0 < factor_min <= 1 <= factor_max, factor_threshold >= 0, all
+// finite.
+void check_onebit_lamb_hyper(const OneBitLambHyper& h, std::string_view optimizer);
+
+// What a layer carries through the compression stage besides its moments.
+struct OneBitLambLayer {
+  double coeff = 1;                   // the frozen coefficient (the warm-up's average ratio)
+  double factor = 1;                  // the last step's factor; 1 at the freeze
+  std::span<float> fresh_exp_avg_sq;  // v', as long as the layer
+};
+
+// One compression-stage step. layer.grad holds this step's averaged momentum m_t; layer.exp_avg
+// holds the last step's (m_{t-1}) and takes m_t; layer.exp_avg_sq is v as it froze after
+// `frozen_at` updates. With u = clamp(m^ / (sqrt(v^) + eps), +-B) (m^, B as in
+// frozen_adam_step) and d = u + wd x:
+//   v' = b2 v' + (1 - b2) g~^2                       (corrected as of `step` updates)
+//   f = max_k (sqrt(v^_k) + eps) / (sqrt(v'^_k) + eps), moved towards 1 by the share of the
+//       step that is weight decay (f = f r + 1 - r, r = min(1, ||u|| / ||d||)), then within
+//       [factor_min, factor_max] and within factor_threshold of the last factor
+//   x -= lr * coeff * f * d
+// Updates state.factor; returns the layer's norm and the coefficient applied (coeff * f) as
+// the trust ratio. Throws Error unless 1 <= frozen_at <= step, the spans have one length and
+// coeff and factor are finite and > 0.
+LayerStep onebit_lamb_step(const LayerSlot& layer, OneBitLambLayer& state, int64_t step,
+                           int64_t frozen_at, const AdamHyper& h, const OneBitLambHyper& lh,
+                           int threads = 1);
 
 }  // namespace gradcomp

@@ -31,7 +31,7 @@ from gradcomp.optimizers import LAMB, LANS  # noqa: F401 (gradcomp.torch.LAMB, .
 from gradcomp.profile import profile, save_profile  # noqa: F401 (gradcomp.torch.profile)
 
 __all__ = ["DistributedOptimizer", "comm_hook", "get_transport", "broadcast_parameters", "Error",
-           "LAMB", "LANS", "OneBitAdam"]
+           "LAMB", "LANS", "OneBitAdam", "OneBitLamb"]
 
 _own_transports = {}
 _group_transports = {}  # id(process group) -> (group, transport): one queue per group
@@ -307,10 +307,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise Error(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
-        if isinstance(optimizer, OneBitAdam):
-            raise Error("OneBitAdam averages over the ranks by itself: use it instead of "
-                        "DistributedOptimizer, not inside it (its compression= argument sets "
-                        "the exchange)")
+        if isinstance(optimizer, TwoStageOptimizer):
+            raise Error(f"{type(optimizer).__name__} averages over the ranks by itself: use it "
+                        "instead of DistributedOptimizer, not inside it (its compression= "
+                        "argument sets the exchange)")
         _number("bucket_mb", bucket_mb, 1 / (1 << 20), 1 << 20, integer=False)
         _number("min_compress_elements", min_compress_elements, 0, (1 << 62))
         _number("backward_passes_per_step", backward_passes_per_step, 1, (1 << 31) - 1)
@@ -714,3 +714,5 @@ def comm_hook(compression="none", transport=None, seed=0, min_compress_elements=
 
 
 from gradcomp.onebit_adam import OneBitAdam  # noqa: E402,F401 (it uses this module's helpers)
+from gradcomp.onebit_lamb import OneBitLamb  # noqa: E402,F401
+from gradcomp.two_stage import TwoStageOptimizer  # noqa: E402

@@ -30,45 +30,10 @@ void adamw_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, int th
   });
 }
 
-namespace {
-
-// The coefficients of a step whose variance has had `variance_updates` updates: the momentum's
-// bias correction is this step's, the variance's that of its own count (the step it froze at,
-// or how many exact steps updated it).
-optim::MomentCoefficients counted_variance_coefficients(const AdamHyper& h, int64_t step,
-                                                        int64_t variance_updates,
-                                                        std::string_view optimizer) {
-  check_adam_hyper(h, optimizer);
-  if (variance_updates < 1 || variance_updates > step) {
-    throw Error(fmt::format("{}: a variance updated {} times cannot serve step {}; allowed: 1 <= "
-                            "variance updates <= step",
-                            optimizer, variance_updates, step));
-  }
-  optim::MomentCoefficients c = optim::moment_coefficients(h, step);
-  c.second_scale = optim::moment_coefficients(h, variance_updates).second_scale;
-  return c;
-}
-
-// Adam's own step per coordinate is at most lr * max(1, (1 - b1) / sqrt(1 - b2)) (Kingma & Ba,
-// section 2.1); a variance that is not updated every step has no such bound: a coordinate whose
-// gradient was (nearly) 0 at its updates has a (nearly) zero v, and its next gradient would
-// step by m / eps.
-float adam_step_bound(const AdamHyper& h) {
-  return static_cast<float>(std::max(1.0, (1.0 - h.beta1) / std::sqrt(1.0 - h.beta2)));
-}
-
-// The step of a coordinate whose moments are final: clamped Adam direction plus weight decay.
-inline float bounded_step(float m, float v, float x, const optim::MomentCoefficients& c,
-                          float bound) {
-  const float step = std::clamp(m * c.first_scale * optim::inverse_scale(v, c), -bound, bound);
-  return step + c.weight_decay * x;  // a NaN stays NaN
-}
-
-}  // namespace
 
 void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, const AdamHyper& h,
                       int threads) {
-  const auto c = counted_variance_coefficients(h, step, frozen_at, "OneBitAdam");
+  const auto c = optim::counted_variance_coefficients(h, step, frozen_at, "OneBitAdam");
   const size_t n = layer.param.size();
   if (layer.exp_avg.size() != n || layer.exp_avg_sq.size() != n) {
     throw Error(
@@ -76,21 +41,21 @@ void frozen_adam_step(const LayerSlot& layer, int64_t step, int64_t frozen_at, c
                     "got {}, {}, {}",
                     n, layer.exp_avg.size(), layer.exp_avg_sq.size()));
   }
-  const float bound = adam_step_bound(h);
+  const float bound = optim::adam_step_bound(h);
   const auto lr = static_cast<float>(h.lr);
   float* x = layer.param.data();
   const float* m = layer.exp_avg.data();
   const float* v = layer.exp_avg_sq.data();
   for_chunks(n, threads, [x, m, v, c, bound, lr](size_t begin, size_t end, size_t) {
-    for (size_t k = begin; k < end; ++k) x[k] -= lr * bounded_step(m[k], v[k], x[k], c, bound);
+    for (size_t k = begin; k < end; ++k) x[k] -= lr * optim::bounded_step(m[k], v[k], x[k], c, bound);
   });
 }
 
 void zero_one_adam_step(const LayerSlot& layer, int64_t step, int64_t variance_updates,
                         bool update_variance, const AdamHyper& h, int threads) {
-  const auto c = counted_variance_coefficients(h, step, variance_updates, "OneBitAdam");
+  const auto c = optim::counted_variance_coefficients(h, step, variance_updates, "OneBitAdam");
   optim::check_layer(layer, step, "OneBitAdam");
-  const float bound = adam_step_bound(h);
+  const float bound = optim::adam_step_bound(h);
   const auto lr = static_cast<float>(h.lr);
   float* x = layer.param.data();
   const float* g = layer.grad.data();
@@ -101,7 +66,7 @@ void zero_one_adam_step(const LayerSlot& layer, int64_t step, int64_t variance_u
     for_chunks(layer.param.size(), threads, [x, g, m, v, c, bound, lr](size_t b, size_t e, size_t) {
       for (size_t k = b; k < e; ++k) {
         optim::update_moments(g[k], m[k], v[k], c);
-        x[k] -= lr * bounded_step(m[k], v[k], x[k], c, bound);
+        x[k] -= lr * optim::bounded_step(m[k], v[k], x[k], c, bound);
       }
     });
     return;
@@ -109,7 +74,7 @@ void zero_one_adam_step(const LayerSlot& layer, int64_t step, int64_t variance_u
   for_chunks(layer.param.size(), threads, [x, g, m, v, c, bound, lr](size_t b, size_t e, size_t) {
     for (size_t k = b; k < e; ++k) {
       m[k] = c.beta1 * m[k] + c.one_minus_beta1 * g[k];
-      x[k] -= lr * bounded_step(m[k], v[k], x[k], c, bound);
+      x[k] -= lr * optim::bounded_step(m[k], v[k], x[k], c, bound);
     }
   });
 }

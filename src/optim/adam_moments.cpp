@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "gradcomp/error.h"
 
 namespace gradcomp {
@@ -29,6 +32,24 @@ MomentCoefficients moment_coefficients(const AdamHyper& h, int64_t step) {
           static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2),
           static_cast<float>(first),   static_cast<float>(second),
           static_cast<float>(h.eps),   static_cast<float>(h.weight_decay)};
+}
+
+MomentCoefficients counted_variance_coefficients(const AdamHyper& h, int64_t step,
+                                                 int64_t variance_updates,
+                                                 std::string_view optimizer) {
+  check_adam_hyper(h, optimizer);
+  if (variance_updates < 1 || variance_updates > step) {
+    throw Error(fmt::format("{}: a variance updated {} times cannot serve step {}; allowed: 1 <= "
+                            "variance updates <= step",
+                            optimizer, variance_updates, step));
+  }
+  MomentCoefficients c = moment_coefficients(h, step);
+  c.second_scale = moment_coefficients(h, variance_updates).second_scale;
+  return c;
+}
+
+float adam_step_bound(const AdamHyper& h) {
+  return static_cast<float>(std::max(1.0, (1.0 - h.beta1) / std::sqrt(1.0 - h.beta2)));
 }
 
 void check_layer(const LayerSlot& layer, int64_t step, std::string_view optimizer) {

@@ -3,6 +3,7 @@
 // fixed-order sums of squares (common/square_sums.h).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,30 @@ inline float inverse_scale(float v, const MomentCoefficients& c) {
 // + wd x. Both passes of a step call this, so the step applied is the one whose norm was taken.
 inline float adam_direction(float m, float v, float x, const MomentCoefficients& c) {
   return m * c.first_scale * inverse_scale(v, c) + c.weight_decay * x;
+}
+
+// The coefficients of a step whose variance has had `variance_updates` updates (it is not
+// updated every step: 1-bit Adam's, 1-bit LAMB's): the momentum's bias correction is this
+// step's, the variance's that of its own count. Checks h, and 1 <= variance_updates <= step;
+// throws naming `optimizer`.
+MomentCoefficients counted_variance_coefficients(const AdamHyper& h, int64_t step,
+                                                 int64_t variance_updates,
+                                                 std::string_view optimizer);
+
+// Adam's own step per coordinate is at most lr * max(1, (1 - b1) / sqrt(1 - b2)) (Kingma & Ba,
+// section 2.1); a variance that is not updated every step has no such bound: a coordinate whose
+// gradient was (nearly) 0 at its updates has a (nearly) zero v, and its next gradient would
+// step by m / eps.
+float adam_step_bound(const AdamHyper& h);
+
+// Adam's direction of a coordinate whose moments are final, within +-bound.
+inline float bounded_direction(float m, float v, const MomentCoefficients& c, float bound) {
+  return std::clamp(m * c.first_scale * inverse_scale(v, c), -bound, bound);
+}
+
+// The bounded direction plus the weight decay: the step of a frozen-variance update.
+inline float bounded_step(float m, float v, float x, const MomentCoefficients& c, float bound) {
+  return bounded_direction(m, v, c, bound) + c.weight_decay * x;  // a NaN stays NaN
 }
 
 // ||x|| / ||u||, or 1 when either is 0 (a new zero-initialised layer, or no step to scale).

@@ -209,10 +209,14 @@ def test_load_state_dict_refuses_another_policy_and_changes_nothing():
         other.load_state_dict(torch.optim.Adam(_model().parameters()).state_dict())
 
 
+# OneBitLamb (test_onebit_lamb.py) shares the two-stage machinery and these runs.
 POLICIES = {"freeze": ["--variance", "freeze", "--warmup", WARMUP],
-            "doubling": ["--variance", "doubling", "--interval", 2]}
+            "doubling": ["--variance", "doubling", "--interval", 2],
+            "onebitlamb": ["--optimizer", "onebitlamb", "--variance", "freeze", "--warmup",
+                           WARMUP]}
 KINDS = {"freeze": [True] * WARMUP + [False] * (STEPS - WARMUP),
-         "doubling": [True, True, True, False, True, False, True, False]}
+         "doubling": [True, True, True, False, True, False, True, False],
+         "onebitlamb": [True] * WARMUP + [False] * (STEPS - WARMUP)}
 
 
 @pytest.fixture(scope="module", params=sorted(POLICIES))

@@ -1,6 +1,6 @@
 """Trains the common model with gradcomp.torch.OneBitAdam for steps [--begin, --end) under a
 variance policy (--variance freeze: frozen after --warmup steps; doubling: exact steps every
---interval), optionally resuming from and saving checkpoints (model and optimizer state_dict,
+--interval), or with OneBitLamb (--optimizer onebitlamb, --variance freeze), optionally resuming from and saving checkpoints (model and optimizer state_dict,
 one file per rank); records the final parameters' bytes and each step's kind, bytes sent and
 uncompressed bytes."""
 import torch
@@ -13,6 +13,7 @@ def main():
     p = common.parser(__doc__)
     p.add_argument("--begin", type=int, default=0)
     p.add_argument("--end", type=int, required=True)
+    p.add_argument("--optimizer", choices=["onebitadam", "onebitlamb"], default="onebitadam")
     p.add_argument("--variance", choices=["freeze", "doubling"], required=True)
     p.add_argument("--warmup", type=int, help="freeze: the warm-up's steps")
     p.add_argument("--interval", type=int, default=16, help="doubling: variance_interval")
@@ -24,8 +25,14 @@ def main():
     model = common.make_model()
     policy = (dict(warmup_steps=args.warmup) if args.variance == "freeze"
               else dict(variance_interval=args.interval))
-    opt = gc.OneBitAdam(model.named_parameters(), lr=0.01, weight_decay=0.01,
-                        variance=args.variance, compression=args.compression, seed=4, **policy)
+    if args.optimizer == "onebitlamb":
+        assert args.variance == "freeze", "1-bit LAMB freezes after its warm-up"
+        opt = gc.OneBitLamb(model.named_parameters(), lr=0.01, weight_decay=0.01,
+                            compression=args.compression, seed=4, **policy)
+    else:
+        opt = gc.OneBitAdam(model.named_parameters(), lr=0.01, weight_decay=0.01,
+                            variance=args.variance, compression=args.compression, seed=4,
+                            **policy)
     if args.load:
         checkpoint = torch.load(f"{args.load}.rank{rank}.pt")
         model.load_state_dict(checkpoint["model"])

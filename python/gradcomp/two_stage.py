@@ -1,0 +1,274 @@
+"""What gradcomp's two-stage optimizers share (1-bit Adam, python/gradcomp/onebit_adam.py; 1-bit
+LAMB, onebit_lamb.py): each is a distributed optimizer of its own, whose every step is one of
+two kinds:
+
+- an exact step: the gradients are averaged uncompressed, and the optimizer's moments take the
+  mean gradient (the variance learns the gradients' scale);
+- a compressed step: each rank forms its momentum from its own gradient, m_r = b1 m + (1 - b1)
+  g_r, and the momenta are averaged through `compression` (by default scaled 1-bit codes, a pair
+  of means per 256 elements, with error feedback on the worker and on the server), so every rank
+  holds the same m.
+
+Two engines on one transport carry the two kinds; a subclass says which steps are exact
+(`exact`) and how a parameter moves after either kind (`_update`)."""
+import json
+import math
+import os
+import warnings
+
+import torch
+
+from gradcomp import _C
+from gradcomp._C import Error
+
+# 15% of the steps: DeepSpeed's BERT runs froze the variance after 15-25% of them.
+DEFAULT_WARMUP_FRACTION = 0.15
+DEFAULT_WARMUP_STEPS = 1000  # when neither warmup_steps nor total_steps is given
+DEFAULT_COMPRESSION = "onebit:block=256|ef|twoway"
+CHECKPOINT_VERSION = 2
+
+
+class TwoStageOptimizer(torch.optim.Optimizer):
+    """The base of OneBitAdam and OneBitLamb (see the module's doc). Subclasses define `exact`,
+    `_update(p, exchanged, group, exact, threads)`, `_settings()` (what a checkpoint must agree
+    on) and may extend `_new_state(p)`."""
+
+    def __init__(self, named_parameters, adam, exchange):
+        """adam: (lr, betas, eps, weight_decay, bias_correction); exchange: (compression,
+        transport, seed, bucket_mb, min_compress_elements, timeline, codec_threads,
+        broadcast)."""
+        from gradcomp import torch as gt  # the transports and checks DistributedOptimizer uses
+        name = type(self).__name__
+        lr, betas, eps, weight_decay, bias_correction = adam
+        (compression, transport, seed, bucket_mb, min_compress_elements, timeline,
+         codec_threads, broadcast) = exchange
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        bias_correction=bool(bias_correction))
+        try:
+            _C.AdamHyper(float(defaults["lr"]), float(defaults["betas"][0]),
+                         float(defaults["betas"][1]), float(defaults["eps"]),
+                         float(defaults["weight_decay"])).check(name)
+        except _C.SpecError as e:
+            raise ValueError(str(e)) from None
+        gt._number("bucket_mb", bucket_mb, 1 / (1 << 20), 1 << 20, integer=False)
+        gt._number("min_compress_elements", min_compress_elements, 0, (1 << 62))
+        gt._number("seed", seed, 0, (1 << 64) - 1)
+        gt._number("codec_threads", codec_threads, 1, 1024)
+        named, groups = _named_groups(named_parameters, name)
+        super().__init__(groups, defaults)
+        self._params = [p for _, p in named]
+        # Each parameter's group, by index: load_state_dict() replaces the group dicts.
+        group_of = {id(p): g for g, group in enumerate(self.param_groups) for p in group["params"]}
+        self._group_index = [group_of[id(p)] for p in self._params]
+        self.compression = compression
+        # Two engines on one transport, one per kind of step. Only one of them is busy at a
+        # time (step() waits for it), and every rank picks the same one for a step.
+        tensors = [(n, p.numel()) for n, p in named]
+        bucket_bytes, smallest = int(bucket_mb * (1 << 20)), int(min_compress_elements)
+        plan = _C.default_plan(tensors, _without_start(compression, name), bucket_bytes,
+                               smallest)
+        exact_plan = _C.default_plan(tensors, "none", bucket_bytes, smallest)
+        self._transport = gt._exchange_transport(transport)
+        timeline = timeline or os.environ.get("GRADCOMP_TIMELINE", "")
+        self._engine = _C.Engine(self._transport, plan, int(seed), timeline, 0,
+                                 int(codec_threads))
+        self._exact_engine = _C.Engine(self._transport, exact_plan, int(seed),
+                                       _exact_trace(timeline), 0, int(codec_threads))
+        self.plan = json.loads(plan)
+        if broadcast:
+            gt.broadcast_parameters(named, transport=self._transport)
+        self._exchanged = [torch.empty_like(p, memory_format=torch.contiguous_format)
+                           for p in self._params]
+        self._steps = 0  # steps taken (skipped steps count too: the schedule's clock)
+        self._last = None
+
+    @property
+    def exact(self):
+        """Whether the next step exchanges the gradient exactly and updates the variance."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Averages over the ranks (a collective), then updates. A step whose average is not
+        finite (an overflow on some rank) is skipped on every rank, with a warning."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        exact = self.exact
+        engine = self._exact_engine if exact else self._engine
+        groups = [self.param_groups[g] for g in self._group_index]
+        for i, (p, group) in enumerate(zip(self._params, groups)):
+            self._local_input(i, p, group, exact)
+            engine.ready(i, self._exchanged[i])
+        engine.synchronize()
+        self._steps += 1
+        self._last = engine.last_step()
+        if not self._last["finite"]:
+            warnings.warn(f"gradcomp: {type(self).__name__}: this step's average is not finite "
+                          "(an overflow on some rank): the step is skipped on every rank",
+                          RuntimeWarning, stacklevel=2)
+            return loss
+        threads = torch.get_num_threads()
+        for p, group, exchanged in zip(self._params, groups, self._exchanged):
+            self._update(p, exchanged, group, exact, threads)
+        return loss
+
+    def _local_input(self, i, p, group, exact):
+        """What rank r hands to the exchange for parameter i: its gradient (zeros when it has
+        none) on an exact step, its momentum b1 m + (1 - b1) g_r on a compressed one."""
+        out = self._exchanged[i]
+        grad = p.grad
+        if grad is not None and grad.is_sparse:
+            raise Error(f"{type(self).__name__}: parameter {i} has a sparse gradient; not "
+                        "supported")
+        state = self._state(p)
+        if exact:
+            if grad is None:
+                out.zero_()
+            else:
+                out.copy_(grad)
+            return
+        beta1 = group["betas"][0]
+        if grad is None:
+            torch.mul(state["exp_avg"], beta1, out=out)
+        else:
+            torch.lerp(grad, state["exp_avg"], beta1, out=out)  # b1 m + (1 - b1) g
+
+    def _update(self, p, exchanged, group, exact, threads):
+        raise NotImplementedError
+
+    def _hyper(self, group):
+        beta1, beta2 = group["betas"]
+        return _C.AdamHyper(float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                            float(group["weight_decay"]), bool(group["bias_correction"]))
+
+    def _state(self, p):
+        state = self.state[p]
+        if not state:
+            state.update(self._new_state(p))
+        return state
+
+    def _new_state(self, p):
+        return {"step": 0, "variance_updates": 0,
+                "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format)}
+
+    def _check_compressed_step(self, state):
+        if state["variance_updates"] < 1:
+            raise Error(f"{type(self).__name__}: a compressed step came before any exact step "
+                        "updated the variance (every exact step so far was skipped: non-finite "
+                        "averages)")
+
+    def _settings(self):
+        """What a checkpoint holds and a resumed optimizer must agree with."""
+        raise NotImplementedError
+
+    def last_step(self):
+        """The engine's figures of the last step: bytes_sent, uncompressed_bytes, finite, ..."""
+        return self._last
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["gradcomp"] = {"version": CHECKPOINT_VERSION, "steps": self._steps,
+                             **self._settings(), "engine": self._engine.save_state()}
+        return state
+
+    def load_state_dict(self, state_dict):
+        """All or nothing: a state that does not fit leaves this optimizer as it was."""
+        name = type(self).__name__
+        state_dict = dict(state_dict)
+        ours = state_dict.pop("gradcomp", None)
+        if not isinstance(ours, dict) or ours.get("version") != CHECKPOINT_VERSION:
+            raise Error(f"{name}.load_state_dict: the state has no gradcomp part of version "
+                        f"{CHECKPOINT_VERSION} (was it saved by {name}.state_dict() of this "
+                        "version?)")
+        for key, value in self._settings().items():
+            if key not in ours:
+                raise Error(f"{name}.load_state_dict: the state has no {key} (was it saved by "
+                            f"another optimizer?)")
+            if ours[key] != value:
+                raise Error(f"{name}.load_state_dict: the state was saved with {key}="
+                            f"{ours[key]!r}, this optimizer has {value!r}")
+        before = self._engine.save_state()
+        self._engine.load_state(ours["engine"])
+        try:
+            super().load_state_dict(state_dict)
+        except Exception:
+            self._engine.load_state(before)
+            raise
+        self._steps = int(ours["steps"])
+
+
+def fill_unseen(v):
+    """Coordinates whose gradient was always 0 in the warm-up (an embedding row of a token not
+    seen yet) have v = 0: frozen so, their first gradient would step by m / eps. They take the
+    mean of the tensor's other variances instead, a step of the size the tensor's other
+    coordinates take. The mean is numpy's single-threaded pairwise sum in double: torch's
+    reduction splits by thread count, and every rank must fill in the same bits."""
+    unseen = v == 0
+    if unseen.any() and not unseen.all():
+        seen = v[~unseen].double().numpy()
+        v[unseen] = float(seen.sum() / seen.size)
+
+
+def warmup_steps_of(warmup_steps, total_steps, name):
+    """The warm-up's length: warmup_steps, else 15% of total_steps, else 1000."""
+    if warmup_steps is None:
+        if total_steps is None:
+            return DEFAULT_WARMUP_STEPS
+        if not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"{name}: total_steps is {total_steps!r}; allowed: an int >= 1")
+        return max(1, math.ceil(DEFAULT_WARMUP_FRACTION * total_steps))
+    if not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise ValueError(f"{name}: warmup_steps is {warmup_steps!r}; allowed: an int >= 1 "
+                         "(the variance must see gradients before it freezes)")
+    return warmup_steps
+
+
+def _exact_trace(timeline):
+    """The exact steps' Chrome trace: next to the compressed steps' ("trace.json" ->
+    "trace-exact.json"), not over it; "" when there is none."""
+    if not timeline:
+        return ""
+    stem, ext = os.path.splitext(timeline)
+    return f"{stem}-exact{ext}"
+
+
+def _without_start(compression, name):
+    """The compressed steps' option; a start= of its own would make some of them exact."""
+    _, _, _, start = _C.parse_option(compression)
+    if start:
+        raise Error(f"{name}: compression '{compression}' has its own start=; which steps "
+                    "are exact is the optimizer's schedule (warmup_steps, variance_interval)")
+    return compression
+
+
+def _named_groups(named_parameters, name):
+    """(name, parameter) pairs in exchange order, and torch parameter groups of plain tensors.
+    named_parameters: the model, its named_parameters(), plain parameters, or a list of group
+    dicts whose "params" hold either (then named param.0, param.1, ... where plain)."""
+    if isinstance(named_parameters, torch.nn.Module):
+        named_parameters = named_parameters.named_parameters()
+    items = list(named_parameters)
+    given = items if items and isinstance(items[0], dict) else [{"params": items}]
+    named, groups = [], []
+    for group in given:
+        entries = []
+        for item in list(group["params"]):
+            pname, p = item if isinstance(item, tuple) else (f"param.{len(named)}", item)
+            if p.requires_grad:
+                entries.append((pname, p))
+                named.append((pname, p))
+        groups.append({**group, "params": [p for _, p in entries]})
+    if not named:
+        raise Error(f"{name}: no parameters that require gradients")
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names):
+        raise Error(f"{name}: parameter name '{next(n for n in names if names.count(n) > 1)}'"
+                    " appears twice")
+    for n, p in named:
+        if p.dtype != torch.float32 or p.device.type != "cpu":
+            raise Error(f"{name}: parameter '{n}' is {p.dtype} on {p.device}; float32 CPU "
+                        "parameters only (convert the model with .float())")
+    return named, [g for g in groups if g["params"]]
