@@ -59,7 +59,8 @@ LABELS = {
 }
 
 # worker.py's --optimizer choices (not imported: worker.py loads torch; a test compares them).
-OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam"]
+OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam", "onebitlamb"]
+TWO_STAGE = ("onebitadam", "onebitlamb")  # distributed optimizers of their own
 
 # The optimizer comparison (--optimizers): the baseline, gradcomp's adaptive recipes over the
 # same 1-bit exchange (docs/optimizers.md), and what the steps are made of: compute alone (the
@@ -67,10 +68,10 @@ OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam"]
 ONEBIT = "onebit:block=256|ef|twoway"
 OPTIMIZER_CONTENDERS = ["compute", "compute+adamw", "compute+lans", "ddp", f"gradcomp:{ONEBIT}",
                         "ddp+adamw", f"gradcomp:{ONEBIT}+lans", f"gradcomp:{ONEBIT}+onebitadam",
-                        f"gradcomp:{ONEBIT}+adamw"]
+                        f"gradcomp:{ONEBIT}+onebitlamb", f"gradcomp:{ONEBIT}+adamw"]
 BASELINE = "ddp+adamw"
 OPTIMIZER_LABELS = {"sgd": "SGD", "adamw": "AdamW", "lans": "LANS", "lamb": "LAMB",
-                    "onebitadam": "1-bit Adam"}
+                    "onebitadam": "1-bit Adam", "onebitlamb": "1-bit LAMB"}
 LABELS.update({
     "compute+adamw": "compute only + AdamW (no exchange)",
     "compute+lans": "compute only + LANS (no exchange)",
@@ -78,6 +79,7 @@ LABELS.update({
     "ddp+adamw": "DDP + AdamW",
     f"gradcomp:{ONEBIT}+lans": "gradcomp CLAN 1-bit (LANS)",
     f"gradcomp:{ONEBIT}+onebitadam": "gradcomp 1-bit Adam",
+    f"gradcomp:{ONEBIT}+onebitlamb": "gradcomp 1-bit LAMB",
     f"gradcomp:{ONEBIT}+adamw": "gradcomp AdamW over 1-bit (naive)",
 })
 
@@ -208,8 +210,9 @@ def split_optimizer(name, default="none"):
 
 def check_optimizer(name, default):
     base, optimizer = split_optimizer(name, default)
-    if optimizer == "onebitadam" and not (base == "gradcomp" or base.startswith("gradcomp:")):
-        raise BenchError(f"contender '{name}': 1-bit Adam averages over the ranks by itself, so "
+    if optimizer in TWO_STAGE and not (base == "gradcomp" or base.startswith("gradcomp:")):
+        raise BenchError(f"contender '{name}': {OPTIMIZER_LABELS[optimizer]} averages over the "
+                         "ranks by itself, so "
                          "it runs with gradcomp or gradcomp:SPEC only (SPEC: its exchange)")
 
 
@@ -623,7 +626,8 @@ def say_optimizer_row(row):
                if row.get("other_cpu_cores") is not None else "")
             + f"({row['seconds']:.0f} s)")
     if "onebit_warmup_steps" in row:
-        text += (f"; 1-bit Adam: warm-up of {row['onebit_warmup_steps']} uncompressed "
+        text += (f"; {OPTIMIZER_LABELS[row['optimizer']]}: warm-up of "
+                 f"{row['onebit_warmup_steps']} uncompressed "
                  f"step(s) before the measured steps; {row['onebit_compressed_steps']} of "
                  f"{len(row['step_ms'])} measured steps compressed")
     if row.get("ranks_agree") is False and row["family"] != "compute":

@@ -61,7 +61,7 @@ OPTIMIZER_COLUMNS = ["contender", "exchange", "optimizer", "median ms", "spread 
                      "wire MB/step", "payload MB/step", "CPU ms/step", "other jobs, cores"]
 OPTIMIZER_NAMES = {"none": "none", "sgd": "SGD (torch)", "adamw": "AdamW (torch)",
                    "lans": "LANS (gradcomp)", "lamb": "LAMB (gradcomp)",
-                   "onebitadam": "1-bit Adam (gradcomp)"}
+                   "onebitadam": "1-bit Adam (gradcomp)", "onebitlamb": "1-bit LAMB (gradcomp)"}
 
 FEW_STEPS = 5  # below this, p10/p90 mean little: the spread is shown as min-max
 DPI = 110
@@ -621,9 +621,11 @@ def render_optimizer_markdown(results):
         "- until backward ends: the profile's forward and backward and the exchange's tail "
         "(DDP and DistributedOptimizer finish their exchange when backward ends). step(): "
         "the optimizer's step after it. update: the parameters' update, which is all of "
-        "step(), except for 1-bit Adam, whose step() also exchanges the momentum (its "
-        "engine's step time, which includes forming each rank's momentum, is taken off).",
-        "- 1-bit Adam's uncompressed warm-up ends within the warm-up steps, so the measured "
+        "step(), except for 1-bit Adam and 1-bit LAMB, whose step() also exchanges the "
+        "momentum (the engine's step time, which includes forming each rank's momentum, is "
+        "taken off).",
+        "- 1-bit Adam's and 1-bit LAMB's uncompressed warm-up ends within the warm-up steps, "
+        "so the measured "
         "steps are in its compression stage; the worker checks each (it sent under half the "
         "uncompressed bytes).",
         "- The emulated hosts share this machine's cores: CPU work on every host at once (the "

@@ -39,9 +39,8 @@ so that its cost is part of the step.
   onebitadam  gradcomp.torch.OneBitAdam, a distributed optimizer of its own (gradcomp
               contenders only), with the "freeze" variance policy: its uncompressed warm-up
               takes the first half of the --warmup steps (rounded up), so every measured step
-              is a compressed one (under the default "doubling" policy the first 16 steps are
-              exact, and later ones once in 16 or more: a long run's steps are the compressed
-              ones measured here)
+              is a compressed one (a long run's steps are the compressed ones measured here)
+  onebitlamb  gradcomp.torch.OneBitLamb (1-bit LAMB), likewise
 
 Ranks meet through torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Each rank
 writes OUT/rank<r>.json; the workers end with a barrier and exit without tearing gloo down (a
@@ -67,7 +66,9 @@ class BenchError(Exception):
     """A failure with a message for the user."""
 
 
-OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam"]
+OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam", "onebitlamb"]
+# The distributed optimizers of their own: they exchange in step(), after an uncompressed warm-up.
+TWO_STAGE = ("onebitadam", "onebitlamb")
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -101,9 +102,9 @@ def parse_args(argv=None):
         p.error("--dilation must be >= 1")
     if args.optimizer != "none" and args.workload != "replay":
         p.error(f"--optimizer is for the replay workload ({args.workload} has its own)")
-    if args.optimizer == "onebitadam" and args.warmup < 1:
-        p.error("--optimizer onebitadam needs --warmup >= 1: its uncompressed warm-up steps "
-                "must be over before the measured steps begin")
+    if args.optimizer in TWO_STAGE and args.warmup < 1:
+        p.error(f"--optimizer {args.optimizer} needs --warmup >= 1: its uncompressed warm-up "
+                "steps must be over before the measured steps begin")
     return args
 
 
@@ -258,13 +259,13 @@ def local_optimizer(name, params):
     if name == "lamb":
         return gct.LAMB(params, lr=1e-2, weight_decay=0.01)
     raise BenchError(f"optimizer '{name}' has no local form; use one of "
-                     f"{', '.join(o for o in OPTIMIZERS if o != 'onebitadam')}")
+                     f"{', '.join(o for o in OPTIMIZERS if o not in TWO_STAGE)}")
 
 
 def check_optimizer(optimizer, kind, contender):
     """Refuses, before any rank meets another, an optimizer the contender cannot run."""
-    if optimizer == "onebitadam" and kind != "gradcomp":
-        raise BenchError(f"--optimizer onebitadam averages over the ranks by itself: use it "
+    if optimizer in TWO_STAGE and kind != "gradcomp":
+        raise BenchError(f"--optimizer {optimizer} averages over the ranks by itself: use it "
                          f"with a gradcomp or gradcomp:SPEC contender, not '{contender}'")
 
 
@@ -272,13 +273,14 @@ def make_step(args, kind, argument, model, exchange):
     """(the module the forward pass runs through, the optimizer to step after backward or
     None, the gradcomp optimizer whose last_step() counts the bytes or None)."""
     name = args.optimizer
-    if name == "onebitadam":
+    if name in TWO_STAGE:
         import gradcomp.torch as gct
         spec = {} if argument is None else {"compression": argument}
-        onebit = gct.OneBitAdam(model.named_parameters(), lr=1e-3, weight_decay=0.01,
-                                variance="freeze", warmup_steps=onebit_warmup(args.warmup),
-                                transport=exchange.transport, seed=args.seed, broadcast=False,
-                                **spec)
+        common = dict(weight_decay=0.01, warmup_steps=onebit_warmup(args.warmup),
+                      transport=exchange.transport, seed=args.seed, broadcast=False, **spec)
+        onebit = (gct.OneBitLamb(model.named_parameters(), lr=1e-2, **common)
+                  if name == "onebitlamb" else
+                  gct.OneBitAdam(model.named_parameters(), lr=1e-3, variance="freeze", **common))
         return model, onebit, onebit
     update = None if name == "none" else local_optimizer(name, model.parameters())
     if kind == "ddp":
@@ -431,7 +433,7 @@ def replay(args, kind, argument):
     model = ReplayModel(profile, args.dilation, args.burn, args.seed, rank,
                         init=args.optimizer != "none")
     step_model, optimizer, counter = make_step(args, kind, argument, model, exchange)
-    onebit = args.optimizer == "onebitadam"
+    onebit = args.optimizer in TWO_STAGE
 
     def one_step():
         model.zero_grad(set_to_none=True)
@@ -446,8 +448,8 @@ def replay(args, kind, argument):
     for _ in range(args.warmup):
         one_step()
     if onebit and not optimizer.frozen:
-        raise BenchError(f"1-bit Adam is still in its warm-up after {args.warmup} steps: the "
-                         "measured steps would not be compressed")
+        raise BenchError(f"{args.optimizer} is still in its warm-up after {args.warmup} "
+                         "steps: the measured steps would not be compressed")
     exchange.barrier()
     tx0, rx0 = link_bytes(args.iface)
     cpu0, busy0, window0, payload = time.process_time(), machine_busy_s(), time.perf_counter(), 0

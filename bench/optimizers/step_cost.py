@@ -7,7 +7,8 @@ parameter bytes (the floor of any update that reads and writes them). docs/optim
 Prints a Markdown table per size: the median milliseconds per step; the step's speed relative
 to a memcpy of the parameters (1.0 = as fast as copying the parameters once); and its memory
 rate relative to memcpy's, counting the bytes per element the step must move (28 for Adam's
-kin: read x, g, m, v, write x, m, v; 16 for 1-bit Adam's frozen-variance step) against
+kin: read x, g, m, v, write x, m, v; 16 for 1-bit Adam's frozen-variance step, 32 for 1-bit
+LAMB's) against
 memcpy's 8: 1.0 = the update streams at memcpy's rate."""
 import argparse
 import statistics
@@ -63,12 +64,27 @@ def contenders(n):
             lambda p, g, m, v, t: _C.adamw_step(p, g, m, v, t, hyper, 1)),
         "gradcomp 1-bit Adam's frozen-variance step": kernel(
             lambda p, g, m, v, t: _C.frozen_adam_step(p, None, m, v, t, hyper, 1, 1)),
+        "gradcomp 1-bit LAMB's compression-stage step": onebit_lamb_kernel(kernel, n, hyper),
     }
 
 
+def onebit_lamb_kernel(kernel, n, hyper):
+    """1-bit LAMB's step: g is the averaged momentum; the fresh variance and the layer's factor
+    carried from step to step."""
+    fresh, factor = torch.full((n,), 1e-6), [1.0]
+    knobs = _C.OneBitLambHyper(0.9, 10.0, 0.01, 4.0, 0.5, 0.1)
+
+    def update(p, g, m, v, t):
+        _, factor[0] = _C.onebit_lamb_step(p, g, m, v, t, hyper, 1, fresh, 1, 0.5, factor[0],
+                                           knobs)
+    return kernel(update)
+
+
 # Bytes per element a step must move: read x, g, m, v and write x, m, v (Adam's kin); the
-# frozen-variance step reads x, m, v and writes x.
-NECESSARY_BYTES = {"gradcomp 1-bit Adam's frozen-variance step": 16}
+# frozen-variance step reads x, m, v and writes x; 1-bit LAMB's reads x, the momentum, m, v, v'
+# and writes x, m, v'.
+NECESSARY_BYTES = {"gradcomp 1-bit Adam's frozen-variance step": 16,
+                   "gradcomp 1-bit LAMB's compression-stage step": 32}
 
 
 def main():

@@ -89,7 +89,8 @@ Measures update_and_measure(const LayerSlot& layer, std::span<float> fresh, cons
       [x, momentum, m, v, vf, s](size_t begin, size_t end) {
         const optim::MomentCoefficients& c = s.frozen;
         SquareLanes param, direction, step;
-        float ratio = 0;
+        // A maximum per lane, as the sums: one running maximum would not vectorise.
+        float ratio[kSquareLanes] = {};
         for (size_t i = begin; i < end; i += kSquareLanes) {
           const size_t len = std::min(kSquareLanes, end - i);
           for (size_t j = 0; j < len; ++j) {
@@ -99,14 +100,18 @@ Measures update_and_measure(const LayerSlot& layer, std::span<float> fresh, cons
             m[k] = momentum[k];
             const float frozen_denominator = std::sqrt(v[k]) * c.second_scale + c.eps;
             const float fresh_denominator = std::sqrt(vf[k]) * s.fresh_second_scale + c.eps;
-            ratio = std::max(ratio, frozen_denominator / fresh_denominator);
-            const float u = optim::bounded_direction(m[k], v[k], c, s.bound);
+            ratio[j] = std::max(ratio[j], frozen_denominator / fresh_denominator);
+            // bounded_direction's arithmetic on the denominator at hand (the same bits as the
+            // second pass's step, one square root fewer)
+            const float inverse = 1.0f / frozen_denominator;
+            const float u = std::clamp(m[k] * c.first_scale * inverse, -s.bound, s.bound);
             param.add(j, x[k]);
             direction.add(j, u);
             step.add(j, u + c.weight_decay * x[k]);
           }
         }
-        return Measures{param.total(), direction.total(), step.total(), ratio};
+        return Measures{param.total(), direction.total(), step.total(),
+                        *std::max_element(ratio, ratio + kSquareLanes)};
       },
       Measures::fold);
 }

@@ -176,8 +176,9 @@ def test_optimizer_comparison_measures_every_update_and_leaves_nothing(tmp_path)
         if run["optimizer"] != "none":
             assert len(run["update_ms"]) == 2
             assert run["ranks_agree"] == (run["family"] != "compute"), name
-    onebit = runs[f"gradcomp:{bench.ONEBIT}+onebitadam"]
-    assert onebit["onebit_warmup_steps"] == 1 and onebit["onebit_compressed_steps"] == 2
+    for optimizer in bench.TWO_STAGE:
+        onebit = runs[f"gradcomp:{bench.ONEBIT}+{optimizer}"]
+        assert onebit["onebit_warmup_steps"] == 1 and onebit["onebit_compressed_steps"] == 2
     md = (tmp_path / "report.md").read_text()  # --md given: the table goes there
     assert "| DDP + AdamW | DDP gloo 25 MB | AdamW (torch) |" in md
     assert "x DDP + AdamW" in proc.stdout and "target 3x" in proc.stdout
@@ -198,6 +199,11 @@ def test_optimizer_names_and_refusals(tmp_path):
                           timeout=60)
     assert done.returncode == 1
     assert "1-bit Adam averages over the ranks by itself" in done.stderr
+    done = subprocess.run(bench_argv(tmp_path, "--optimizers", "--contenders",
+                                     "compute+onebitlamb"), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert "1-bit LAMB averages over the ranks by itself" in done.stderr
     done = subprocess.run(bench_argv(tmp_path, "--contenders", "ddp+adamw,horovod+lans"),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "unknown contender(s) horovod+lans" in done.stderr

@@ -185,9 +185,10 @@ def test_ddp_and_lossless_gradcomp_take_the_same_adamw_steps(tmp_path):
         assert r["machine_busy_s"] >= 0 and r["window_s"] >= sum(r["step_s"])
 
 
-@pytest.mark.parametrize("optimizer", ["lans", "onebitadam"])
+@pytest.mark.parametrize("optimizer", ["lans", "onebitadam", "onebitlamb"])
 def test_adaptive_recipes_update_alike_on_every_rank(tmp_path, optimizer):
-    """CLAN (LANS over the 1-bit two-way exchange) and 1-bit Adam over the same exchange:
+    """CLAN (LANS over the 1-bit two-way exchange), 1-bit Adam and 1-bit LAMB over the same
+    exchange:
     compressed, yet the ranks apply the same mean, so they hold the same parameters."""
     ranks = run_workers(tmp_path, "gradcomp:onebit:block=256|ef|twoway",
                         extra=("--optimizer", optimizer))
@@ -195,7 +196,7 @@ def test_adaptive_recipes_update_alike_on_every_rank(tmp_path, optimizer):
     assert ranks[0]["param_sum"] != pytest.approx(initial_param_sum(), abs=1e-3)
     assert 0 < ranks[0]["payload_bytes_per_step"] < 4 * ELEMENTS / 4
     assert all(s >= 0 for s in ranks[0]["update_s"])
-    if optimizer == "onebitadam":
+    if optimizer in ("onebitadam", "onebitlamb"):
         # --warmup 2: one uncompressed step, then one compressed before the measured three.
         assert ranks[0]["onebit_warmup_steps"] == 1
         assert ranks[0]["onebit_compression"] == "onebit:block=256|ef|twoway"
@@ -216,6 +217,7 @@ def test_without_an_optimizer_nothing_is_updated(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--optimizer", "onebitadam", "--warmup", "0"], "needs --warmup >= 1"),
+    (["--optimizer", "onebitlamb", "--warmup", "0"], "onebitlamb needs --warmup >= 1"),
     (["--optimizer", "adamw", "--workload", "train"], "--optimizer is for the replay workload"),
     (["--optimizer", "adam"], "invalid choice: 'adam'"),
 ])
@@ -226,8 +228,9 @@ def test_bad_optimizer_arguments_are_refused(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("optimizer", ["onebitadam", "onebitlamb"])
 @pytest.mark.parametrize("contender", ["ddp", "compute", "plan:p.json"])
-def test_onebit_adam_needs_a_gradcomp_contender(contender):
-    with pytest.raises(worker.BenchError, match="averages over the ranks by itself"):
-        worker.check_optimizer("onebitadam", worker.parse_contender(contender)[0], contender)
-    worker.check_optimizer("onebitadam", "gradcomp", "gradcomp")  # accepted
+def test_two_stage_optimizers_need_a_gradcomp_contender(contender, optimizer):
+    with pytest.raises(worker.BenchError, match=f"{optimizer} averages over the ranks by itself"):
+        worker.check_optimizer(optimizer, worker.parse_contender(contender)[0], contender)
+    worker.check_optimizer(optimizer, "gradcomp", "gradcomp")  # accepted
