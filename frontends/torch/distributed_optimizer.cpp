@@ -10,7 +10,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/recommended.h"
 #include "gradcomp/torch/layerwise_optimizers.h"
-#include "gradcomp/torch/onebit_adam.h"
+#include "gradcomp/torch/two_stage.h"
 
 namespace gradcomp::torch {
 namespace {
@@ -59,12 +59,14 @@ void warn_if_not_recommended(::torch::optim::Optimizer& optimizer, const Plan& p
   }
 }
 
-// OneBitAdam exchanges by itself: wrapping it would average twice (and its momentum exchange
-// would be lost). Refused before the exchange is built (a collective).
+// OneBitAdam and OneBitLamb exchange by themselves: wrapping one would average twice (and its
+// momentum exchange would be lost). Refused before the exchange is built (a collective).
 ::torch::optim::Optimizer& not_self_exchanging(::torch::optim::Optimizer& optimizer) {
-  if (dynamic_cast<OneBitAdam*>(&optimizer) != nullptr) {
-    throw Error("OneBitAdam averages over the ranks by itself: use it instead of "
-                "DistributedOptimizer, not inside it (its compression option sets the exchange)");
+  if (const auto* two_stage = dynamic_cast<TwoStageOptimizer*>(&optimizer)) {
+    throw Error(fmt::format(
+        "{} averages over the ranks by itself: use it instead of DistributedOptimizer, not "
+        "inside it (its compression option sets the exchange)",
+        two_stage->name()));
   }
   return optimizer;
 }

@@ -6,6 +6,7 @@
 #include <span>
 
 #include "gradcomp/error.h"
+#include "optimizer_closure.h"
 
 namespace gradcomp::torch {
 namespace {
@@ -76,11 +77,7 @@ LayerwiseAdam::LayerwiseAdam(std::vector<o::OptimizerParamGroup> groups,
 
 at::Tensor LayerwiseAdam::step(LossClosure closure) {
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  const at::Tensor loss = closure_loss(closure);
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const LayerwiseOptions&>(group.options());
     check_adam_hyper(options.hyper(), name());  // a scheduler or the caller may change them

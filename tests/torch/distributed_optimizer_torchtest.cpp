@@ -17,6 +17,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/torch/distributed_optimizer.h"
 #include "gradcomp/torch/layerwise_optimizers.h"
+#include "optimizer_testing.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
 
@@ -25,23 +26,14 @@ namespace {
 
 using testing::gather_bytes;
 using testing::world;
+using optimizer_testing::load;
+using optimizer_testing::saved;
 using Parameters = ::torch::OrderedDict<std::string, at::Tensor>;
 
 // A small two-layer network held as plain tensors, so the same function gives the gradients
 // through gradcomp (on the parameters) and the local reference (on detached copies).
 Parameters make_parameters(float offset = 0) {
-  Parameters p;
-  auto init = [offset](std::vector<int64_t> shape, float phase) {
-    const int64_t n = c10::multiply_integers(shape);
-    return (at::sin(at::arange(n, at::kFloat) * 0.37f + phase + offset) * 0.3f)
-        .reshape(shape)
-        .requires_grad_();
-  };
-  p.insert("w1", init({16, 8}, 0.1f));
-  p.insert("b1", init({16}, 0.2f));
-  p.insert("w2", init({4, 16}, 0.3f));
-  p.insert("b2", init({4}, 0.4f));
-  return p;
+  return optimizer_testing::make_network(offset, /*rows=*/false);
 }
 
 // Rank `rank`'s batch of step `step` (pass `pass` when accumulating): reproducible anywhere.
@@ -471,21 +463,6 @@ std::unique_ptr<LayerwiseAdam> make_layerwise(bool lans, const Parameters& p) {
   const LayerwiseOptions options(0.01);
   if (lans) return std::make_unique<LANS>(p.values(), options);
   return std::make_unique<LAMB>(p.values(), options);
-}
-
-std::string saved(const ::torch::optim::Optimizer& optimizer) {
-  ::torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load(::torch::optim::Optimizer& optimizer, const std::string& bytes) {
-  std::istringstream in(bytes);
-  ::torch::serialize::InputArchive archive;
-  archive.load_from(in);
-  optimizer.load(archive);
 }
 
 // LAMB and LANS wrapped under two-way 1-bit compression (CLAN's recipe): the ranks stay

@@ -24,6 +24,7 @@
 #include "gradcomp/torch/distributed_optimizer.h"
 #include "gradcomp/torch/layerwise_optimizers.h"
 #include "gradcomp/torch/onebit_adam.h"
+#include "optimizer_testing.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
 
@@ -34,86 +35,11 @@ using testing::contains;
 using testing::error_text;
 using testing::gather_bytes;
 using testing::world;
-using Parameters = ::torch::OrderedDict<std::string, at::Tensor>;
-
-// A small network held as plain tensors; "rows" is an embedding-like table whose rows 1..3
-// get gradients only from step `rows_from` on (0 for every step).
-Parameters make_parameters() {
-  Parameters p;
-  auto init = [](std::vector<int64_t> shape, float phase) {
-    const int64_t n = c10::multiply_integers(shape);
-    return (at::sin(at::arange(n, at::kFloat) * 0.37f + phase) * 0.3f)
-        .reshape(shape)
-        .requires_grad_();
-  };
-  p.insert("w1", init({16, 8}, 0.1f));
-  p.insert("b1", init({16}, 0.2f));
-  p.insert("w2", init({4, 16}, 0.3f));
-  p.insert("b2", init({4}, 0.4f));
-  p.insert("rows", init({4, 8}, 0.5f));
-  return p;
-}
-
-Parameters copy_of(const Parameters& p) {
-  Parameters c;
-  for (const auto& item : p) c.insert(item.key(), item.value().detach().clone().requires_grad_());
-  return c;
-}
-
-at::Tensor loss_of(const Parameters& p, int rank, int step, int rows_from = 0) {
-  const float k = 0.1f * static_cast<float>(rank + 1);
-  const at::Tensor x = at::sin(at::arange(32 * 8, at::kFloat).reshape({32, 8}) * k + step);
-  const at::Tensor y = at::cos(at::arange(32 * 4, at::kFloat).reshape({32, 4}) * k - step);
-  const at::Tensor h = at::tanh(x.mm(p["w1"].t()) + p["b1"]);
-  const at::Tensor rows = step >= rows_from ? p["rows"] : p["rows"].narrow(0, 0, 1);
-  return (h.mm(p["w2"].t()) + p["b2"] - y).pow(2).mean() + (rows * x[0]).sum() * 0.01;
-}
-
-std::vector<std::byte> bytes_of(const Parameters& p) {
-  std::vector<std::byte> out;
-  for (const auto& item : p) {
-    const at::Tensor c = item.value().detach().contiguous();
-    const auto* data = static_cast<const std::byte*>(c.data_ptr());
-    out.insert(out.end(), data, data + c.numel() * c.element_size());
-  }
-  return out;
-}
-
-void expect_identical_across_ranks(const Parameters& p, const std::string& what) {
-  const auto mine = bytes_of(p);
-  const auto all = gather_bytes(mine);
-  for (int r = 0; r < world()->size(); ++r) {
-    EXPECT_EQ(std::memcmp(mine.data(), all.data() + r * mine.size(), mine.size()), 0)
-        << what << ": rank " << world()->rank() << " differs from rank " << r;
-  }
-}
-
-void train(Parameters& p, OneBitAdam& opt, int from, int steps, int rows_from = 0) {
-  for (int step = from; step < from + steps; ++step) {
-    opt.zero_grad();
-    loss_of(p, world()->rank(), step, rows_from).backward();
-    opt.step();
-  }
-}
+using namespace optimizer_testing;  // NOLINT: the shared network, train, saved, load
 
 const OneBitAdamParamState& state_of(const OneBitAdam& opt, const at::Tensor& p) {
   return static_cast<const OneBitAdamParamState&>(
       *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
-}
-
-std::string saved(const ::torch::optim::Optimizer& optimizer) {
-  ::torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load(::torch::optim::Optimizer& optimizer, const std::string& bytes) {
-  std::istringstream in(bytes);
-  ::torch::serialize::InputArchive archive;
-  archive.load_from(in);
-  optimizer.load(archive);
 }
 
 // Every tensor compressed, 1-bit codes with both sides' error feedback.

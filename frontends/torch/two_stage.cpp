@@ -1,0 +1,456 @@
+// What the two-stage optimizers (OneBitAdam, OneBitLamb) share: the parameter checks, the two
+// engines on one transport, the step loop and its momentum input, and the checkpoint's engine
+// state, step clock and settings. The same as python/gradcomp/two_stage.py.
+#include "gradcomp/torch/two_stage.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "gradcomp/error.h"
+#include "gradcomp/plan.h"
+#include "optimizer_closure.h"
+
+namespace gradcomp::torch {
+namespace {
+
+constexpr int64_t kStateVersion = 2;
+constexpr double kDefaultWarmupFraction = 0.15;  // DeepSpeed's BERT runs froze after 15-25%
+
+void check_range(std::string_view optimizer, const char* what, int64_t value, int64_t low,
+                 int64_t high) {
+  if (value < low || value > high) {
+    throw SpecError(fmt::format("{}: {} is {}; allowed: an integer in [{}, {}]", optimizer, what,
+                                value, low, high));
+  }
+}
+
+// The compressed steps' option; a start= of its own would make some of them exact.
+Option compressed_option(const std::string& compression, std::string_view optimizer,
+                         std::string_view schedule) {
+  Option option = parse_option(compression);
+  if (option.start_step != 0) {
+    throw SpecError(
+        fmt::format("{}: compression '{}' has its own start=; which steps are exact is the {}",
+                    optimizer, compression, schedule));
+  }
+  return option;
+}
+
+// The exchange's options, checked before the base class is built (and before any collective).
+std::unique_ptr<::torch::optim::OptimizerOptions> checked(const TwoStageGroupOptions& defaults,
+                                                          std::string_view optimizer,
+                                                          std::string_view schedule) {
+  const TwoStageExchange e = defaults.exchange();
+  check_range(optimizer, "bucket_bytes", e.bucket_bytes, 1, int64_t{1} << 40);
+  check_range(optimizer, "min_compress_elements", e.min_compress_elements, 0, int64_t{1} << 62);
+  check_range(optimizer, "codec_threads", e.codec_threads, 1, 1024);
+  compressed_option(e.compression, optimizer, schedule);
+  return defaults.clone();
+}
+
+// A pairwise sum in double in numpy's order (8 lanes up to 128 elements, halves above), the
+// order of the Python front end's np.sum (not compared with numpy by a test); single-threaded,
+// hence the same bits on every rank whatever the thread count.
+double pairwise_sum(const double* a, size_t n) {
+  if (n < 8) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) sum += a[i];
+    return sum;
+  }
+  if (n <= 128) {
+    double r[8];
+    for (size_t j = 0; j < 8; ++j) r[j] = a[j];
+    size_t i = 8;
+    for (; i < n - (n % 8); i += 8) {
+      for (size_t j = 0; j < 8; ++j) r[j] += a[i + j];
+    }
+    double sum = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) sum += a[i];
+    return sum;
+  }
+  size_t half = n / 2;
+  half -= half % 8;
+  return pairwise_sum(a, half) + pairwise_sum(a + half, n - half);
+}
+
+// The exact steps' Chrome trace: beside the compressed steps' ("trace.json" ->
+// "trace-exact.json"), not over it; "" when there is none (as Python's os.path.splitext).
+std::string exact_trace(const std::string& timeline) {
+  if (timeline.empty()) return "";
+  const size_t slash = timeline.rfind('/');
+  size_t base = slash == std::string::npos ? 0 : slash + 1;
+  while (base < timeline.size() && timeline[base] == '.') ++base;  // a leading dot is no suffix
+  const size_t dot = timeline.rfind('.');
+  if (dot == std::string::npos || dot < base) return timeline + "-exact";
+  return timeline.substr(0, dot) + "-exact" + timeline.substr(dot);
+}
+
+at::Tensor bytes_tensor(const std::vector<std::byte>& bytes) {
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::vector<std::byte> tensor_bytes(const at::Tensor& t, const std::string& optimizer) {
+  const at::Tensor c = t.contiguous();
+  TORCH_CHECK(c.scalar_type() == at::kByte, optimizer, ": the engine state is not bytes");
+  const auto* data = static_cast<const std::byte*>(c.data_ptr());
+  return {data, data + c.numel()};
+}
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The trainable parameters, checked: float32 contiguous CPU, distinct names.
+NamedTensors trainable(const ::torch::OrderedDict<std::string, at::Tensor>& named,
+                       std::string_view optimizer) {
+  NamedTensors out;
+  std::set<std::string> names;
+  for (const auto& item : named) {
+    const at::Tensor& p = item.value();
+    if (!p.requires_grad()) continue;
+    if (p.scalar_type() != at::kFloat || !p.device().is_cpu() || p.is_sparse() ||
+        !p.is_contiguous()) {
+      throw Error(
+          fmt::format("{}: parameter '{}' is a {}{} tensor on {}; float32 contiguous CPU "
+                      "parameters only (convert the model with ->to(torch::kFloat))",
+                      optimizer, item.key(), c10::toString(p.scalar_type()),
+                      p.is_contiguous() ? "" : " non-contiguous", p.device().str()));
+    }
+    if (!names.insert(item.key()).second) {
+      throw Error(fmt::format("{}: parameter name '{}' appears twice", optimizer, item.key()));
+    }
+    out.emplace_back(item.key(), p);
+  }
+  if (out.empty()) throw Error(fmt::format("{}: no parameters that require gradients", optimizer));
+  return out;
+}
+
+std::vector<at::Tensor> values_of(const NamedTensors& named) {
+  std::vector<at::Tensor> v;
+  for (const auto& [name, p] : named) v.push_back(p);
+  return v;
+}
+
+Plan plan_of(const NamedTensors& named, const Option& option, const TwoStageExchange& e) {
+  std::vector<TensorInfo> tensors;
+  for (const auto& [name, p] : named) {
+    const auto sizes = p.sizes();
+    tensors.push_back(
+        {name, static_cast<size_t>(p.numel()), std::vector<size_t>(sizes.begin(), sizes.end())});
+  }
+  DefaultPlanSettings settings;
+  settings.bucket_bytes = static_cast<size_t>(e.bucket_bytes);
+  settings.min_compress_elements = static_cast<size_t>(e.min_compress_elements);
+  settings.compressed = option;
+  return make_default_plan(std::move(tensors), settings);
+}
+
+// A setting as a message shows it: strings quoted, numbers as they are.
+std::string shown(const c10::IValue& v) {
+  if (v.isString()) return fmt::format("'{}'", v.toStringRef());
+  if (v.isInt()) return fmt::format("{}", v.toInt());
+  if (v.isDouble()) return fmt::format("{}", v.toDouble());
+  return v.tagKind();
+}
+
+bool same_kind(const c10::IValue& a, const c10::IValue& b) {
+  return (a.isInt() && b.isInt()) || (a.isDouble() && b.isDouble()) ||
+         (a.isString() && b.isString());
+}
+
+bool same_value(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isInt()) return a.toInt() == b.toInt();
+  if (a.isDouble()) return a.toDouble() == b.toDouble();
+  return a.toStringRef() == b.toStringRef();
+}
+
+// A checkpoint without an "optimizer" entry is a OneBitAdam's (its format predates the entry).
+constexpr const char* kUnnamedSaver = "OneBitAdam";
+
+}  // namespace
+
+void TwoStageParamState::serialize(::torch::serialize::OutputArchive& archive) const {
+  archive.write("step", c10::IValue(step()));
+  archive.write("variance_updates", c10::IValue(variance_updates()));
+  write_extra(archive);
+  archive.write("exp_avg", exp_avg());
+  archive.write("exp_avg_sq", exp_avg_sq());
+}
+
+void TwoStageParamState::serialize(::torch::serialize::InputArchive& archive) {
+  c10::IValue v;
+  if (archive.try_read("step", v)) step(v.toInt());
+  if (archive.try_read("variance_updates", v)) variance_updates(v.toInt());
+  read_extra(archive);
+  at::Tensor m;
+  if (archive.try_read("exp_avg", m)) exp_avg(m);
+  at::Tensor s;
+  if (archive.try_read("exp_avg_sq", s)) exp_avg_sq(s);
+}
+
+TwoStageOptimizer::TwoStageOptimizer(
+    const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    std::shared_ptr<Transport> transport, const TwoStageGroupOptions& defaults, std::string name,
+    std::string_view schedule)
+    : Optimizer({::torch::optim::OptimizerParamGroup(values_of(trainable(named_parameters, name)))},
+                checked(defaults, name, schedule)),
+      name_(std::move(name)),
+      transport_(std::move(transport)) {
+  if (!transport_) throw Error(fmt::format("{}: no transport", name_));
+  const NamedTensors named = trainable(named_parameters, name_);
+  for (const auto& [key, p] : named) {
+    names_.push_back(key);
+    params_.push_back(p);
+    group_index_.push_back(0);
+    exchanged_.push_back(at::empty_like(p, at::MemoryFormat::Contiguous));
+  }
+  const TwoStageExchange e = defaults.exchange();
+  EngineOptions engine;
+  engine.seed = e.seed;
+  engine.codec_threads = static_cast<int>(e.codec_threads);
+  // Only one engine is busy at a time (step() waits for it) and every rank picks the same one.
+  engine.timeline = e.timeline;
+  if (engine.timeline.empty()) {
+    const char* env = std::getenv("GRADCOMP_TIMELINE");
+    if (env != nullptr) engine.timeline = env;
+  }
+  engine_ = std::make_unique<Engine>(
+      transport_, plan_of(named, compressed_option(e.compression, name_, schedule), e), engine);
+  engine.timeline = exact_trace(engine.timeline);
+  exact_engine_ = std::make_unique<Engine>(transport_, plan_of(named, Option{}, e), engine);
+  if (e.broadcast) {
+    at::NoGradGuard no_grad;
+    for (const auto& p : params_) {
+      std::span<std::byte> bytes{static_cast<std::byte*>(p.data_ptr()),
+                                 static_cast<size_t>(p.numel()) * sizeof(float)};
+      transport_->broadcast(bytes, 0)->wait(transport_->timeout());
+    }
+  }
+}
+
+TwoStageOptimizer::~TwoStageOptimizer() {
+  // Their threads end before the transport may be released.
+  engine_.reset();
+  exact_engine_.reset();
+}
+
+const Plan& TwoStageOptimizer::plan() const { return engine_->plan(); }
+
+std::span<float> TwoStageOptimizer::float_span(const at::Tensor& t) {
+  return {t.data_ptr<float>(), static_cast<size_t>(t.numel())};
+}
+
+int64_t warmup_steps_of(const std::optional<int64_t>& warmup_steps,
+                        const std::optional<int64_t>& total_steps, std::string_view optimizer,
+                        std::string_view why) {
+  if (warmup_steps) {
+    if (*warmup_steps < 1) {
+      throw SpecError(fmt::format("{}: warmup_steps is {}; allowed: an int >= 1 ({})", optimizer,
+                                  *warmup_steps, why));
+    }
+    return *warmup_steps;
+  }
+  if (!total_steps) return kDefaultWarmupSteps;
+  if (*total_steps < 1) {
+    throw SpecError(
+        fmt::format("{}: total_steps is {}; allowed: an int >= 1", optimizer, *total_steps));
+  }
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(kDefaultWarmupFraction *
+                                                             static_cast<double>(*total_steps))));
+}
+
+void TwoStageOptimizer::fill_unseen(const at::Tensor& v) {
+  float* data = v.data_ptr<float>();
+  const auto n = static_cast<size_t>(v.numel());
+  std::vector<double> seen;
+  seen.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (data[i] != 0.0f) seen.push_back(static_cast<double>(data[i]));
+  }
+  if (seen.empty() || seen.size() == n) return;
+  const auto fill =
+      static_cast<float>(pairwise_sum(seen.data(), seen.size()) / static_cast<double>(seen.size()));
+  for (size_t i = 0; i < n; ++i) {
+    if (data[i] == 0.0f) data[i] = fill;
+  }
+}
+
+TwoStageParamState& TwoStageOptimizer::param_state(size_t i) {
+  const at::Tensor& p = params_[i];
+  auto& slot = state_[c10::guts::to_string(p.unsafeGetTensorImpl())];
+  if (!slot) {
+    std::unique_ptr<TwoStageParamState> fresh = new_state();
+    fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Contiguous));
+    slot = std::move(fresh);
+  }
+  return static_cast<TwoStageParamState&>(*slot);
+}
+
+AdamHyper TwoStageOptimizer::hyper_of(size_t i) const {
+  return static_cast<const TwoStageGroupOptions&>(param_groups_[group_index_[i]].options()).hyper();
+}
+
+LayerSlot TwoStageOptimizer::layer(size_t i) {
+  TwoStageParamState& state = param_state(i);
+  return {float_span(params_[i]), float_span(exchanged_[i]), float_span(state.exp_avg()),
+          float_span(state.exp_avg_sq())};
+}
+
+void TwoStageOptimizer::check_compressed_step(const TwoStageParamState& state) const {
+  if (state.variance_updates() < 1) {
+    throw Error(fmt::format(
+        "{}: a compressed step came before any exact step updated the variance (every exact "
+        "step so far was skipped: non-finite averages)",
+        name_));
+  }
+}
+
+at::Tensor TwoStageOptimizer::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  const at::Tensor loss = closure_loss(closure);
+  // Everything that can be refused is refused before this rank hands anything over.
+  for (const auto& group : param_groups_) {
+    // a scheduler or the caller may change them
+    check_adam_hyper(static_cast<const TwoStageGroupOptions&>(group.options()).hyper(), name_);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& grad = params_[i].grad();
+    if (grad.defined() && (grad.is_sparse() || !grad.device().is_cpu())) {
+      throw Error(fmt::format("{}: parameter '{}' has a {} gradient; dense CPU gradients only",
+                              name_, names_[i], grad.is_sparse() ? "sparse" : grad.device().str()));
+    }
+  }
+  const bool is_exact = exact();
+  Engine& engine = is_exact ? *exact_engine_ : *engine_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    local_input(i, is_exact);
+    engine.ready(names_[i], float_span(exchanged_[i]));
+  }
+  engine.synchronize();
+  ++steps_;
+  last_ = engine.last_step();
+  // The engine checks every mean (the same bits on every rank): every rank decides alike.
+  if (!last_.finite) {
+    TORCH_WARN("gradcomp: ", name_,
+               ": this step's average is not finite (an overflow on some rank): the step is "
+               "skipped on every rank");
+    return loss;
+  }
+  const int threads = at::get_num_threads();
+  for (size_t i = 0; i < params_.size(); ++i) update(i, is_exact, threads);
+  return loss;
+}
+
+// What this rank hands over for parameter i: its gradient (zeros when it has none) on an exact
+// step, its momentum b1 m + (1 - b1) g on a compressed one.
+void TwoStageOptimizer::local_input(size_t i, bool is_exact) {
+  at::Tensor& out = exchanged_[i];
+  const at::Tensor& grad = params_[i].grad();
+  TwoStageParamState& state = param_state(i);
+  if (is_exact) {
+    if (grad.defined()) {
+      out.copy_(grad);
+    } else {
+      out.zero_();
+    }
+    return;
+  }
+  const double beta1 = hyper_of(i).beta1;
+  if (grad.defined()) {
+    at::lerp_out(out, grad, state.exp_avg(), beta1);  // b1 m + (1 - b1) g
+  } else {
+    at::mul_out(out, state.exp_avg(), beta1);
+  }
+}
+
+void TwoStageOptimizer::save(::torch::serialize::OutputArchive& archive) const {
+  save_states(archive);
+  ::torch::serialize::OutputArchive ours;
+  ours.write("version", c10::IValue(kStateVersion));
+  ours.write("steps", c10::IValue(steps_));
+  for (const Setting& s : settings()) ours.write(s.key, s.value);
+  ours.write("engine", bytes_tensor(engine_->save_state()));
+  archive.write("gradcomp", ours);
+}
+
+void TwoStageOptimizer::load(::torch::serialize::InputArchive& archive) {
+  ::torch::serialize::InputArchive ours;
+  c10::IValue version;
+  if (!archive.try_read("gradcomp", ours) || !ours.try_read("version", version) ||
+      !version.isInt() || version.toInt() != kStateVersion) {
+    throw Error(fmt::format(
+        "{0}::load: the state has no gradcomp part of version {1} (was it saved by {0}::save of "
+        "this version?)",
+        name_, kStateVersion));
+  }
+  c10::IValue saver;
+  const std::string saved_by = ours.try_read("optimizer", saver) && saver.isString()
+                                   ? saver.toStringRef()
+                                   : std::string(kUnnamedSaver);
+  if (saved_by != name_) {
+    throw Error(
+        fmt::format("{0}::load: the state was saved by {1}, not by a {0}", name_, saved_by));
+  }
+  const std::vector<Setting> expected = settings();
+  std::vector<c10::IValue> saved(expected.size());
+  c10::IValue steps;
+  at::Tensor engine_state;
+  bool complete =
+      ours.try_read("steps", steps) && steps.isInt() && ours.try_read("engine", engine_state);
+  for (size_t k = 0; complete && k < expected.size(); ++k) {
+    complete = ours.try_read(expected[k].key, saved[k]) && same_kind(saved[k], expected[k].value);
+  }
+  if (!complete) {
+    throw Error(fmt::format("{}::load: the state's gradcomp part is incomplete", name_));
+  }
+  for (size_t k = 0; k < expected.size(); ++k) {
+    if (!same_value(saved[k], expected[k].value)) {
+      throw Error(fmt::format("{}::load: the state was saved with {}={}, this optimizer has {}",
+                              name_, expected[k].key, shown(saved[k]), shown(expected[k].value)));
+    }
+  }
+  // All or nothing: what to put back when a later part does not fit.
+  const std::vector<std::byte> engine_before = engine_->save_state();
+  decltype(state_) state_before;
+  for (const auto& [key, s] : state_) state_before[key] = s->clone();
+  engine_->load_state(tensor_bytes(engine_state, name_));
+  try {
+    state_.clear();
+    load_states(archive);
+    // A state from another model fails here, not inside a later step.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto it = state_.find(c10::guts::to_string(params_[i].unsafeGetTensorImpl()));
+      if (it == state_.end()) continue;
+      auto& s = static_cast<TwoStageParamState&>(*it->second);
+      const at::Tensor& p = params_[i];
+      if (!s.exp_avg().defined() || !s.exp_avg_sq().defined() || s.exp_avg().sizes() != p.sizes() ||
+          s.exp_avg_sq().sizes() != p.sizes() || s.exp_avg().scalar_type() != at::kFloat ||
+          s.exp_avg_sq().scalar_type() != at::kFloat || s.step() < 0 || s.variance_updates() < 0 ||
+          s.variance_updates() > s.step() || !adopt_loaded(s, p)) {
+        throw Error(fmt::format(
+            "{}::load: the state does not fit parameter '{}' of shape {} (moments of shape {}, "
+            "step {}); was it saved from another model?",
+            name_, names_[i], c10::str(p.sizes()),
+            s.exp_avg().defined() ? c10::str(s.exp_avg().sizes()) : std::string("none"), s.step()));
+      }
+      s.exp_avg(s.exp_avg().contiguous());
+      s.exp_avg_sq(s.exp_avg_sq().contiguous());
+    }
+  } catch (...) {
+    state_ = std::move(state_before);
+    engine_->load_state(engine_before);
+    throw;
+  }
+  steps_ = steps.toInt();
+}
+
+}  // namespace gradcomp::torch
