@@ -39,7 +39,8 @@ so that its cost is part of the step.
   onebitadam  gradcomp.torch.OneBitAdam, a distributed optimizer of its own (gradcomp
               contenders only), with the "freeze" variance policy: its uncompressed warm-up
               takes the first half of the --warmup steps (rounded up), so every measured step
-              is a compressed one (a long run's steps are the compressed ones measured here)
+              is a compressed one (a long run's steps are the compressed ones measured here);
+              with overlap=True: each input leaves during backward
   onebitlamb  gradcomp.torch.OneBitLamb (1-bit LAMB), likewise
 
 Ranks meet through torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Each rank
@@ -276,8 +277,11 @@ def make_step(args, kind, argument, model, exchange):
     if name in TWO_STAGE:
         import gradcomp.torch as gct
         spec = {} if argument is None else {"compression": argument}
+        # overlap: the replay takes one backward pass per step, so each input can leave as
+        # soon as its gradient is ready (as DDP's and DistributedOptimizer's do)
         common = dict(weight_decay=0.01, warmup_steps=onebit_warmup(args.warmup),
-                      transport=exchange.transport, seed=args.seed, broadcast=False, **spec)
+                      transport=exchange.transport, seed=args.seed, broadcast=False,
+                      overlap=True, **spec)
         onebit = (gct.OneBitLamb(model.named_parameters(), lr=1e-2, **common)
                   if name == "onebitlamb" else
                   gct.OneBitAdam(model.named_parameters(), lr=1e-3, variance="freeze", **common))

@@ -63,6 +63,10 @@ class OneBitAdam(TwoStageOptimizer):
         for DistributedOptimizer (broadcast: rank 0's parameters to every rank, at the start;
         timeline, or GRADCOMP_TIMELINE: the compressed steps' trace, the exact steps' in a file
         beside it, "trace.json" -> "trace-exact.json", each per rank as usual).
+    overlap: hand each parameter's input to the exchange as soon as backward has its gradient,
+        so the exchange overlaps the rest of backward (False: all of them in step()). For one
+        backward pass per step(); a second gradient before step() is an error
+        (python/gradcomp/two_stage.py).
 
     state_dict() holds the moments, the step and gradcomp's state (both sides' error feedback):
     load_state_dict() resumes bit-exactly after a step of either kind."""
@@ -71,7 +75,8 @@ class OneBitAdam(TwoStageOptimizer):
                  weight_decay=0.0, bias_correction=True, variance="freeze",
                  variance_interval=DEFAULT_VARIANCE_INTERVAL, warmup_steps=None, total_steps=None,
                  compression=DEFAULT_COMPRESSION, transport=None, seed=0, bucket_mb=25.0,
-                 min_compress_elements=16384, timeline=None, codec_threads=1, broadcast=True):
+                 min_compress_elements=16384, timeline=None, codec_threads=1, broadcast=True,
+                 overlap=False):
         self.variance = _variance_policy(variance, variance_interval, warmup_steps)
         self.variance_interval = variance_interval
         # None under "doubling" (total_steps then sets nothing)
@@ -79,7 +84,7 @@ class OneBitAdam(TwoStageOptimizer):
                              if variance == "freeze" else None)
         super().__init__(named_parameters, (lr, betas, eps, weight_decay, bias_correction),
                          (compression, transport, seed, bucket_mb, min_compress_elements,
-                          timeline, codec_threads, broadcast))
+                          timeline, codec_threads, broadcast), overlap)
 
     @property
     def exact(self):

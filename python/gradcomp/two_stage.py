@@ -10,11 +10,20 @@ two kinds:
   holds the same m.
 
 Two engines on one transport carry the two kinds; a subclass says which steps are exact
-(`exact`) and how a parameter moves after either kind (`_update`)."""
+(`exact`) and how a parameter moves after either kind (`_update`).
+
+By default step() hands every parameter's input to the exchange, so the exchange starts after
+backward. With overlap=True each parameter's input is handed over as soon as backward has
+accumulated its gradient, so the exchange runs during the rest of backward (as
+DistributedOptimizer's does): for scripts with one backward pass per step() whose every
+gradient is the step's. A second gradient for a parameter before step() (gradient
+accumulation, two losses backward in turn, a backward through these parameters for another
+optimizer) is refused with an error naming it: the first one has already left."""
 import json
 import math
 import os
 import warnings
+import weakref
 
 import torch
 
@@ -33,10 +42,10 @@ class TwoStageOptimizer(torch.optim.Optimizer):
     `_update(p, exchanged, group, exact, threads)`, `_settings()` (what a checkpoint must agree
     on) and may extend `_new_state(p)`."""
 
-    def __init__(self, named_parameters, adam, exchange):
+    def __init__(self, named_parameters, adam, exchange, overlap=False):
         """adam: (lr, betas, eps, weight_decay, bias_correction); exchange: (compression,
         transport, seed, bucket_mb, min_compress_elements, timeline, codec_threads,
-        broadcast)."""
+        broadcast); overlap: hand each input over during backward (see the module's doc)."""
         from gradcomp import torch as gt  # the transports and checks DistributedOptimizer uses
         name = type(self).__name__
         lr, betas, eps, weight_decay, bias_correction = adam
@@ -81,6 +90,12 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                            for p in self._params]
         self._steps = 0  # steps taken (skipped steps count too: the schedule's clock)
         self._last = None
+        self._names = [n for n, _ in named]
+        self._handed = [False] * len(self._params)  # this step's inputs already handed over
+        if not isinstance(overlap, bool):
+            raise ValueError(f"{name}: overlap is {overlap!r}; allowed: True or False")
+        self.overlap = overlap
+        self._accumulators = self._hook_gradients() if overlap else []
 
     @property
     def exact(self):
@@ -98,9 +113,10 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         exact = self.exact
         engine = self._exact_engine if exact else self._engine
         groups = [self.param_groups[g] for g in self._group_index]
-        for i, (p, group) in enumerate(zip(self._params, groups)):
-            self._local_input(i, p, group, exact)
-            engine.ready(i, self._exchanged[i])
+        for i in range(len(self._params)):
+            if not self._handed[i]:  # all of them, unless backward handed them over
+                self._hand_over(i, exact)
+        self._handed = [False] * len(self._params)
         engine.synchronize()
         self._steps += 1
         self._last = engine.last_step()
@@ -113,6 +129,33 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         for p, group, exchanged in zip(self._params, groups, self._exchanged):
             self._update(p, exchanged, group, exact, threads)
         return loss
+
+    def _hook_gradients(self):
+        """overlap=True: a hook on each parameter's gradient accumulator, which autograd calls
+        once the parameter's .grad holds this backward's gradient. The accumulators are kept:
+        the hooks live on them."""
+        accumulators, me = [], weakref.ref(self)  # the hooks must not keep the engines alive
+        for i, p in enumerate(self._params):
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(lambda *_, i=i: me() and me()._gradient_ready(i))
+            accumulators.append(accumulator)
+        return accumulators
+
+    def _gradient_ready(self, i):
+        if self._handed[i]:
+            raise Error(f"{type(self).__name__}: parameter '{self._names[i]}' got a gradient "
+                        "again before step(): with overlap=True each step takes one backward "
+                        "pass, and its gradient has already been handed to the exchange (for "
+                        "gradient accumulation, or several backward passes per step, use "
+                        "overlap=False)")
+        self._hand_over(i, self.exact)
+
+    def _hand_over(self, i, exact):
+        """Forms parameter i's input for this step's kind and hands it to that kind's engine."""
+        group = self.param_groups[self._group_index[i]]
+        self._local_input(i, self._params[i], group, exact)
+        self._handed[i] = True
+        (self._exact_engine if exact else self._engine).ready(i, self._exchanged[i])
 
     def _local_input(self, i, p, group, exact):
         """What rank r hands to the exchange for parameter i: its gradient (zeros when it has

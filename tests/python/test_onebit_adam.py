@@ -254,3 +254,14 @@ def test_resume_after_either_kind_of_step_is_bit_exact(runs, at):
     for rank, final in enumerate(resumed[at].loads("final")):
         assert final == straight.load("final", rank), \
             f"rank {rank}: resumed after step {at}, training differs"
+
+
+def test_overlap_on_two_ranks_gives_the_same_bits(runs, module_runner):
+    """overlap=True hands each input over during backward: the same exchange, the same bits,
+    under each policy and for OneBitLamb."""
+    policy, straight, _ = runs
+    overlapped = module_runner("onebit_adam.py", "--end", STEPS, *POLICIES[policy],
+                               "--overlap").check()
+    finals = overlapped.loads("final")
+    assert finals[0] == finals[1], "the ranks' parameters differ"
+    assert finals[0] == straight.load("final", 0), "overlap changed the result"

@@ -164,3 +164,51 @@ def test_load_state_dict_refuses_other_settings_and_other_optimizers():
         adam.load_state_dict(saved)
     with pytest.raises(gc.Error, match="OneBitLamb.load_state_dict: the state has no optimizer"):
         other.load_state_dict(adam.state_dict())
+
+
+# ------------------------------------------------------------------ overlap=True (both optimizers)
+
+def _train(make, steps, compression, overlap, unused=False):
+    model = _model()
+    extra = torch.nn.Linear(3, 3)  # never in the loss: no gradient, ever
+    params = list(model.named_parameters()) + ([("extra.weight", extra.weight)] if unused else [])
+    opt = make(params, warmup_steps=2, compression=compression, overlap=overlap)
+    for step in range(steps):
+        opt.zero_grad()
+        _loss(model, step).backward()
+        # handed over by backward itself, or all by step()
+        assert opt._handed == [overlap] * len(list(model.parameters())) + [False] * unused
+        opt.step()
+    return [p.detach().clone() for _, p in params]
+
+
+@pytest.mark.parametrize("make", [gc.OneBitAdam, gc.OneBitLamb])
+@pytest.mark.parametrize("compression", ["none", "onebit:block=256|ef|twoway"])
+def test_overlap_hands_over_during_backward_and_changes_no_bit(make, compression):
+    # Both stages (warm-up 2 of 5 steps); a parameter with no gradient is handed over by step().
+    straight = _train(make, 5, compression, overlap=False, unused=True)
+    overlapped = _train(make, 5, compression, overlap=True, unused=True)
+    for a, b in zip(straight, overlapped):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("make", [gc.OneBitAdam, gc.OneBitLamb])
+def test_overlap_refuses_a_second_gradient_before_step(make):
+    model = _model()
+    opt = make(model.named_parameters(), compression="none", overlap=True)
+    _loss(model, 0).backward()
+    with pytest.raises(gc.Error, match=r"parameter '2\.bias' got a gradient again before step"
+                                       r"\(\).*use overlap=False"):
+        _loss(model, 1).backward()
+    with pytest.raises(ValueError, match="overlap is 1; allowed: True or False"):
+        make(model.named_parameters(), overlap=1)
+
+
+def test_overlap_hooks_do_not_keep_the_optimizer_alive():
+    import gc as collector
+    import weakref
+    model = _model()
+    ref = weakref.ref(gc.OneBitAdam(model.named_parameters(), compression="none", overlap=True))
+    collector.collect()
+    assert ref() is None
+    _loss(model, 0).backward()  # the hooks left on the parameters do nothing now

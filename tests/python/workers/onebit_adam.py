@@ -18,6 +18,7 @@ def main():
     p.add_argument("--warmup", type=int, help="freeze: the warm-up's steps")
     p.add_argument("--interval", type=int, default=16, help="doubling: variance_interval")
     p.add_argument("--compression", default="onebit|ef|twoway")
+    p.add_argument("--overlap", action="store_true", help="overlap=True")
     p.add_argument("--load", help="checkpoint prefix to resume from")
     p.add_argument("--save", help="checkpoint prefix to write at the end")
     args = p.parse_args()
@@ -28,11 +29,11 @@ def main():
     if args.optimizer == "onebitlamb":
         assert args.variance == "freeze", "1-bit LAMB freezes after its warm-up"
         opt = gc.OneBitLamb(model.named_parameters(), lr=0.01, weight_decay=0.01,
-                            compression=args.compression, seed=4, **policy)
+                            compression=args.compression, seed=4, overlap=args.overlap, **policy)
     else:
         opt = gc.OneBitAdam(model.named_parameters(), lr=0.01, weight_decay=0.01,
                             variance=args.variance, compression=args.compression, seed=4,
-                            **policy)
+                            overlap=args.overlap, **policy)
     if args.load:
         checkpoint = torch.load(f"{args.load}.rank{rank}.pt")
         model.load_state_dict(checkpoint["model"])
