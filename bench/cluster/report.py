@@ -621,9 +621,8 @@ def render_optimizer_markdown(results):
         "- until backward ends: the profile's forward and backward and the exchange's tail "
         "(DDP and DistributedOptimizer finish their exchange when backward ends). step(): "
         "the optimizer's step after it. update: the parameters' update, which is all of "
-        "step(), except for 1-bit Adam and 1-bit LAMB, whose step() also exchanges the "
-        "momentum (the engine's step time, which includes forming each rank's momentum, is "
-        "taken off).",
+        "step(), except for 1-bit Adam and 1-bit LAMB, whose step() also finishes the "
+        "exchange: their update is timed by the optimizer (last_step()['update_seconds']).",
         "- 1-bit Adam's and 1-bit LAMB's uncompressed warm-up ends within the warm-up steps, "
         "so the measured "
         "steps are in its compression stage; the worker checks each (it sent under half the "

@@ -515,12 +515,11 @@ def machine_busy_s():
 
 def update_seconds(optimizer, onebit, after_backward_s):
     """The optimizer's update in one step: all of step() after a backward pass that ended with
-    the exchange (DDP, DistributedOptimizer, compute only); for 1-bit Adam, whose step() does
-    the exchange, what is left of it once its engine's step (first bucket handed over to the
-    last one finished) is taken off."""
+    the exchange (DDP, DistributedOptimizer, compute only); for 1-bit Adam and 1-bit LAMB,
+    whose step() also finishes the exchange, the update's own time, which they report."""
     if not onebit:
         return after_backward_s
-    return max(after_backward_s - optimizer.last_step()["step_seconds"], 0.0)
+    return optimizer.last_step()["update_seconds"]
 
 
 def grad_digest(params):

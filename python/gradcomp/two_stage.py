@@ -22,6 +22,7 @@ optimizer) is refused with an error naming it: the first one has already left.""
 import json
 import math
 import os
+import time
 import warnings
 import weakref
 
@@ -125,9 +126,10 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                           "(an overflow on some rank): the step is skipped on every rank",
                           RuntimeWarning, stacklevel=2)
             return loss
-        threads = torch.get_num_threads()
+        threads, began = torch.get_num_threads(), time.perf_counter()
         for p, group, exchanged in zip(self._params, groups, self._exchanged):
             self._update(p, exchanged, group, exact, threads)
+        self._last["update_seconds"] = time.perf_counter() - began
         return loss
 
     def _hook_gradients(self):
@@ -208,7 +210,9 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def last_step(self):
-        """The engine's figures of the last step: bytes_sent, uncompressed_bytes, finite, ..."""
+        """The engine's figures of the last step (bytes_sent, uncompressed_bytes, finite,
+        step_seconds, ...) and update_seconds, the time the parameters' update took (absent
+        after a skipped step)."""
         return self._last
 
     def state_dict(self):

@@ -179,6 +179,7 @@ def _train(make, steps, compression, overlap, unused=False):
         # handed over by backward itself, or all by step()
         assert opt._handed == [overlap] * len(list(model.parameters())) + [False] * unused
         opt.step()
+        assert opt.last_step()["update_seconds"] > 0  # the update's own time, for benchmarks
     return [p.detach().clone() for _, p in params]
 
 
