@@ -203,12 +203,6 @@ TEST(OneBitAdam, LoadRefusesAnotherPolicyOrAForeignStateChangingNothing) {
 // A NaN in rank 0's gradient makes the average non-finite: every rank skips the step (the
 // parameters and moments as they were) with a warning, the clock advances, training goes on.
 TEST(OneBitAdam, ANonFiniteAverageSkipsTheStepOnEveryRank) {
-  struct Collect : c10::WarningHandler {
-    std::vector<std::string> messages;
-    void process(const c10::SourceLocation&, const std::string& msg, bool) override {
-      messages.push_back(msg);
-    }
-  };
   Parameters p = make_parameters();
   OneBitAdam opt(p, world(), compressed("doubling"));
   train(p, opt, 0, 1);
@@ -218,17 +212,13 @@ TEST(OneBitAdam, ANonFiniteAverageSkipsTheStepOnEveryRank) {
     opt.zero_grad();
     loss_of(p, world()->rank(), step).backward();
     if (world()->rank() == 0) p["w1"].grad().view({-1})[3].fill_(std::nanf(""));
-    Collect collect;
-    {
-      c10::Warning::WarningHandlerGuard guard(&collect);
-      opt.step();
-    }
+    const std::vector<std::string> warnings = warnings_of([&] { opt.step(); });
     EXPECT_FALSE(opt.last_step().finite);
     EXPECT_EQ(bytes_of(p), before) << "step " << step;
     EXPECT_EQ(opt.steps(), step + 1);
     EXPECT_EQ(state_of(opt, p["w1"]).step(), 1);
-    ASSERT_EQ(collect.messages.size(), 1u);
-    EXPECT_TRUE(contains(collect.messages[0], "the step is skipped on every rank"));
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_TRUE(contains(warnings[0], "the step is skipped on every rank"));
   }
   train(p, opt, 3, 2);
   EXPECT_TRUE(opt.last_step().finite);
@@ -316,15 +306,7 @@ TEST(OneBitAdam, BadInputIsAClearError) {
   EXPECT_THROW(OneBitAdam(p, world(), OneBitAdamOptions(-1.0)), SpecError);
   EXPECT_THROW(OneBitAdam(p, world(), OneBitAdamOptions().betas({0.9, 1.0})), SpecError);
 
-  Parameters wide = make_parameters();
-  wide.insert("wide", at::ones({3}, at::kDouble).requires_grad_());
-  EXPECT_TRUE(contains(error_text([&] { OneBitAdam opt(wide, world()); }),
-                       "parameter 'wide' is a Double tensor on cpu; float32 contiguous CPU "
-                       "parameters only"));
-
-  OneBitAdam opt(p, world());
-  EXPECT_TRUE(contains(error_text([&] { DistributedOptimizer wrapped(opt, p, world()); }),
-                       "OneBitAdam averages over the ranks by itself"));
+  expect_refuses_wide_parameters_and_wrapping<OneBitAdam>("OneBitAdam");
 }
 
 }  // namespace

@@ -346,12 +346,6 @@ TEST(OneBitLamb, LoadRefusesOtherSettingsAndOtherOptimizersChangingNothing) {
 // A NaN in rank 0's gradient makes the average non-finite: every rank skips the step (the
 // parameters, moments and coefficients as they were) with a warning, in either stage.
 TEST(OneBitLamb, ANonFiniteAverageSkipsTheStepOnEveryRank) {
-  struct Collect : c10::WarningHandler {
-    std::vector<std::string> messages;
-    void process(const c10::SourceLocation&, const std::string& msg, bool) override {
-      messages.push_back(msg);
-    }
-  };
   Parameters p = make_parameters();
   OneBitLamb opt(p, world(), compressed());
   train(p, opt, 0, 1);
@@ -364,20 +358,16 @@ TEST(OneBitLamb, ANonFiniteAverageSkipsTheStepOnEveryRank) {
     opt.zero_grad();
     loss_of(p, world()->rank(), step).backward();
     if (world()->rank() == 0) p["w1"].grad().view({-1})[3].fill_(std::nanf(""));
-    Collect collect;
-    {
-      c10::Warning::WarningHandlerGuard guard(&collect);
-      opt.step();
-    }
+    const std::vector<std::string> warnings = warnings_of([&] { opt.step(); });
     EXPECT_FALSE(opt.last_step().finite);
     EXPECT_EQ(bytes_of(p), before) << "step " << step;
     EXPECT_EQ(opt.steps(), step + 1);
     EXPECT_EQ(state_of(opt, p["w1"]).step(), taken);
     EXPECT_EQ(state_of(opt, p["w1"]).lamb_coeff(), coeff);
     EXPECT_EQ(state_of(opt, p["w1"]).lamb_factor(), factor);
-    ASSERT_EQ(collect.messages.size(), 1u);
-    EXPECT_TRUE(contains(collect.messages[0], "OneBitLamb: this step's average is not finite"));
-    EXPECT_TRUE(contains(collect.messages[0], "the step is skipped on every rank"));
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_TRUE(contains(warnings[0], "OneBitLamb: this step's average is not finite"));
+    EXPECT_TRUE(contains(warnings[0], "the step is skipped on every rank"));
     if (step == 1) train(p, opt, 2, 2);  // the last warm-up step, the first compressed one
   }
   train(p, opt, 5, 2);
@@ -392,11 +382,7 @@ TEST(OneBitLamb, ANonFiniteAverageSkipsTheStepOnEveryRank) {
   skipped.zero_grad();
   loss_of(q, world()->rank(), 0).backward();
   if (world()->rank() == 0) q["b1"].grad().view({-1})[0].fill_(INFINITY);
-  {
-    Collect quiet;
-    c10::Warning::WarningHandlerGuard guard(&quiet);
-    skipped.step();
-  }
+  warnings_of([&] { skipped.step(); });  // skipped, with its warning
   skipped.zero_grad();
   loss_of(q, world()->rank(), 1).backward();
   EXPECT_TRUE(contains(error_text([&] { skipped.step(); }),
@@ -475,15 +461,7 @@ TEST(OneBitLamb, BadInputIsAClearError) {
     EXPECT_TRUE(refused_by_spec(options)) << message << ": not a SpecError";
   }
 
-  Parameters wide = make_parameters();
-  wide.insert("wide", at::ones({3}, at::kDouble).requires_grad_());
-  EXPECT_TRUE(contains(error_text([&] { OneBitLamb opt(wide, world()); }),
-                       "OneBitLamb: parameter 'wide' is a Double tensor on cpu; float32 "
-                       "contiguous CPU parameters only"));
-
-  OneBitLamb opt(p, world());
-  EXPECT_TRUE(contains(error_text([&] { DistributedOptimizer wrapped(opt, p, world()); }),
-                       "OneBitLamb averages over the ranks by itself"));
+  expect_refuses_wide_parameters_and_wrapping<OneBitLamb>("OneBitLamb");
 }
 
 }  // namespace

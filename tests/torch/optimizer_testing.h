@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "gradcomp/torch/distributed_optimizer.h"
 #include "gradcomp/torch/two_stage.h"
+#include "support/codec_testing.h"
 #include "support/mp_test.h"
 
 namespace gradcomp::torch::optimizer_testing {
@@ -95,6 +97,37 @@ inline void load(::torch::optim::Optimizer& optimizer, const std::string& bytes)
   ::torch::serialize::InputArchive archive;
   archive.load_from(in);
   optimizer.load(archive);
+}
+
+// The warnings `fn` raised through c10's handler (TORCH_WARN), in order.
+template <typename Fn>
+std::vector<std::string> warnings_of(Fn&& fn) {
+  struct Collect : c10::WarningHandler {
+    std::vector<std::string> messages;
+    void process(const c10::SourceLocation&, const std::string& msg, bool) override {
+      messages.push_back(msg);
+    }
+  };
+  Collect collect;
+  c10::Warning::WarningHandlerGuard guard(&collect);
+  fn();
+  return collect.messages;
+}
+
+// What every two-stage optimizer refuses the same way: a parameter that is not float32 (named
+// in the error), and being wrapped in DistributedOptimizer.
+template <typename Optimizer>
+void expect_refuses_wide_parameters_and_wrapping(const std::string& name) {
+  Parameters wide = make_parameters();
+  wide.insert("wide", at::ones({3}, at::kDouble).requires_grad_());
+  EXPECT_TRUE(testing::contains(testing::error_text([&] { Optimizer opt(wide, testing::world()); }),
+                                name + ": parameter 'wide' is a Double tensor on cpu; float32 "
+                                       "contiguous CPU parameters only"));
+  Parameters p = make_parameters();
+  Optimizer opt(p, testing::world());
+  EXPECT_TRUE(testing::contains(
+      testing::error_text([&] { DistributedOptimizer wrapped(opt, p, testing::world()); }),
+      name + " averages over the ranks by itself"));
 }
 
 }  // namespace gradcomp::torch::optimizer_testing
