@@ -38,8 +38,7 @@ using testing::world;
 using namespace optimizer_testing;  // NOLINT: the shared network, train, saved, load
 
 const OneBitAdamParamState& state_of(const OneBitAdam& opt, const at::Tensor& p) {
-  return static_cast<const OneBitAdamParamState&>(
-      *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+  return optimizer_testing::state_of<OneBitAdamParamState>(opt, p);
 }
 
 // Every tensor compressed, 1-bit codes with both sides' error feedback.

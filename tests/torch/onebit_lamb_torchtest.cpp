@@ -36,8 +36,7 @@ using testing::world;
 using namespace optimizer_testing;  // NOLINT: the shared network, train, saved, load
 
 const OneBitLambParamState& state_of(const OneBitLamb& opt, const at::Tensor& p) {
-  return static_cast<const OneBitLambParamState&>(
-      *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+  return optimizer_testing::state_of<OneBitLambParamState>(opt, p);
 }
 
 // Every tensor compressed, 1-bit codes with both sides' error feedback, a warm-up of 3 steps.

@@ -99,6 +99,12 @@ inline void load(::torch::optim::Optimizer& optimizer, const std::string& bytes)
   optimizer.load(archive);
 }
 
+// A parameter's state in a two-stage optimizer, as the optimizer's own state type.
+template <typename State>
+const State& state_of(const TwoStageOptimizer& opt, const at::Tensor& p) {
+  return static_cast<const State&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+}
+
 // The warnings `fn` raised through c10's handler (TORCH_WARN), in order.
 template <typename Fn>
 std::vector<std::string> warnings_of(Fn&& fn) {
