@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Compressed training under Adam-family optimizers, next to uncompressed AdamW:
-docs/optimizers-accuracy.md and its plots (docs/img/optimizers-*.png).
+docs/optimizers-accuracy.md and its plots (docs/img/optimizers-accuracy-*.png).
 
 The recipes: uncompressed AdamW (the reference), LANS and LAMB; CLAN (LANS over two-way
 compression with error feedback on the worker and the server) with scaled 1-bit codes and with
@@ -226,7 +226,8 @@ def volume_lines(results):
     return lines
 
 
-def plot(results, out_dir):
+def plot(results, out_dir, stem):
+    """The report's three plots, named after it (docs/img/<stem>-lm-loss.png, ...)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -251,7 +252,7 @@ def plot(results, out_dir):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = os.path.join(out_dir, "optimizers-lm-loss.png")
+    path = os.path.join(out_dir, f"{stem}-lm-loss.png")
     fig.savefig(path, dpi=110)
     names.append(path)
 
@@ -267,7 +268,7 @@ def plot(results, out_dir):
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = os.path.join(out_dir, "optimizers-bytes.png")
+    path = os.path.join(out_dir, f"{stem}-bytes.png")
     fig.savefig(path, dpi=110)
     names.append(path)
 
@@ -284,7 +285,7 @@ def plot(results, out_dir):
     ax.set_title("Fashion-MNIST CNN, 2 ranks")
     ax.invert_yaxis()
     fig.tight_layout()
-    path = os.path.join(out_dir, "optimizers-fmnist.png")
+    path = os.path.join(out_dir, f"{stem}-fmnist.png")
     fig.savefig(path, dpi=110)
     names.append(path)
     return names
@@ -293,7 +294,8 @@ def plot(results, out_dir):
 def write_report(args, results):
     img = os.path.join(os.path.dirname(args.out), "img")
     os.makedirs(img, exist_ok=True)
-    plot(results, img)
+    stem = os.path.splitext(os.path.basename(args.out))[0]
+    plot(results, img, stem)
     lines = [
         "# Compression under Adam-family optimizers: CLAN, 1-bit Adam, 1-bit LAMB and the naive "
         "variant",
@@ -333,18 +335,18 @@ def write_report(args, results):
                   f"AdamW's validation loss ({ref.get('val_loss', float('nan')):.4f}); **(!)** "
                   f"marks more than {LM_TOLERANCE_PERCENT:g}% above it.", ""]
         lines += lm_table(results[("lm", world)]) + [""]
-    lines += ["![training loss](img/optimizers-lm-loss.png)", "",
+    lines += [f"![training loss](img/{stem}-lm-loss.png)", "",
               "## Fashion-MNIST CNN, 2 ranks", "",
               f"{args.fmnist_epochs:g} epoch(s), batch 32 per rank, cosine schedule; **(!)** "
               f"marks more than {FMNIST_TOLERANCE_PP:g} pp below AdamW.", ""]
     lines += fmnist_table(results[("fmnist", 2)]) + [""]
-    lines += ["![test accuracy](img/optimizers-fmnist.png)", "",
+    lines += [f"![test accuracy](img/{stem}-fmnist.png)", "",
               "## 1-bit Adam's and 1-bit LAMB's volume against 1 / (w + (1 - w) / 32)", "",
               "w: the exact steps' share of the steps (counted from the bytes per step); the "
               "compressed steps' own ratio shows what the blocks' means, the uncompressed "
               "tensors and the frames' headers cost (the formula assumes every element at 1 "
               "bit).", ""]
-    lines += volume_lines(results) + ["", "![bytes per step](img/optimizers-bytes.png)", ""]
+    lines += volume_lines(results) + ["", f"![bytes per step](img/{stem}-bytes.png)", ""]
     with open(args.out, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
     print(f"wrote {args.out}")
