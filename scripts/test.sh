@@ -37,11 +37,11 @@ stage "unit tests under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" \
-  -E '([.]mpi[.]np4|(engine|rollback|transport)_mptest[.]gloo[.]np4|(engine|rollback|route)_mptest[.]mpi[.]np2)$'
+  -E '([.]mpi[.]np4|(engine|rollback|transport)_mptest[.]gloo[.]np4|(engine|rollback|route|plan_change)_mptest[.]mpi[.]np2)$'
 
 stage "engine tests under ThreadSanitizer"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-  -R '^(Engine|engine_mptest[.]gloo|SparseSelect[.]CollectFinds)'
+  -R '^(Engine|PlanChange|(engine|plan_change)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
 stage "Python front end and the cluster benchmark's parts (pytest)"
 /usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster | tee build/pytest.log

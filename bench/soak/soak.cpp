@@ -66,6 +66,9 @@ struct Settings {
   double learning_rate = 0.001;
   uint64_t seed = 1;
   std::vector<std::string> rotation = default_rotation();
+  // Plan changes build a new engine (new threads, as before Engine::set_plan) instead of
+  // changing the live engine's plan.
+  bool new_engine_per_plan = false;
   std::string checkpoint_dir = "/tmp";
   std::string out;  // JSON report; empty: none
 };
@@ -258,8 +261,10 @@ struct Sample {
   double mean_abs_parameter = 0;  // stays bounded and non-zero if the training is sane
 };
 
-// What the process holds between two engines (the old one destroyed, the next not built yet):
-// only the transport and the run's own buffers, so it must not change from one plan to the next.
+// What the process holds at a plan change, before it: the engine (its threads and its node
+// transports) and the run's own buffers, or with --new-engine-per-plan only the transport and
+// the run's buffers (the old engine destroyed, the next not built yet). Either way it must not
+// change from one plan change to the next.
 struct Idle {
   uint64_t step = 0;
   Resources between;
@@ -342,9 +347,14 @@ class Soak {
   }
 
   void change_plan(uint64_t step) {
+    plan_ = (plan_ + 1) % settings_.rotation.size();
+    if (!settings_.new_engine_per_plan) {
+      idles_.push_back({step, measure()});
+      engine_->set_plan(plan_for(model_.tensors(), settings_.rotation[plan_]));
+      return;
+    }
     engine_.reset();
     idles_.push_back({step, measure()});
-    plan_ = (plan_ + 1) % settings_.rotation.size();
     engine_ = build_engine(plan_);
   }
 
@@ -463,8 +473,8 @@ size_t sample_index(const std::vector<Sample>& samples, uint64_t step) {
   throw Error(fmt::format("soak: no sample at step {}", step));
 }
 
-// fds and threads: compared between engines (the first plan change from the baseline step on,
-// against the last), where no plan's own threads and sockets are counted; with fewer than two
+// fds and threads: compared at plan changes (the first plan change from the baseline step on,
+// against the last), where the same things are alive each time; with fewer than two
 // plan changes after the baseline, the live figures at the baseline and the end, when the
 // same plan runs at both.
 void check_counts(const Soak& soak, const Gathered& g, size_t baseline, const Settings& s,
@@ -481,7 +491,7 @@ void check_counts(const Soak& soak, const Gathered& g, size_t baseline, const Se
   if (idles.end() - first >= 2) {
     const size_t from = static_cast<size_t>(first - idles.begin());
     grew(g.idle, from, idles.size() - 1);
-    v.resources_compared = fmt::format("between engines, step {} vs step {}", first->step,
+    v.resources_compared = fmt::format("at plan changes, step {} vs step {}", first->step,
                                        idles.back().step);
   } else if (soak.samples()[baseline].plan == soak.samples().back().plan) {
     grew(g.live, baseline, soak.samples().size() - 1);
@@ -614,7 +624,7 @@ nlohmann::json report(const Transport& world, const Soak& soak, const Gathered& 
           {"checkpoints", soak.checkpoints()},
           {"resumes", soak.resumes()},
           {"samples", samples},
-          {"between_engines", idles},
+          {"at_plan_changes", idles},
           {"parameter_hashes", hashes},
           {"checks",
            {{"bit_identical", v.identical}, {"finite", v.finite}, {"rss_growth_percent", v.max_rss_growth},
@@ -695,6 +705,8 @@ int main(int argc, char** argv) {
                  "plan options in rotation, short form codec|feedback|route, ';'-separated")
       ->delimiter(';')
       ->capture_default_str();
+  app.add_flag("--new-engine-per-plan", settings.new_engine_per_plan,
+               "change plans by building a new engine (new threads) instead of Engine::set_plan");
   app.add_option("--learning-rate", settings.learning_rate, "SGD step size")->capture_default_str();
   app.add_option("--seed", settings.seed, "seed of the model and of the codecs")
       ->capture_default_str();

@@ -383,6 +383,19 @@ PYBIND11_MODULE(_C, m) {
       .def("pending", &gt::DistributedGradients::pending)
       .def("aborted_step", &gt::DistributedGradients::aborted_step)
       .def("mean_is_finite", &gt::DistributedGradients::mean_is_finite)
+      .def("set_plan",
+           [](gt::DistributedGradients& g, const std::string& compression,
+              const std::string& plan_json, size_t bucket_bytes, size_t min_compress_elements) {
+             gt::GradientOptions options;
+             options.compression = parse_option(compression);
+             if (!plan_json.empty()) options.plan = Plan::parse(plan_json);
+             options.bucket_bytes = bucket_bytes;
+             options.min_compress_elements = min_compress_elements;
+             py::gil_scoped_release release;
+             g.set_plan(options);
+           },
+           py::arg("compression"), py::arg("plan_json"), py::arg("bucket_bytes"),
+           py::arg("min_compress_elements"))
       .def("set_learning_rate", &gt::DistributedGradients::set_learning_rate)
       .def("set_loss_scale", &gt::DistributedGradients::set_loss_scale)
       .def("set_timeline", &gt::DistributedGradients::set_timeline)
@@ -429,5 +442,12 @@ PYBIND11_MODULE(_C, m) {
       .def("save_state", [](PyEngine& e) { return to_bytes(e.engine().save_state()); })
       .def("load_state",
            [](PyEngine& e, const std::string& s) { e.engine().load_state(as_span(s)); })
+      .def("set_plan",
+           [](PyEngine& e, const std::string& plan_json) {
+             Plan plan = Plan::parse(plan_json);
+             py::gil_scoped_release release;
+             e.engine().set_plan(std::move(plan));
+           },
+           py::arg("plan_json"))
       .def("set_timeline", [](PyEngine& e, const std::string& p) { e.engine().set_timeline(p); });
 }

@@ -222,6 +222,25 @@ Plan make_plan(const std::vector<std::string>& names, const std::vector<at::Tens
   return plan;
 }
 
+// `plan` with its tensors listed in the order of `names` (the engine's), the buckets' indices
+// following them: an engine's tensor indices do not change with its plan.
+Plan in_tensor_order(Plan plan, std::span<const std::string> names) {
+  std::map<std::string, size_t> index_of;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) index_of[plan.tensors[i].name] = i;
+  std::vector<size_t> moved_to(plan.tensors.size());
+  std::vector<TensorInfo> tensors;
+  for (size_t j = 0; j < names.size(); ++j) {
+    const size_t i = index_of.at(names[j]);
+    moved_to[i] = j;
+    tensors.push_back(plan.tensors[i]);
+  }
+  for (auto& bucket : plan.buckets) {
+    for (auto& t : bucket.tensors) t = moved_to[t];
+  }
+  plan.tensors = std::move(tensors);
+  return plan;
+}
+
 }  // namespace
 
 Option parse_compression(const std::string& text) { return parse_option(text); }
@@ -591,6 +610,20 @@ std::string DistributedGradients::aborted_step() const {
       "NaN so that every rank sees this step as non-finite, and the optimizer does not step on "
       "it (call zero_grad() and go on with the next batch)",
       cause.empty() ? "" : fmt::format(" ({})", cause));
+}
+
+void DistributedGradients::set_plan(const GradientOptions& options) {
+  Shared& s = *shared_;
+  std::lock_guard lock(s.mutex);
+  if (s.pass_running() || s.pass_started || s.any_handed || s.passes_done > 0) {
+    throw Error("set_plan: gradients of this step are being handed over or accumulated and "
+                "are not exchanged yet; change the plan between steps (after step())");
+  }
+  const auto dense = static_cast<std::ptrdiff_t>(s.dense_count);
+  const std::vector<std::string> names(s.names.begin(), s.names.begin() + dense);
+  const std::vector<at::Tensor> parameters(s.parameters.begin(), s.parameters.begin() + dense);
+  Plan plan = make_plan(names, parameters, options);
+  s.engine->set_plan(in_tensor_order(std::move(plan), names));
 }
 
 void DistributedGradients::set_learning_rate(double lr) { shared_->engine->set_learning_rate(lr); }

@@ -80,6 +80,19 @@ class Engine {
   // scale is finite and above 0. Not saved in checkpoints: set it again after load_state.
   void set_loss_scale(double scale);
 
+  // Changes the plan between steps, keeping the threads, the step counter and the learning
+  // rate. A collective: every rank calls it at the same step with the same plan (a difference
+  // is a CommError naming it, as at construction). The plan must register the same tensors
+  // (names and sizes, in the same order); buckets, codecs, feedbacks and routes may all
+  // change. Nothing of the gradients is lost: what the old routes hold and have not delivered
+  // (error-feedback residuals, DGC's accumulated velocity, the two-way servers' residuals) is
+  // added to each tensor's next gradient, and kept until a step that took it is kept (a
+  // non-finite step hands it over again). Momenta (DGC's, nesterov's, Signum's) and codec
+  // state such as PowerSGD's warm start begin anew. Option::start_step counts the engine's
+  // steps, which continue. Throws Error (the engine unchanged) while a step is in flight, after
+  // a failure, on an invalid plan or other tensors.
+  void set_plan(Plan plan);
+
   const Plan& plan() const;
   const StepStats& last_step() const;
   uint64_t step() const;  // steps completed
@@ -87,9 +100,10 @@ class Engine {
   // only (Error while a step is in flight).
   size_t memory_bytes() const;
 
-  // Every codec and feedback state and the step counter, for checkpoints; loading it into an
-  // engine with the same plan and seed, on the same rank of the same world size, resumes
-  // bit-exactly. load_state throws Error (and changes nothing) on a state saved elsewhere.
+  // Every codec and feedback state, what a plan change carries and the step counter, for
+  // checkpoints; loading it into an engine with the same plan and seed, on the same rank of the
+  // same world size, resumes bit-exactly. load_state throws Error (and changes nothing) on a
+  // state saved elsewhere.
   std::vector<std::byte> save_state() const;
   void load_state(std::span<const std::byte> state);
 

@@ -60,6 +60,14 @@ class Feedback {
   // second set of buffers for this, so the rollback costs no pass over the data.
   virtual void discard() = 0;
 
+  // Adds into `into` (as long as the vectors compensate() takes) what the memory holds of the
+  // gradients and has not sent yet: error feedback's residual, DGC's accumulated velocity.
+  // Handed over with a later gradient, it reaches the mean as this feedback would have sent it;
+  // used when a plan change retires the feedback (Engine::set_plan). Momentum is not added (it
+  // is a history of what was sent), nor anything while the memory is empty (never
+  // compensated). Between steps only.
+  virtual void add_unsent(std::span<float> into) const = 0;
+
   // False when the feedback keeps no memory at all (none): a route need not check the
   // aggregate for a rollback.
   virtual bool has_memory() const { return true; }

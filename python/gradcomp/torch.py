@@ -329,6 +329,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             int(seed), timeline or "", int(local_size), int(codec_threads),
             self._backward_begins, bool(find_unused_parameters), sparse)
         self._gradients.set_learning_rate(self._lr())
+        self._plan_settings = (int(bucket_mb * (1 << 20)), int(min_compress_elements))
         self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements, sparse)
         # Every rank has the same options: one warning (rank 0's) is enough.
         if (plan is None and self.rank == 0
@@ -402,6 +403,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def world_size(self):
         """How many ranks exchange."""
         return self._gradients.world_size
+
+    def set_compression(self, compression="none", plan=None):
+        """Changes how the gradients travel from the next step on, as the constructor's
+        compression= or plan= would have set it (bucket_mb and min_compress_elements as given
+        there). Nothing of the gradients is lost: what the old plan's error feedback holds and
+        has not delivered (residuals, DGC's accumulated velocity, two-way servers' residuals)
+        joins the next exchange; momenta and PowerSGD's warm start begin anew. A collective:
+        every rank calls it at the same point of training with the same arguments (ranks that
+        differ get a CommError and keep the plan they had), while no exchange is under way: not
+        during a backward pass, nor between the passes of an accumulated step (gradcomp.Error).
+        state_dict() afterwards belongs to the new plan."""
+        self._gradients.set_plan(compression, _plan_json(plan), *self._plan_settings)
 
     def synchronize(self):
         """Makes every .grad hold the mean over ranks now. Backward passes exchange by

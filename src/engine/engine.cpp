@@ -40,6 +40,7 @@ struct Engine::Impl {
 
   void ready(size_t tensor, std::span<float> grad);
   void synchronize();
+  void set_plan(Plan next);
 
   // Stage threads.
   void encoder_loop();
@@ -57,7 +58,14 @@ struct Engine::Impl {
   bool wait_for(std::unique_lock<std::mutex>& lock, Pred done);
   void open_timeline(const std::string& path);
   void attach_timeline();  // points every bucket's Phases at the current timeline
+  bool hierarchical_plan() const;  // some bucket's route is hierarchical
+  void check_plans_agree();  // the collective check of the constructor and of set_plan
   void make_routes(bool hierarchical);
+  void name_lanes();
+  // set_plan: adds what the routes hold and have not delivered to `carried`, by tensor.
+  void carry_out();
+  // ready(): adds tensor t's carried memory (in the coming step's loss scale) to its gradient.
+  void add_carried(size_t tensor, std::span<float> grad);
   void settle_step();  // under mutex, every bucket decoded
   void release_after_failure();
   StateOwner owner() const;
@@ -71,6 +79,14 @@ struct Engine::Impl {
   bool settles_steps = false;  // some route keeps state: every step is kept or taken back whole
   std::vector<TensorSlot> slots;  // per tensor: its bucket and place in the fused buffer
   std::unordered_map<std::string, size_t> index_of;
+  // Per tensor, what a plan change carries (Engine::set_plan; empty values: nothing). Added to
+  // the tensor's next gradient; kept until a step that took it is kept.
+  struct Carried {
+    std::vector<float> values;
+    double scale = 0;  // the loss scale the values are in (0: unknown)
+    bool taken = false;  // added to this step's gradient
+  };
+  std::vector<Carried> carried;
 
   mutable std::mutex mutex;
   std::condition_variable changed;  // any stage progressed, or an error, or shutdown
@@ -103,19 +119,12 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
     throw Error(fmt::format("Engine: codec_threads is {}; it must be at least 1",
                             options.codec_threads));
   }
-  const bool hierarchical = std::any_of(plan.buckets.begin(), plan.buckets.end(), [](auto& b) {
-    return b.option.route.rfind("hierarchical", 0) == 0;
-  });
-  if (hierarchical && options.local_size <= 0) {
-    options.local_size = launch_info_from_environment().local_size;
-  }
   for (size_t t = 0; t < plan.tensors.size(); ++t) index_of.emplace(plan.tensors[t].name, t);
+  carried.resize(plan.tensors.size());
   // First of all collectives, so that ranks with different plans fail here with a message
   // naming the difference, before they could issue different collectives (the node split).
-  check_consistency(*transport, plan,
-                    {options.seed, static_cast<uint64_t>(hierarchical ? options.local_size : 0)},
-                    transport->timeout());
-  make_routes(hierarchical);
+  check_plans_agree();
+  make_routes(hierarchical_plan());
   const std::string path = options.timeline.empty() ? timeline_from_environment()
                                                     : options.timeline;
   if (!path.empty()) open_timeline(path);
@@ -154,16 +163,34 @@ void Engine::Impl::release_after_failure() {
   }
 }
 
+bool Engine::Impl::hierarchical_plan() const {
+  return std::any_of(plan.buckets.begin(), plan.buckets.end(), [](auto& b) {
+    return b.option.route.rfind("hierarchical", 0) == 0;
+  });
+}
+
+void Engine::Impl::check_plans_agree() {
+  const bool hierarchical = hierarchical_plan();
+  if (hierarchical && options.local_size <= 0) {
+    options.local_size = launch_info_from_environment().local_size;
+  }
+  check_consistency(*transport, plan,
+                    {options.seed, static_cast<uint64_t>(hierarchical ? options.local_size : 0)},
+                    transport->timeout());
+}
+
 void Engine::Impl::make_routes(bool hierarchical) {
   RouteEnv env{.world = transport.get(), .seed = options.seed, .threads = options.codec_threads};
-  if (hierarchical) {
+  if (hierarchical && !intra) {  // the node split outlives plan changes
     auto nodes = split_nodes(*transport, options.local_size);
     intra = std::move(nodes.intra);
     leaders = std::move(nodes.leaders);
+  }
+  if (hierarchical) {
     env.intra = intra.get();
     env.leaders = leaders.get();
   }
-  slots.resize(plan.tensors.size());
+  slots.assign(plan.tensors.size(), TensorSlot{});
   buckets.reserve(plan.buckets.size());
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     buckets.emplace_back(plan, b, env, slots, options.timeout);
@@ -180,11 +207,100 @@ void Engine::Impl::settle_step() {
   if (settles_steps) {
     for (LiveBucket& b : buckets) b.route->settle(keep, step_state);
   }
+  // Carried memory a kept step delivered is done; that of a step taken back goes again.
+  for (Carried& c : carried) {
+    if (c.taken && keep) c = Carried{};
+    c.taken = false;
+  }
   stats.finite = keep;
+}
+
+void Engine::Impl::carry_out() {
+  for (const LiveBucket& bucket : buckets) {
+    std::vector<float> held(bucket.elements, 0.0f);
+    const double scale = bucket.route->carry(held);
+    for (size_t t = 0; t < slots.size(); ++t) {
+      const TensorSlot& slot = slots[t];
+      if (slot.bucket != bucket.index) continue;
+      const auto part = std::span(held).subspan(slot.offset, slot.elements);
+      if (std::all_of(part.begin(), part.end(), [](float x) { return x == 0.0f; })) continue;
+      Carried& c = carried[t];
+      if (c.values.empty()) {
+        c.values.assign(slot.elements, 0.0f);
+        c.scale = scale;
+      }
+      for (size_t i = 0; i < part.size(); ++i) c.values[i] += part[i];
+    }
+  }
+}
+
+void Engine::Impl::add_carried(size_t tensor, std::span<float> grad) {
+  Carried& c = carried[tensor];
+  if (c.values.empty()) return;
+  // The memory was kept in the loss scale of its last step; the gradient carries this step's.
+  const bool rescale = c.scale > 0 && step_state.scale > 0 && c.scale != step_state.scale;
+  const auto k = static_cast<float>(rescale ? step_state.scale / c.scale : 1.0);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::fma(k, c.values[i], grad[i]);
+  c.taken = true;
+}
+
+// Everything new is built before anything old is let go, so a failure leaves the engine as it
+// was. The stage threads are idle between steps: they wait, under this mutex, for the first
+// bucket of the next step, and read the bucket list afresh when they wake.
+void Engine::Impl::set_plan(Plan next) {
+  std::lock_guard lock(mutex);
+  throw_if_failed();
+  if (step_started) throw Error("set_plan: a step is in flight; call synchronize() first");
+  next.validate();
+  if (next.tensors.size() != plan.tensors.size()) {
+    throw Error(fmt::format("set_plan: the plan registers {} tensors; this engine's has {} (a "
+                            "plan change keeps the tensors and changes how they travel)",
+                            next.tensors.size(), plan.tensors.size()));
+  }
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    const auto& a = plan.tensors[t];
+    const auto& b = next.tensors[t];
+    if (a.name != b.name || a.elements != b.elements) {
+      throw Error(fmt::format("set_plan: tensor {} is '{}' of {} elements; this engine's is "
+                              "'{}' of {} (the same tensors, in the same order)",
+                              t, b.name, b.elements, a.name, a.elements));
+    }
+  }
+  std::swap(plan, next);  // `next` now holds the old plan, until the new routes stand
+  std::vector<LiveBucket> old_buckets = std::move(buckets);
+  std::vector<TensorSlot> old_slots = std::move(slots);
+  const bool old_settles = settles_steps;
+  buckets.clear();
+  settles_steps = false;
+  try {
+    check_plans_agree();
+    make_routes(hierarchical_plan());
+  } catch (...) {
+    std::swap(plan, next);
+    buckets = std::move(old_buckets);
+    slots = std::move(old_slots);
+    settles_steps = old_settles;
+    throw;
+  }
+  std::swap(buckets, old_buckets);  // carry out of the old routes, with their slots
+  std::swap(slots, old_slots);
+  carry_out();
+  std::swap(buckets, old_buckets);
+  std::swap(slots, old_slots);
+  old_buckets.clear();  // the old routes go; the threads stay
+  next_launch = 0;
+  encode_queue.clear();
+  name_lanes();
+  attach_timeline();
 }
 
 void Engine::Impl::open_timeline(const std::string& path) {
   timeline = std::make_unique<Timeline>(rank_path(path, transport->rank()), transport->rank());
+  name_lanes();
+}
+
+void Engine::Impl::name_lanes() {
+  if (!timeline) return;
   for (size_t b = 0; b < buckets.size(); ++b) {
     timeline->name_lane(static_cast<int>(b), buckets[b].describe(plan));
   }
@@ -237,6 +353,7 @@ void Engine::Impl::ready(size_t tensor, std::span<float> grad) {
     slot.ready = true;
     LiveBucket& bucket = buckets[slot.bucket];
     bucket.take(slot, grad);
+    add_carried(tensor, bucket.buffer().subspan(slot.offset, slot.elements));
     if (bucket.pending == 0) {
       bucket.complete_at = Clock::now();
       to_encode = launch_complete_buckets();
@@ -418,6 +535,8 @@ void Engine::ready(const std::string& name, std::span<float> grad) {
 
 void Engine::synchronize() { impl_->synchronize(); }
 
+void Engine::set_plan(Plan plan) { impl_->set_plan(std::move(plan)); }
+
 void Engine::set_learning_rate(double lr) {
   if (!(lr >= 0)) throw Error(fmt::format("set_learning_rate: {} is not a learning rate", lr));
   std::lock_guard lock(impl_->mutex);
@@ -452,6 +571,7 @@ size_t Engine::memory_bytes() const {
   }
   size_t total = 0;
   for (const LiveBucket& b : impl_->buckets) total += b.memory_bytes();
+  for (const auto& c : impl_->carried) total += c.values.size() * sizeof(float);
   return total;
 }
 
@@ -465,16 +585,23 @@ std::vector<std::byte> Engine::save_state() const {
   std::lock_guard lock(impl_->mutex);
   if (impl_->step_started) throw Error("save_state: a step is in flight; call synchronize() first");
   impl_->throw_if_failed();
-  std::vector<std::vector<std::byte>> routes;
-  for (const LiveBucket& b : impl_->buckets) routes.push_back(b.route->save_state());
-  return write_engine_state(impl_->owner(), impl_->step_state, routes);
+  EngineState state;
+  state.step_state = impl_->step_state;
+  for (const LiveBucket& b : impl_->buckets) state.routes.push_back(b.route->save_state());
+  for (size_t t = 0; t < impl_->carried.size(); ++t) {
+    const auto& c = impl_->carried[t];
+    if (!c.values.empty()) state.carried.push_back({.tensor = t, .scale = c.scale, .values = c.values});
+  }
+  return write_engine_state(impl_->owner(), state);
 }
 
 void Engine::load_state(std::span<const std::byte> state) {
   std::lock_guard lock(impl_->mutex);
   if (impl_->step_started) throw Error("load_state: a step is in flight; call synchronize() first");
   impl_->throw_if_failed();
-  const EngineState loaded = read_engine_state(state, impl_->owner(), impl_->buckets.size());
+  std::vector<size_t> elements;
+  for (const auto& t : impl_->plan.tensors) elements.push_back(t.elements);
+  EngineState loaded = read_engine_state(state, impl_->owner(), impl_->buckets.size(), elements);
   // All or nothing: if any bucket refuses its state, the ones loaded before it go back.
   std::vector<std::vector<std::byte>> before;
   for (const LiveBucket& b : impl_->buckets) before.push_back(b.route->save_state());
@@ -489,6 +616,10 @@ void Engine::load_state(std::span<const std::byte> state) {
     throw;
   }
   impl_->step_state = loaded.step_state;  // the stage threads keep counting cycles
+  for (auto& c : impl_->carried) c = Impl::Carried{};
+  for (auto& c : loaded.carried) {
+    impl_->carried[c.tensor] = {.values = std::move(c.values), .scale = c.scale};
+  }
   impl_->next_lr = loaded.step_state.lr;
   // Checkpoints keep no loss scale: the coming step's is the one set last, and the scale the
   // loaded memory was accumulated under is unknown (no correction in the first step).

@@ -86,6 +86,9 @@ class DgcFeedback final : public Feedback {
 
   std::span<float> residual() override { return r_; }
 
+  // v: what was accumulated and not sent (u, the momentum, is history).
+  void add_unsent(std::span<float> into) const override { feedback::add_into(into, v_, "dgc"); }
+
   void commit() override {
     if (!pending_) throw Error("feedback 'dgc': commit() without a compensate() before it");
     float* u = u_.data();

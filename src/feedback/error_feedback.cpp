@@ -42,6 +42,8 @@ class ErrorFeedback final : public Feedback {
 
   std::span<float> residual() override { return e_; }
 
+  void add_unsent(std::span<float> into) const override { feedback::add_into(into, e_, "ef"); }
+
   void discard() override {
     memory_.discard_step();
     e_.swap(spare_);

@@ -58,6 +58,11 @@ class NesterovFeedback final : public Feedback {
 
   std::span<float> residual() override { return ef_ ? std::span<float>(p_) : std::span<float>(); }
 
+  // e (held in p_ between steps) when ef=true; m is history.
+  void add_unsent(std::span<float> into) const override {
+    if (ef_) feedback::add_into(into, p_, "nesterov");
+  }
+
   void discard() override {
     memory_.discard_step();
     m_.swap(m_old_);

@@ -15,6 +15,7 @@ class NoFeedback final : public Feedback {
     return grad;
   }
   std::span<float> residual() override { return {}; }
+  void add_unsent(std::span<float>) const override {}  // nothing held
   void discard() override {}  // nothing to take back
   bool has_memory() const override { return false; }
   size_t memory_bytes() const override { return 0; }

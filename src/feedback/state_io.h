@@ -179,6 +179,17 @@ inline double loss_scale_ratio(const StepInfo& info) {
   return known ? info.scale / info.prev_scale : 1.0;
 }
 
+// Feedback::add_unsent: into += memory, elementwise. An unsized memory (never compensated) adds
+// nothing; one of another length is an Error (the caller mixed up buckets).
+inline void add_into(std::span<float> into, const std::vector<float>& memory, const char* name) {
+  if (memory.empty()) return;
+  if (memory.size() != into.size()) {
+    throw Error(fmt::format("feedback '{}': add_unsent into {} elements; the memory holds {}",
+                            name, into.size(), memory.size()));
+  }
+  for (size_t i = 0; i < into.size(); ++i) into[i] += memory[i];
+}
+
 // Bytes of float buffers, for Feedback::memory_bytes().
 inline size_t buffer_bytes(const std::vector<const std::vector<float>*>& buffers) {
   size_t total = 0;

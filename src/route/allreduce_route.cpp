@@ -27,6 +27,10 @@ class AllreduceRoute final : public Route {
 
   bool stateful() const override { return keeper_.stateful(); }
   void settle(bool keep, const StepState& step) override { keeper_.settle(keep, step); }
+  double carry(std::span<float> into) const override {
+    feedback_->add_unsent(into);
+    return keeper_.memory_scale();
+  }
   size_t bytes_sent() const override { return sent_; }
   size_t memory_bytes() const override;
   std::vector<std::byte> save_state() const override;

@@ -48,6 +48,9 @@ class StepKeeper {
   void settle(bool keep, const StepState& step);
   // After load_state: the loaded memory's step is the engine's previous one.
   void forget() { kept_ = false; }
+  // The loss scale the memory is in: that of the last step kept; 0 when unknown (nothing kept
+  // since construction or load_state).
+  double memory_scale() const { return kept_ ? kept_scale_ : 0.0; }
 
  private:
   std::vector<Feedback*> feedbacks_;

@@ -33,6 +33,7 @@ class HierarchicalRoute final : public Route {
   void settle(bool keep, const StepState& step) override {
     if (inner_) inner_->settle(keep, step);
   }
+  double carry(std::span<float> into) const override;
   std::vector<std::byte> save_state() const override;
   void load_state(std::span<const std::byte> state) override;
 
@@ -144,6 +145,17 @@ void HierarchicalRoute::decode(std::span<float> out, const StepState&, const Pha
   if (out.data() != sum_.data() && n_ > 0) {  // normally the same memory (route.h)
     p.run("decode", [&] { std::memcpy(out.data(), sum_.data(), n_ * sizeof(float)); });
   }
+}
+
+// The inner route's memory is in units of the node's mean, which the leader's gradient enters
+// divided by the local size: the leader hands it over local-size times.
+double HierarchicalRoute::carry(std::span<float> into) const {
+  if (!inner_) return 0;  // nothing is held off the leaders
+  std::vector<float> inner(n_, 0.0f);
+  const double scale = inner_->carry(inner);
+  const auto local = static_cast<float>(local_size_);
+  for (size_t i = 0; i < n_; ++i) into[i] += local * inner[i];
+  return scale;
 }
 
 size_t HierarchicalRoute::memory_bytes() const {

@@ -102,6 +102,13 @@ class Route {
   // are the same bits on every rank, so every rank decides alike.
   virtual void settle(bool /*keep*/, const StepState& /*step*/) {}
 
+  // A plan change retires this route (Engine::set_plan): adds into `into` (the bucket's
+  // elements) what this rank must hand over with a later gradient so that a later mean
+  // delivers what the route holds and has not delivered: its feedbacks' unsent memory (a
+  // server's, scaled to count once in the mean over ranks). Returns the loss scale that memory
+  // is in (0: unknown, or nothing held). Between steps only.
+  virtual double carry(std::span<float> into) const = 0;
+
   // Bytes this rank handed to the transport for other ranks in the last step (all phases; the
   // frame of its own shard in an alltoall is not counted: it never leaves the rank).
   virtual size_t bytes_sent() const = 0;

@@ -32,6 +32,7 @@ class TwowayRoute final : public Route {
 
   bool stateful() const override { return keeper_.stateful(); }
   void settle(bool keep, const StepState& step) override { keeper_.settle(keep, step); }
+  double carry(std::span<float> into) const override;
   size_t bytes_sent() const override { return sent_; }
   size_t memory_bytes() const override;
   std::vector<std::byte> save_state() const override;
@@ -209,6 +210,18 @@ void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phas
       at += result_counts_[s];
     }
   });
+}
+
+// The worker's residual, and this rank's server residual: it is in units of the shard's mean,
+// so it enters this rank's next gradient W times, to count once in the mean over W ranks.
+double TwowayRoute::carry(std::span<float> into) const {
+  feedback_->add_unsent(into);
+  const Range mine = shards_[rank_];
+  std::vector<float> server(mine.size(), 0.0f);
+  server_feedback_->add_unsent(server);
+  const auto w = static_cast<float>(world_size_);
+  for (size_t i = 0; i < server.size(); ++i) into[mine.begin + i] += w * server[i];
+  return keeper_.memory_scale();
 }
 
 size_t TwowayRoute::memory_bytes() const {

@@ -32,6 +32,8 @@ class WarmupRoute final : public Route {
   void settle(bool keep, const StepState& step) override {
     if (step.step >= start_step_) main_->settle(keep, step);
   }
+  // The plain route holds nothing; the option's route nothing before start_step.
+  double carry(std::span<float> into) const override { return main_->carry(into); }
   size_t bytes_sent() const override { return last_->bytes_sent(); }
   size_t memory_bytes() const override { return plain_->memory_bytes() + main_->memory_bytes(); }
   std::vector<std::byte> save_state() const override { return main_->save_state(); }

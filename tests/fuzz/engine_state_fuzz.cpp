@@ -1,6 +1,6 @@
 // libFuzzer target: Engine::load_state(bytes) on one-rank engines over small plans (one per
 // route, engine_options.h) must give a gradcomp::Error and change nothing, or load. A state it
-// loads (version 3) must save back to the same bytes, and a step must then run or fail with an
+// loads (version 4, the one written) must save back to the same bytes, and a step must then run or fail with an
 // Error. Each engine is built once (Gloo over a file store is slow to set up) and rebuilt only
 // after a step broke it.
 #include <map>
@@ -59,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   uint32_t version = 0;
   std::memcpy(&version, state.data() + 4, 4);  // loaded: at least magic and version are there
-  if (version == 3) fuzz::expect_round_trip(state, e.save_state());
+  if (version == 4) fuzz::expect_round_trip(state, e.save_state());
   if (!step(e)) engines().erase(index);  // broken engines throw from then on
   return 0;
 }

@@ -77,6 +77,15 @@ void engine_seeds(const fs::path& dir) {
     engine.ready("b", b);
     engine.synchronize();
     write(dir / (std::to_string(i) + "_step1"), {static_cast<char>(i), 1}, engine.save_state());
+    // A state carrying memory into plan i: a step under another plan, then a plan change.
+    Engine before(testing::single_rank_transport(),
+                  fuzz::engine_plan(options[(i + 1) % options.size()]),
+                  EngineOptions{.seed = fuzz::kEngineSeed});
+    before.ready("w", w);
+    before.ready("b", b);
+    before.synchronize();
+    before.set_plan(fuzz::engine_plan(options[i]));
+    write(dir / (std::to_string(i) + "_carried"), {static_cast<char>(i), 1}, before.save_state());
   }
 }
 

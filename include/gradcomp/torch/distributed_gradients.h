@@ -127,6 +127,17 @@ class DistributedGradients {
   // every rank alike when it is false (an overflow, or a pass that raised on some rank).
   bool mean_is_finite() const;
 
+  // Changes how the gradients travel from the next exchange on, keeping the engine's threads
+  // (Engine::set_plan: what the old plan's feedback holds and has not delivered is carried into
+  // the next exchange; nothing of the gradients is lost). A collective: every rank calls it
+  // between the same two steps with the same plan (CommError naming the difference otherwise,
+  // the old plan kept). The new plan comes from `options` as at construction: its plan (the
+  // trainable parameters, by name, size and shape, in any order) or else the default plan of
+  // its compression, bucket_bytes and min_compress_elements; its other fields are not read.
+  // Throws Error during a backward pass or while gradients are handed over or accumulated
+  // and not exchanged yet (call it after step()).
+  void set_plan(const GradientOptions& options);
+
   void set_learning_rate(double lr);
   // The factor the coming step's gradients carry (a loss scaler's scale; 1 without one): the
   // feedback memory is kept in the units of each step's gradient (Engine::set_loss_scale).

@@ -1,0 +1,134 @@
+// Engine::set_plan in one process (a real Gloo transport of one rank): what the old routes held
+// reaches the next mean, a step taken back hands it over again, a checkpoint keeps it, and bad
+// plan changes are errors that leave the engine as it was.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "gradcomp/engine.h"
+#include "gradcomp/error.h"
+#include "gradcomp/frame.h"
+#include "support/codec_testing.h"
+#include "support/single_rank.h"
+
+namespace gradcomp {
+namespace {
+
+using testing::error_text;
+
+Plan small_plan(const Option& option = {}) {
+  DefaultPlanSettings settings;
+  settings.min_compress_elements = 100;
+  settings.compressed = option;
+  return make_default_plan({{"w", 1000}, {"b", 10}}, settings);
+}
+
+const Option kTopk{.codec = "topk:ratio=0.1", .feedback = "ef", .route = "allgather"};
+
+// One step; returns w's mean (b is uncompressed in every plan here).
+std::vector<float> step(Engine& engine, std::vector<float> w, double scale = 1) {
+  std::vector<float> b(10, 1.0f);
+  engine.set_loss_scale(scale);
+  engine.ready("w", w);
+  engine.ready("b", b);
+  engine.synchronize();
+  return w;
+}
+
+// With one rank top-k sends part of g and keeps the rest (g - sent) as its residual: after a
+// change to the uncompressed plan, that rest arrives with the next gradient, exactly.
+TEST(PlanChange, TheResidualArrivesWithTheNextGradient) {
+  Engine engine(testing::single_rank_transport(), small_plan(kTopk));
+  const auto g1 = testing::gradient(1000, 1);
+  const auto sent = step(engine, g1);
+  engine.set_plan(small_plan());
+  EXPECT_GT(engine.memory_bytes(), 0u);  // the carried residual
+  const auto g2 = testing::gradient(1000, 2);
+  const auto got = step(engine, g2);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], g2[i] + (g1[i] - sent[i])) << i;
+  }
+  // Delivered once: the step after gives its own gradient only.
+  const auto g3 = testing::gradient(1000, 3);
+  EXPECT_EQ(step(engine, g3), g3);
+  EXPECT_EQ(engine.step(), 3u);
+}
+
+// A non-finite step (a loss scaler skips it) does not use the carried memory up; the loss scale
+// it was kept in is brought to the next step's.
+TEST(PlanChange, AStepTakenBackHandsTheCarriedMemoryOverAgain) {
+  Engine engine(testing::single_rank_transport(), small_plan(kTopk));
+  const auto g1 = testing::gradient(1000, 4);
+  std::vector<float> g1_scaled(g1);
+  for (float& x : g1_scaled) x *= 1024;
+  const auto sent = step(engine, g1_scaled, 1024);
+  engine.set_plan(small_plan());
+  auto bad = testing::gradient(1000, 5);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  step(engine, bad, 512);
+  EXPECT_FALSE(engine.last_step().finite);
+  const auto g3 = testing::gradient(1000, 6);
+  std::vector<float> g3_scaled(g3);
+  for (float& x : g3_scaled) x *= 256;
+  const auto got = step(engine, g3_scaled, 256);
+  EXPECT_TRUE(engine.last_step().finite);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double expected = g3[i] + (double{g1_scaled[i]} - sent[i]) / 1024;
+    ASSERT_NEAR(got[i] / 256, expected, 1e-5 * (1 + std::fabs(expected))) << i;
+  }
+}
+
+// A checkpoint taken right after a plan change holds the carried memory: an engine built with
+// the new plan and loaded from it gives the same next step, bit for bit.
+TEST(PlanChange, ACheckpointKeepsTheCarriedMemory) {
+  Engine engine(testing::single_rank_transport(), small_plan(kTopk));
+  step(engine, testing::gradient(1000, 7));
+  const Plan next = small_plan({.codec = "fp16", .feedback = "ef"});
+  engine.set_plan(next);
+  const auto state = engine.save_state();
+  Engine resumed(testing::single_rank_transport(), next);
+  resumed.load_state(state);
+  EXPECT_EQ(resumed.save_state(), state);
+  EXPECT_EQ(step(resumed, testing::gradient(1000, 8)), step(engine, testing::gradient(1000, 8)));
+  // A state that claims to carry a tensor the plan does not have is refused.
+  Engine other(testing::single_rank_transport(), next);
+  auto bad = state;
+  const size_t at = bad.size() - 4 - 4000 - 8 - 8 - 8;  // the carried entry's tensor index
+  bad[at] = std::byte{9};
+  const uint32_t crc = crc32(std::span(bad).first(bad.size() - 4));
+  std::memcpy(bad.data() + bad.size() - 4, &crc, 4);
+  EXPECT_NE(error_text([&] { other.load_state(bad); }).find("not a tensor of the plan"),
+            std::string::npos);
+}
+
+TEST(PlanChange, BadChangesAreErrorsAndChangeNothing) {
+  Engine engine(testing::single_rank_transport(), small_plan(kTopk));
+  step(engine, testing::gradient(1000, 9));
+  const auto state = engine.save_state();
+  DefaultPlanSettings settings;
+  const Plan others = make_default_plan({{"w", 1000}, {"c", 10}}, settings);
+  EXPECT_NE(error_text([&] { engine.set_plan(others); }).find("tensor 1 is 'c'"),
+            std::string::npos);
+  const Plan fewer = make_default_plan({{"w", 1000}}, settings);
+  EXPECT_NE(error_text([&] { engine.set_plan(fewer); }).find("registers 1 tensors"),
+            std::string::npos);
+  Plan invalid = small_plan();
+  invalid.buckets.pop_back();
+  EXPECT_NE(error_text([&] { engine.set_plan(invalid); }), "no error");
+  std::vector<float> w(1000, 1.0f);
+  engine.ready("w", w);
+  EXPECT_NE(error_text([&] { engine.set_plan(small_plan()); }).find("a step is in flight"),
+            std::string::npos);
+  std::vector<float> b(10, 1.0f);
+  engine.ready("b", b);
+  engine.synchronize();
+  // Still the top-k plan, and it steps on.
+  EXPECT_EQ(engine.plan().buckets.size(), small_plan(kTopk).buckets.size());
+  EXPECT_EQ(engine.plan().hash(), small_plan(kTopk).hash());
+  EXPECT_NO_THROW(step(engine, testing::gradient(1000, 10)));
+}
+
+}  // namespace
+}  // namespace gradcomp
