@@ -344,6 +344,19 @@ PYBIND11_MODULE(_C, m) {
       .def("__call__", &gt::EndOfBackward::operator(), py::call_guard<py::gil_scoped_release>());
   m.def("transport_in_use", [](const Transport& t) { return gt::transport_in_use(t); });
 
+  py::class_<AutoSettings>(m, "AutoSettings", "compression=\"auto\": the scheduler's settings")
+      .def(py::init<>())
+      .def_readwrite("candidates", &AutoSettings::candidates)
+      .def_readwrite("warmup_steps", &AutoSettings::warmup_steps)
+      .def_readwrite("profile_steps", &AutoSettings::profile_steps)
+      .def_readwrite("trial_steps", &AutoSettings::trial_steps)
+      .def_readwrite("max_proposals", &AutoSettings::max_proposals)
+      .def_readwrite("drift", &AutoSettings::drift)
+      .def_readwrite("check_every", &AutoSettings::check_every)
+      .def_readwrite("drift_checks", &AutoSettings::drift_checks)
+      .def_readwrite("verbose", &AutoSettings::verbose)
+      .def("validate", &AutoSettings::validate);
+
   py::class_<gt::DistributedGradients>(m, "DistributedGradients")
       .def(py::init([](std::vector<std::pair<std::string, at::Tensor>> parameters,
                        std::shared_ptr<Transport> transport, const std::string& compression,
@@ -352,9 +365,11 @@ PYBIND11_MODULE(_C, m) {
                        uint64_t seed, const std::string& timeline, int local_size,
                        int codec_threads,
                        std::function<void(gt::EndOfBackward)> queue_end_of_backward,
-                       bool find_unused_parameters, std::vector<std::string> sparse_parameters) {
+                       bool find_unused_parameters, std::vector<std::string> sparse_parameters,
+                       std::optional<AutoSettings> auto_settings) {
              gt::GradientOptions options;
-             options.compression = parse_option(compression);
+             options.auto_settings = std::move(auto_settings);
+             options.compression = parse_option(options.auto_settings ? "none" : compression);
              if (!plan_json.empty()) {
                options.plan = Plan::parse(plan_json);
              }
@@ -375,7 +390,17 @@ PYBIND11_MODULE(_C, m) {
            py::arg("local_size"), py::arg("codec_threads"),
            py::arg("queue_end_of_backward") = nullptr,
            py::arg("find_unused_parameters") = false,
-           py::arg("sparse_parameters") = std::vector<std::string>{})
+           py::arg("sparse_parameters") = std::vector<std::string>{},
+           py::arg("auto_settings") = std::nullopt)
+      .def("auto_report",
+           [](const gt::DistributedGradients& g) { return g.auto_report().dump(); })
+      .def("save_auto", [](const gt::DistributedGradients& g) { return g.save_auto().dump(); })
+      .def("load_auto",
+           [](gt::DistributedGradients& g, const std::string& saved) {
+             const auto parsed = nlohmann::json::parse(saved);
+             py::gil_scoped_release release;
+             g.load_auto(parsed);
+           })
       .def("synchronize", &gt::DistributedGradients::synchronize,
            py::call_guard<py::gil_scoped_release>())
       .def("step_done", &gt::DistributedGradients::step_done,

@@ -11,12 +11,15 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <limits>
 #include <map>
 #include <numeric>
 #include <mutex>
 #include <optional>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "gradcomp/error.h"
 #include "gradcomp/torch/sparse_rows.h"
@@ -103,6 +106,9 @@ struct DistributedGradientsShared {
   std::string hook_error;                // why our own hook made the running pass raise
   std::function<void(EndOfBackward)> queue_end_of_backward;
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<AutoScheduler> scheduler;  // compression="auto"
+  StepTimes times;                           // this step's clock, for the scheduler
+  GradientOptions plan_options;              // bucket_bytes, min_compress_elements: set_plan's
   std::mutex mutex;  // hooks may run on autograd's worker threads
 
   void hand_over(size_t index);  // its .grad
@@ -117,9 +123,17 @@ struct DistributedGradientsShared {
   void wait_for_engine();
   void forget_unused();
   void exchange_sparse(bool fill_nan);
+  void switch_plan(const GradientOptions& options);  // engine->set_plan for our parameters
+  void end_step();  // step_done: the scheduler's clock and decisions
 };
 
 namespace {
+
+// The auto scheduler's clock: seconds of the steady clock.
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 std::string describe(const at::Tensor& t) {
   return fmt::format("{} {} on {}", std::string(c10::toString(t.scalar_type())),
@@ -331,6 +345,12 @@ void DistributedGradientsShared::on_accumulated(
         [end = std::move(*end)] { end(); });
   }
   std::lock_guard lock(mutex);
+  if (scheduler && index < dense_count) {  // the scheduler's clock of backward
+    const double now = now_seconds();
+    if (times.first_ready == 0) times.first_ready = now;
+    times.last_ready = now;
+    times.ready[index] = now;
+  }
   // Gradient accumulation: only the step's last pass hands its gradients over. Sparse ones are
   // read when the pass ends (exchange_sparse).
   if (passes_done + 1 < passes_per_step || index >= dense_count) return;
@@ -436,6 +456,7 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   passes_done = 0;
   exchanged_since_step = true;
   wait_for_engine();
+  times.exchange_end = now_seconds();
   finite_since_step = finite_since_step && engine->last_step().finite;
   exchange_sparse(fill_nan);
   for (auto& [half, wide] : narrowed) half.copy_(wide);  // round to nearest even
@@ -530,7 +551,20 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
   if (s.names.empty() && sparse.empty()) {
     throw Error("DistributedGradients: no parameter requires a gradient");
   }
+  if (options.auto_settings && (options.plan || options.compression.codec != "none")) {
+    throw Error("compression=\"auto\" chooses the plan itself: give neither a plan nor a "
+                "compression with it");
+  }
+  s.plan_options.bucket_bytes = options.bucket_bytes;
+  s.plan_options.min_compress_elements = options.min_compress_elements;
   Plan plan = make_plan(s.names, s.parameters, options);
+  if (options.auto_settings) {
+    AutoSettings settings = *options.auto_settings;
+    settings.bucket_bytes = options.bucket_bytes;
+    settings.min_compress_elements = options.min_compress_elements;
+    s.scheduler = std::make_unique<AutoScheduler>(s.transport, plan.tensors, std::move(settings));
+    plan = s.scheduler->initial_plan();
+  }
   // The engine's tensor indices follow the plan; map our parameters onto them by name.
   std::map<std::string, size_t> index_of;
   for (size_t i = 0; i < s.names.size(); ++i) index_of[s.names[i]] = i;
@@ -554,6 +588,8 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
   s.handed.assign(s.names.size(), false);
   s.used.assign(s.names.size(), 0);
   s.find_unused = options.find_unused_parameters;
+  s.times.ready.assign(s.dense_count, 0.0);
+  s.times.step_start = now_seconds();
   s.engine = std::make_unique<Engine>(s.transport, std::move(plan), options.engine);
   agree_on_settings(*s.transport, s.find_unused,
                     std::vector<std::string>(s.names.begin() + static_cast<std::ptrdiff_t>(s.dense_count),
@@ -585,6 +621,7 @@ void DistributedGradients::step_done() {
   Shared& s = *shared_;
   std::lock_guard lock(s.mutex);
   if (s.pass_started && !s.pass_running()) s.complete_aborted_pass();
+  s.end_step();
   s.exchanged_since_step = false;
   s.aborted = false;
   s.finite_since_step = true;
@@ -612,18 +649,66 @@ std::string DistributedGradients::aborted_step() const {
       cause.empty() ? "" : fmt::format(" ({})", cause));
 }
 
+void DistributedGradientsShared::switch_plan(const GradientOptions& options) {
+  const auto dense = static_cast<std::ptrdiff_t>(dense_count);
+  const std::vector<std::string> dense_names(names.begin(), names.begin() + dense);
+  const std::vector<at::Tensor> dense_parameters(parameters.begin(), parameters.begin() + dense);
+  Plan plan = make_plan(dense_names, dense_parameters, options);
+  engine->set_plan(in_tensor_order(std::move(plan), dense_names));
+}
+
+// After an exchanged step (under the lock, the engine idle): the scheduler sees the step's
+// clock and may change the plan (every rank alike: it decides from agreed numbers).
+void DistributedGradientsShared::end_step() {
+  if (!scheduler || !exchanged_since_step) return;
+  times.step_end = now_seconds();
+  if (auto plan = scheduler->on_step_end(times)) {
+    GradientOptions options = plan_options;
+    options.plan = std::move(*plan);
+    switch_plan(options);
+  }
+  times = StepTimes{};
+  times.ready.assign(dense_count, 0.0);
+  times.step_start = now_seconds();  // the search's own time is not the next step's
+}
+
 void DistributedGradients::set_plan(const GradientOptions& options) {
   Shared& s = *shared_;
   std::lock_guard lock(s.mutex);
+  if (s.scheduler) {
+    throw Error("set_plan: compression=\"auto\" chooses the plan of this optimizer; build it "
+                "with a compression or a plan to change plans by hand");
+  }
   if (s.pass_running() || s.pass_started || s.any_handed || s.passes_done > 0) {
     throw Error("set_plan: gradients of this step are being handed over or accumulated and "
                 "are not exchanged yet; change the plan between steps (after step())");
   }
-  const auto dense = static_cast<std::ptrdiff_t>(s.dense_count);
-  const std::vector<std::string> names(s.names.begin(), s.names.begin() + dense);
-  const std::vector<at::Tensor> parameters(s.parameters.begin(), s.parameters.begin() + dense);
-  Plan plan = make_plan(names, parameters, options);
-  s.engine->set_plan(in_tensor_order(std::move(plan), names));
+  s.switch_plan(options);
+}
+
+nlohmann::json DistributedGradients::auto_report() const {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->scheduler ? shared_->scheduler->report() : nlohmann::json(nullptr);
+}
+
+nlohmann::json DistributedGradients::save_auto() const {
+  std::lock_guard lock(shared_->mutex);
+  return shared_->scheduler ? shared_->scheduler->save() : nlohmann::json(nullptr);
+}
+
+void DistributedGradients::load_auto(const nlohmann::json& saved) {
+  Shared& s = *shared_;
+  std::lock_guard lock(s.mutex);
+  if (!s.scheduler) {
+    if (saved.is_null()) return;
+    throw Error("load_auto: the state was saved with compression=\"auto\"; this optimizer was "
+                "built with a compression or a plan");
+  }
+  if (auto plan = s.scheduler->restore(saved)) {
+    GradientOptions options = s.plan_options;
+    options.plan = std::move(*plan);
+    s.switch_plan(options);
+  }
 }
 
 void DistributedGradients::set_learning_rate(double lr) { shared_->engine->set_learning_rate(lr); }

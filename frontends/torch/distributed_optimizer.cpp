@@ -71,6 +71,26 @@ void warn_if_not_recommended(::torch::optim::Optimizer& optimizer, const Plan& p
   return optimizer;
 }
 
+// compression="auto" without candidates: the options the accuracy tables back under this kind
+// of optimizer (under both kinds when it is neither), except those that held only after a
+// warm-up of their own (start=N).
+GradientOptions with_auto_candidates(GradientOptions&& options,
+                                     ::torch::optim::Optimizer& optimizer) {
+  if (!options.auto_settings || !options.auto_settings->candidates.empty()) {
+    return std::move(options);
+  }
+  const auto family = kind_of(optimizer).family;
+  const auto recommended = family ? recommended_options({*family})
+                                  : recommended_options({OptimizerFamily::kSgd,
+                                                         OptimizerFamily::kAdam});
+  for (const auto& option : recommended) {
+    if (option != "none" && parse_option(option).start_step == 0) {
+      options.auto_settings->candidates.push_back(option);
+    }
+  }
+  return std::move(options);
+}
+
 double first_learning_rate(::torch::optim::Optimizer& optimizer) {
   auto& groups = optimizer.param_groups();
   return groups.empty() ? 0.0 : groups.front().options().get_lr();
@@ -90,7 +110,8 @@ DistributedOptimizer::DistributedOptimizer(
     const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     std::shared_ptr<Transport> transport, GradientOptions&& options, bool default_plan)
     : optimizer_(not_self_exchanging(optimizer)),
-      gradients_(to_pairs(named_parameters), std::move(transport), std::move(options)) {
+      gradients_(to_pairs(named_parameters), std::move(transport),
+                 with_auto_candidates(std::move(options), optimizer)) {
   gradients_.set_learning_rate(first_learning_rate(optimizer_));
   // Every rank has the same options: rank 0 says it for the job.
   if (default_plan && gradients_.transport().rank() == 0) {

@@ -186,6 +186,40 @@ _NON_FINITE_STEP = (
     "raised on another rank): the optimizer step is skipped on every rank, as a GradScaler does")
 
 
+_AUTO_KEYS = ("candidates", "warmup_steps", "profile_steps", "trial_steps", "max_proposals",
+              "drift", "check_every", "drift_checks", "verbose")
+
+
+def _auto_settings(compression, plan, auto, optimizer):
+    """compression="auto": the scheduler's settings (_C.AutoSettings), with the options
+    recommended for the optimizer's family as candidates unless auto= names them (those that
+    held only after a warm-up of their own, start=N, are left out); else None."""
+    if compression != "auto":
+        if auto is not None:
+            raise Error('auto= sets compression="auto"\'s scheduler; it needs compression="auto"')
+        return None
+    if plan is not None:
+        raise Error('compression="auto" chooses the plan itself: give no plan= with it')
+    auto = dict(auto or {})
+    unknown = set(auto) - set(_AUTO_KEYS)
+    if unknown:
+        raise Error(f"auto= has unknown settings {sorted(unknown)}; known: {list(_AUTO_KEYS)}")
+    settings = _C.AutoSettings()
+    family = _optimizer_family(optimizer)
+    families = [family] if family else ["sgd", "adam"]
+    candidates = [set(_C.recommended_options(f)) for f in families]
+    settings.candidates = [o for o in _C.recommended_options(families[0])
+                           if o != "none" and "start=" not in o
+                           and all(o in c for c in candidates)]
+    for key, value in auto.items():
+        setattr(settings, key, list(value) if key == "candidates" else value)
+    try:
+        settings.validate()
+    except _C.SpecError as e:
+        raise Error(str(e)) from None
+    return settings
+
+
 def _optimizer_family(optimizer):
     """"lans" for gradcomp's LANS (CLAN's recipes were measured with it), "adam" for optimizers
     that divide each coordinate's step by a running scale of its gradient (Adam, AdamW, and
@@ -274,7 +308,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     compression: "codec[|feedback[|route]]", e.g. "fp16", "topk:ratio=0.01|ef",
         "powersgd:rank=4|ef"; used for tensors of at least min_compress_elements (smaller ones
-        stay uncompressed), fused into buckets of bucket_mb megabytes.
+        stay uncompressed), fused into buckets of bucket_mb megabytes. "auto": gradcomp
+        chooses the plan from what it measures in this job (docs/auto.md; auto_report()).
+    auto: compression="auto"'s settings, a dict: candidates (options the plans may use;
+        default: those recommended for this optimizer's kind), warmup_steps, profile_steps,
+        trial_steps, max_proposals, drift, check_every, drift_checks, verbose.
     named_parameters: model.named_parameters(), or the model itself (then the weights of its
         nn.Embedding and nn.EmbeddingBag with sparse=True are exchanged as sparse rows).
     plan: a gradcomp plan (dict, JSON string or file) instead; its tensors are the parameter
@@ -303,7 +341,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  transport=None, backward_passes_per_step=1, seed=0, bucket_mb=25.0,
                  min_compress_elements=16384, timeline=None, codec_threads=1, local_size=0,
                  broadcast=True, loss_scale=None, find_unused_parameters=False,
-                 sparse_parameters=None):
+                 sparse_parameters=None, auto=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise Error(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
@@ -323,16 +361,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  if isinstance(named_parameters, torch.nn.Module) else [])
         named = _named_parameters(optimizer, named_parameters)
         sparse = _sparse_names(named, sparse_parameters, found)
+        automatic = _auto_settings(compression, plan, auto, optimizer)
         self._gradients = _C.DistributedGradients(
-            named, _exchange_transport(transport), compression, _plan_json(plan),
-            int(bucket_mb * (1 << 20)), int(min_compress_elements), int(backward_passes_per_step),
-            int(seed), timeline or "", int(local_size), int(codec_threads),
-            self._backward_begins, bool(find_unused_parameters), sparse)
+            named, _exchange_transport(transport), "none" if automatic else compression,
+            _plan_json(plan), int(bucket_mb * (1 << 20)), int(min_compress_elements),
+            int(backward_passes_per_step), int(seed), timeline or "", int(local_size),
+            int(codec_threads), self._backward_begins, bool(find_unused_parameters), sparse,
+            automatic)
         self._gradients.set_learning_rate(self._lr())
         self._plan_settings = (int(bucket_mb * (1 << 20)), int(min_compress_elements))
-        self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements, sparse)
+        if not automatic:
+            self._warn_if_nothing_is_compressed(compression, plan, min_compress_elements, sparse)
         # Every rank has the same options: one warning (rank 0's) is enough.
-        if (plan is None and self.rank == 0
+        if (plan is None and not automatic and self.rank == 0
                 and any(b["codec"] != "none" for b in self.plan["buckets"])):
             _warn_if_not_recommended(optimizer, compression)
         if broadcast:
@@ -460,7 +501,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         every rank's (a collective: every rank calls it), so that rank 0 alone may save one
         file that every rank resumes from."""
         state = dict(self.optimizer.state_dict())
-        ours = {"version": 1, "plan": self._gradients.plan_json()}
+        ours = {"version": 1, "plan": self._gradients.plan_json(),
+                "auto": self._gradients.save_auto()}
         if all_ranks:
             ours["states"] = self._gradients.save_all_states()
         else:
@@ -485,7 +527,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             version = ours.get("version") if isinstance(ours, dict) else type(ours).__name__
             raise Error(f"the state_dict's gradcomp state has version {version!r}; this "
                         "gradcomp reads version 1")
+        # compression="auto": its decision first (the kept plan runs again, no new search).
+        auto_before = self._gradients.save_auto()
+        self._gradients.load_auto(ours.get("auto", "null"))
         if ours.get("plan") != self._gradients.plan_json():
+            self._gradients.load_auto(auto_before)
             raise Error("the state_dict was saved with a different plan (other parameters, "
                         "compression or bucket settings); resume with the same settings")
         mine = self._own_state(ours)
@@ -513,6 +559,34 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def plan(self):
         """The plan being executed, as a dict."""
         return json.loads(self._gradients.plan_json())
+
+    def auto_report(self):
+        """compression="auto": what the scheduler measured and decided (a dict: its phase,
+        every decision with the candidates' predicted and measured step times, the one kept
+        and why, the search's cost in steps and seconds, the calibrated link and profile);
+        None otherwise."""
+        return json.loads(self._gradients.auto_report())
+
+    def write_auto_calibration(self, directory):
+        """compression="auto", after its first decision: writes what it measured in the formats
+        `gradcomp plan` and `gradcomp simulate` read (profile.json, cluster.json,
+        codec-costs.json in `directory`), so the decision can be replayed offline:
+        gradcomp plan --profile profile.json --cluster cluster.json --costs codec-costs.json
+        --codecs <report's planner_codecs> --min-compress <min_compress_elements>.
+        Returns the three paths."""
+        report = self.auto_report()
+        if report is None or report.get("cluster") is None:
+            raise Error('write_auto_calibration: nothing calibrated yet (compression="auto" '
+                        "calibrates when its warm-up ends)")
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        for key, name in (("profile", "profile.json"), ("cluster", "cluster.json"),
+                          ("codec_costs", "codec-costs.json")):
+            path = os.path.join(directory, name)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(report[key], f, indent=1)
+            paths.append(path)
+        return paths
 
     def last_step(self):
         """What the last step did on this rank: bytes_sent, uncompressed_bytes, step_seconds,

@@ -17,6 +17,8 @@
 #include "gradcomp/error.h"
 #include "gradcomp/torch/distributed_optimizer.h"
 #include "gradcomp/torch/layerwise_optimizers.h"
+#include <nlohmann/json.hpp>
+
 #include "optimizer_testing.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
@@ -218,6 +220,42 @@ TEST(DistributedOptimizer, CheckpointResumesBitExactlyWithErrorFeedback) {
   DistributedOptimizer opt_fresh(sgd_fresh, fresh, world(), options);
   train(fresh, opt_fresh, 3, 3);
   EXPECT_NE(bytes_of(values(fresh)), bytes_of(values(p)));
+}
+
+// compression="auto" from C++: without candidates it takes the options recommended for SGD,
+// warms up uncompressed, tries proposals and keeps one, every rank alike; its decision
+// resumes in a new optimizer without a new search.
+TEST(DistributedOptimizer, AutoDecidesAndResumesItsDecision) {
+  GradientOptions options;
+  options.min_compress_elements = 1;
+  options.auto_settings = AutoSettings{.warmup_steps = 4, .profile_steps = 2, .trial_steps = 2,
+                                       .drift = 9, .verbose = false};
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt(sgd, p, world(), options);
+  train(p, opt, 0, 30);
+  const auto report = opt.gradients().auto_report();
+  EXPECT_EQ(report["phase"], "decided");
+  EXPECT_FALSE(report["candidates"].empty());  // filled in from the SGD recommendations
+  for (const auto& c : report["candidates"]) {
+    EXPECT_EQ(c.get<std::string>().find("start="), std::string::npos) << c;
+  }
+  ASSERT_EQ(report["decisions"].size(), 1u);
+  EXPECT_GE(report["decisions"][0]["candidates"].size(), 2u);
+  expect_identical_across_ranks(values(p), "auto");
+  const auto saved_auto = opt.gradients().save_auto();
+  const auto state = opt.gradients().save_state();
+
+  Parameters resumed = copy_of(p);
+  ::torch::optim::SGD sgd_resumed(resumed.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt_resumed(sgd_resumed, resumed, world(), options);
+  opt_resumed.gradients().load_auto(saved_auto);
+  EXPECT_EQ(opt_resumed.gradients().plan(), opt.gradients().plan());
+  opt_resumed.gradients().load_state(state);
+  train(p, opt, 30, 3);
+  train(resumed, opt_resumed, 30, 3);
+  EXPECT_EQ(bytes_of(values(resumed)), bytes_of(values(p)));
+  EXPECT_TRUE(opt_resumed.gradients().auto_report()["decisions"].empty());  // no new search
 }
 
 // A parameter no rank uses gets a zero gradient; one only rank 0 uses gets rank 0's gradient

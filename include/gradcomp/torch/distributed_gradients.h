@@ -20,6 +20,7 @@
 
 #include "gradcomp/engine.h"
 #include "gradcomp/plan.h"
+#include "gradcomp/scheduler.h"
 #include "gradcomp/transport.h"
 
 namespace gradcomp::torch {
@@ -53,6 +54,11 @@ struct GradientOptions {
   // A plan to execute instead; its tensors must be the trainable parameters, by name and size,
   // in any order the plan chooses.
   std::optional<Plan> plan;
+  // compression="auto": an AutoScheduler (scheduler.h) chooses the plan from what it measures
+  // in this job, starting uncompressed (default buckets of bucket_bytes, tensors under
+  // min_compress_elements never compressed; both override the settings' own). No plan may be
+  // given with it.
+  std::optional<AutoSettings> auto_settings;
   // Gradient accumulation: gradients are exchanged during every k-th backward pass only.
   int backward_passes_per_step = 1;
   // As DDP's option of that name: after each exchange the ranks agree (one small allreduce)
@@ -157,6 +163,14 @@ class DistributedGradients {
   std::vector<std::vector<std::byte>> save_all_states() const;
   void load_state(std::span<const std::byte> state);
   void set_timeline(const std::string& path);
+
+  // compression="auto": what the scheduler decided so far (AutoScheduler::report), or null.
+  nlohmann::json auto_report() const;
+  // Its decision and calibration for checkpoints (null without auto), and their restore: the
+  // kept plan runs from the next step, and the search is not repeated (a collective when the
+  // plan changes). Between steps.
+  nlohmann::json save_auto() const;
+  void load_auto(const nlohmann::json& saved);
 
   using Shared = DistributedGradientsShared;  // what the hooks reach (weakly) from autograd
 

@@ -1,0 +1,134 @@
+// AutoScheduler: compression="auto". It decides how the gradients travel from what it measures
+// in the running job, with nothing supplied (no profile, no bandwidth, no worker count), and
+// keeps the plan that is fastest in fact:
+//
+//   warm-up    the first steps run uncompressed (the convergence guard: no lossy codec before
+//              it ends); during its last steps it records when each gradient becomes ready and
+//              how long the steps take (the online profile);
+//   calibrate  probe allreduces on the live transport give the link's latency and bandwidth;
+//              each candidate codec is timed in this process, under the job's own contention;
+//   propose    the planner (model::make_plan) ranks plans on that profile and cost model: its
+//              best plan, the best plan of each candidate alone, the best uncompressed one;
+//   trial      each proposal runs for a few steps (Engine::set_plan, so nothing of the
+//              gradients is lost); a step's time is the slowest rank's;
+//   decide     the fastest measured plan is kept, never one slower than the measured
+//              uncompressed plan of the same run (do no harm);
+//   watch      when the step time drifts by more than `drift` for several checks in a row (a link
+//              got slower, another job arrived), it calibrates and decides again.
+//
+// Every rank feeds it its own clock and takes the same decisions: whatever a decision depends
+// on is agreed over the transport first (the maximum over ranks). Collectives are issued only
+// from on_step_end(), which every rank calls once per exchanged step, between steps.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "gradcomp/model/cluster.h"
+#include "gradcomp/model/cost_model.h"
+#include "gradcomp/model/profile.h"
+#include "gradcomp/plan.h"
+#include "gradcomp/transport.h"
+
+namespace gradcomp {
+
+struct AutoSettings {
+  // Options the plans may use, "codec[|feedback[|route]]" each ("none" is always added). The
+  // front ends fill in the options recommended for the optimizer's family (recommended.h). A
+  // start=N field is dropped: the scheduler's own warm-up precedes every lossy codec, and a
+  // trial must measure the option as it runs after its warm-up.
+  std::vector<std::string> candidates;
+  uint64_t warmup_steps = 30;   // uncompressed steps before any lossy codec; >= profile_steps
+  uint64_t profile_steps = 10;  // the last steps of the warm-up, timed for the profile
+  uint64_t trial_steps = 6;     // steps each proposal runs; its first one is not measured
+  size_t max_proposals = 4;     // compressed plans tried besides the uncompressed one
+  double drift = 0.2;           // a relative change of the step time that counts as drift
+  uint64_t check_every = 25;    // steps between drift checks, after a decision
+  uint64_t drift_checks = 3;    // consecutive checks that must see drift before deciding again
+  size_t bucket_bytes = 25u << 20;         // the uncompressed plan's buckets
+  size_t min_compress_elements = 16384;    // smaller tensors stay uncompressed
+  bool verbose = true;          // rank 0 prints each decision (stderr)
+
+  // Throws SpecError naming the setting that is out of range.
+  void validate() const;
+  // The candidates as the planner takes them: "codec|feedback|route", without start=N and
+  // without "none".
+  std::vector<std::string> steady_candidates() const;
+};
+
+// One plan the scheduler tried.
+struct AutoCandidate {
+  std::string name;          // "planner's best", "powersgd:rank=4|ef alone", "uncompressed"
+  std::string summary;       // "12 buckets: 9 powersgd:rank=4/ef/allreduce, 3 none"
+  double predicted_ms = 0;   // the calibrated model's iteration time
+  double measured_ms = 0;    // median over the trial's measured steps of the slowest rank's
+  uint64_t first_step = 0;   // the engine step its trial began
+  Plan plan;                 // the plan itself
+};
+
+// One decision.
+struct AutoDecision {
+  uint64_t step = 0;             // the step from which the kept plan runs
+  std::string reason;            // "first decision", "step time drifted +35% ..."
+  std::vector<AutoCandidate> candidates;
+  size_t kept = 0;               // index into candidates
+  std::string why;               // "fastest measured", "nothing beat uncompressed: ..."
+  double search_steps = 0;       // steps spent in trials
+  double search_seconds = 0;     // wall time of calibration and trials
+  model::Link link;              // the calibrated link
+  double decision_ms = 0;        // the planner's time for the proposals
+};
+
+// The scheduler's clock of one step on this rank (seconds of a steady clock).
+struct StepTimes {
+  double step_start = 0;       // the previous on_step_end (iteration boundary)
+  double first_ready = 0;      // the first gradient of the step's (last) backward pass
+  double last_ready = 0;       // its last gradient
+  double exchange_end = 0;     // the exchange ended (the mean is in place)
+  double step_end = 0;         // now: the optimizer has stepped
+  std::vector<double> ready;   // per tensor of the plan: when its gradient arrived (0: never)
+};
+
+class AutoScheduler {
+ public:
+  // `tensors`: the plan's tensors in the engine's order (backward order). `start`: the
+  // uncompressed plan the engine runs now. A collective check follows in the first decision.
+  AutoScheduler(std::shared_ptr<Transport> transport, std::vector<TensorInfo> tensors,
+                AutoSettings settings);
+  ~AutoScheduler();
+  AutoScheduler(const AutoScheduler&) = delete;
+  AutoScheduler& operator=(const AutoScheduler&) = delete;
+
+  // The plan to start with: every tensor uncompressed, default buckets.
+  Plan initial_plan() const;
+
+  // Called by every rank after each exchanged step, between steps (the engine idle). May issue
+  // collectives on the transport (calibration, agreement). Returns the plan to run from the
+  // next step on, when it changes.
+  std::optional<Plan> on_step_end(const StepTimes& times);
+
+  // What it decided so far, for auto_report(): phase, decisions, the profile and calibration.
+  nlohmann::json report() const;
+  // For checkpoints: the decision and calibration, so that a resumed run does not search
+  // again. restore() returns the plan to run (the one kept) and resumes watching.
+  nlohmann::json save() const;
+  std::optional<Plan> restore(const nlohmann::json& saved);
+
+  // The plan run now and the phase ("warm-up", "trial", "decided").
+  const Plan& current_plan() const;
+  std::string phase() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gradcomp

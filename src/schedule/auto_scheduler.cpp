@@ -1,0 +1,422 @@
+// The auto scheduler's state machine (scheduler.h): warm-up -> (calibrate, propose) -> a trial
+// per proposal -> decided, watching for drift -> calibrate again.
+#include "gradcomp/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "gradcomp/error.h"
+#include "gradcomp/model/planner.h"
+#include "gradcomp/model/simulator.h"
+#include "schedule/agreement.h"
+#include "schedule/calibration.h"
+#include "schedule/online_profile.h"
+
+namespace gradcomp {
+
+using nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A compressed plan must beat the uncompressed one by more than this share of its step time to
+// be kept: a difference within the noise of a few steps does not justify lossy compression.
+constexpr double kMinGain = 0.03;
+constexpr int kSaveVersion = 1;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+bool compresses(const Plan& plan) {
+  return std::any_of(plan.buckets.begin(), plan.buckets.end(),
+                     [](const Bucket& b) { return b.option.codec != "none"; });
+}
+
+// "12 buckets: 9 powersgd:rank=4/ef/allreduce, 3 none"
+std::string summarize(const Plan& plan) {
+  std::map<std::string, int> count;
+  for (const auto& b : plan.buckets) {
+    const std::string key = b.option.codec == "none"
+                                ? std::string("none")
+                                : fmt::format("{}/{}/{}", b.option.codec, b.option.feedback,
+                                              b.option.route);
+    ++count[key];
+  }
+  std::vector<std::string> parts;
+  for (const auto& [key, n] : count) parts.push_back(fmt::format("{} {}", n, key));
+  return fmt::format("{} buckets: {}", plan.buckets.size(), fmt::join(parts, ", "));
+}
+
+json candidate_json(const AutoCandidate& c) {
+  return {{"name", c.name}, {"summary", c.summary}, {"predicted_ms", c.predicted_ms},
+          {"measured_ms", c.measured_ms}, {"first_step", c.first_step}, {"plan", c.plan.to_json()}};
+}
+
+}  // namespace
+
+std::vector<std::string> AutoSettings::steady_candidates() const {
+  std::vector<std::string> out;
+  for (const auto& text : candidates) {
+    const Option option = parse_option(text);
+    if (option.codec == "none") continue;
+    // Without a route named, the planner tries every route the codec can take.
+    out.push_back(option_names_route(text)
+                      ? fmt::format("{}|{}|{}", option.codec, option.feedback, option.route)
+                      : fmt::format("{}|{}", option.codec, option.feedback));
+  }
+  return out;
+}
+
+void AutoSettings::validate() const {
+  for (const auto& c : candidates) parse_option(c);  // SpecError naming what is unknown
+  if (profile_steps < 1 || warmup_steps < profile_steps) {
+    throw SpecError(fmt::format("auto: warmup_steps ({}) must be at least profile_steps ({}), "
+                                "which must be at least 1",
+                                warmup_steps, profile_steps));
+  }
+  if (trial_steps < 2) {
+    throw SpecError(fmt::format("auto: trial_steps is {}; at least 2 (the first step of a "
+                                "trial is not measured)",
+                                trial_steps));
+  }
+  if (!(drift > 0 && drift < 10)) {
+    throw SpecError(fmt::format("auto: drift is {}; a relative change in (0, 10)", drift));
+  }
+  if (check_every < 1 || drift_checks < 1) {
+    throw SpecError("auto: check_every and drift_checks must be at least 1");
+  }
+}
+
+struct AutoScheduler::Impl {
+  enum class Phase { kWarmup, kTrial, kDecided };
+
+  Impl(std::shared_ptr<Transport> t, std::vector<TensorInfo> tensors_in, AutoSettings s)
+      : transport(std::move(t)), tensors(std::move(tensors_in)), settings(std::move(s)),
+        profile(tensors) {
+    settings.validate();
+    DefaultPlanSettings plain;
+    plain.bucket_bytes = settings.bucket_bytes;
+    plain.min_compress_elements = settings.min_compress_elements;
+    uncompressed = make_default_plan(tensors, plain);
+    current = uncompressed;
+  }
+
+  std::optional<Plan> on_step_end(const StepTimes& times);
+  std::optional<Plan> start_search(const std::string& reason);
+  std::optional<Plan> next_trial();
+  std::optional<Plan> decide();
+  std::optional<Plan> watch(double step_s);
+  std::vector<AutoCandidate> propose(const model::Profile& p, const model::CostModel& cost);
+  void say(const std::string& text) const;
+  std::optional<Plan> switch_to(const Plan& plan);
+
+  std::shared_ptr<Transport> transport;
+  std::vector<TensorInfo> tensors;
+  AutoSettings settings;
+  schedule::OnlineProfile profile;
+  Plan uncompressed;  // the warm-up's plan
+  Plan current;
+  Phase phase = Phase::kWarmup;
+  uint64_t steps = 0;  // on_step_end calls: exchanged steps
+
+  // The search under way (phase kTrial) and the decisions made.
+  std::optional<model::Profile> measured_profile;
+  schedule::LinkFit link;
+  model::Cluster cluster;                   // the last calibration's, for the report
+  std::optional<model::CodecCosts> codec_costs;
+  AutoDecision search;
+  size_t trial = 0;                // index into search.candidates
+  std::vector<double> trial_times;  // this rank's measured steps of the trial
+  Clock::time_point search_start;
+  std::vector<AutoDecision> decisions;
+
+  // Watching (phase kDecided).
+  double reference_ms = 0;  // the kept plan's measured step
+  std::vector<double> window;
+  uint64_t drifting = 0;    // consecutive checks that saw drift
+};
+
+void AutoScheduler::Impl::say(const std::string& text) const {
+  if (settings.verbose && transport->rank() == 0) {
+    std::fprintf(stderr, "gradcomp auto: %s\n", text.c_str());
+  }
+}
+
+std::optional<Plan> AutoScheduler::Impl::switch_to(const Plan& plan) {
+  if (plan == current) return std::nullopt;
+  current = plan;
+  return plan;
+}
+
+std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
+  ++steps;
+  const double step_s = std::max(0.0, t.step_end - t.step_start);
+  switch (phase) {
+    case Phase::kWarmup:
+      if (steps + settings.profile_steps > settings.warmup_steps) profile.add(t);
+      if (steps < settings.warmup_steps) return std::nullopt;
+      return start_search("first decision, after the uncompressed warm-up");
+    case Phase::kTrial: {
+      // The trial's first step (the plan change's own) is not measured.
+      const uint64_t into = steps - search.candidates[trial].first_step;  // 0: the first step
+      if (into >= 1) trial_times.push_back(step_s);
+      if (into + 1 < settings.trial_steps) return std::nullopt;
+      const auto agreed = schedule::max_over_ranks(*transport, trial_times);
+      search.candidates[trial].measured_ms = 1e3 * schedule::median(agreed);
+      trial_times.clear();
+      ++trial;
+      return trial < search.candidates.size() ? next_trial() : decide();
+    }
+    case Phase::kDecided:
+      return watch(step_s);
+  }
+  return std::nullopt;
+}
+
+std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason) {
+  search_start = Clock::now();
+  search = AutoDecision{};
+  search.reason = reason;
+  if (transport->size() < 2) {  // nothing travels: nothing to gain
+    search.candidates.push_back({"uncompressed", summarize(uncompressed), 0, 0, steps + 1,
+                                 uncompressed});
+    search.why = "one rank: nothing is exchanged, so nothing is compressed";
+    search.step = steps + 1;
+    decisions.push_back(search);
+    phase = Phase::kDecided;
+    say(search.why);
+    return switch_to(uncompressed);
+  }
+  if (!measured_profile) measured_profile = profile.agreed(*transport);
+  link = schedule::calibrate_link(*transport);
+  codec_costs = schedule::calibrate_codecs(*transport, settings.steady_candidates());
+  const model::CodecCosts& codecs = *codec_costs;
+  cluster = model::Cluster{};
+  cluster.workers = transport->size();
+  cluster.per_node = 1;
+  cluster.inter = link.link;
+  cluster.intra = link.link;
+  search.link = link.link;
+  const model::CostModel cost(cluster, codecs);
+  const auto planning = Clock::now();
+  search.candidates = propose(*measured_profile, cost);
+  search.decision_ms = 1e3 * seconds_since(planning);
+  trial = 0;
+  trial_times.clear();
+  phase = Phase::kTrial;
+  say(fmt::format("{} (step {}): link {:.0f} us, {} measured; trying {} plans for {} steps each",
+                  reason, steps, 1e6 * link.link.latency_s, model::format_rate(link.link.bytes_per_s),
+                  search.candidates.size(), settings.trial_steps));
+  return next_trial();
+}
+
+std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
+                                                        const model::CostModel& cost) {
+  model::PlannerSettings planner;
+  planner.min_compress_elements = settings.min_compress_elements;
+  std::vector<AutoCandidate> compressed;
+  std::set<uint64_t> seen{uncompressed.hash()};
+  const auto add = [&](const std::string& name, const Plan& plan) {
+    if (!compresses(plan) || !seen.insert(plan.hash()).second) return;
+    const double predicted = model::simulate(p, plan, cost).iteration_s;
+    compressed.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
+  };
+  const auto options = settings.steady_candidates();
+  planner.codecs = options;
+  add("the planner's best", model::make_plan(p, cost, planner).plan);
+  for (const auto& c : options) {
+    planner.codecs = {c};
+    const Plan alone = model::make_plan(p, cost, planner).plan;
+    if (compresses(alone)) {
+      add(fmt::format("{} alone", c), alone);
+      continue;
+    }
+    // The model sees no gain in c: the clock may disagree (the model's errors are what the
+    // trials are for), so c's default plan is tried anyway.
+    DefaultPlanSettings plain;
+    plain.bucket_bytes = settings.bucket_bytes;
+    plain.min_compress_elements = settings.min_compress_elements;
+    plain.compressed = parse_option(c);
+    add(fmt::format("{}, default plan", c), make_default_plan(tensors, plain));
+  }
+  std::stable_sort(compressed.begin(), compressed.end(),
+                   [](const auto& a, const auto& b) { return a.predicted_ms < b.predicted_ms; });
+  if (compressed.size() > settings.max_proposals) compressed.resize(settings.max_proposals);
+  std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
+                                  1e3 * model::simulate(p, uncompressed, cost).iteration_s, 0, 0,
+                                  uncompressed}};
+  all.insert(all.end(), compressed.begin(), compressed.end());
+  return all;
+}
+
+std::optional<Plan> AutoScheduler::Impl::next_trial() {
+  AutoCandidate& c = search.candidates[trial];
+  c.first_step = steps + 1;
+  // The trial's first step is not measured, whether the plan changes or not (the step after a
+  // calibration is no fairer a sample than the first step of a new plan).
+  return switch_to(c.plan);
+}
+
+std::optional<Plan> AutoScheduler::Impl::decide() {
+  auto& cs = search.candidates;
+  const AutoCandidate& plain = cs.front();
+  size_t best = 0;
+  for (size_t i = 1; i < cs.size(); ++i) {
+    if (cs[i].measured_ms < cs[best].measured_ms) best = i;
+  }
+  if (best != 0 && cs[best].measured_ms > plain.measured_ms * (1 - kMinGain)) {
+    search.why = fmt::format(
+        "nothing beat uncompressed ({:.1f} ms) by more than {:.0f}%: the fastest, {} , measured "
+        "{:.1f} ms; running uncompressed",
+        plain.measured_ms, 100 * kMinGain, cs[best].name, cs[best].measured_ms);
+    best = 0;
+  } else if (best == 0) {
+    search.why = fmt::format("nothing beat uncompressed ({:.1f} ms); running uncompressed",
+                             plain.measured_ms);
+  } else {
+    search.why = fmt::format("fastest measured: {:.1f} ms against {:.1f} ms uncompressed ({:.2f}x)",
+                             cs[best].measured_ms, plain.measured_ms,
+                             plain.measured_ms / cs[best].measured_ms);
+  }
+  search.kept = best;
+  search.step = steps + 1;
+  search.search_seconds = seconds_since(search_start);
+  search.search_steps = static_cast<double>(cs.size() * settings.trial_steps);
+  reference_ms = cs[best].measured_ms;
+  window.clear();
+  drifting = 0;
+  phase = Phase::kDecided;
+  std::vector<std::string> lines;
+  for (const auto& c : cs) {
+    lines.push_back(fmt::format("  {:<36} predicted {:8.1f} ms, measured {:8.1f} ms  [{}]", c.name,
+                                c.predicted_ms, c.measured_ms, c.summary));
+  }
+  say(fmt::format("decided at step {}: kept '{}' ({}); search took {:.1f} s\n{}", steps,
+                  cs[best].name, search.why, search.search_seconds, fmt::join(lines, "\n")));
+  decisions.push_back(search);
+  return switch_to(cs[best].plan);
+}
+
+std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
+  window.push_back(step_s);
+  if (window.size() < settings.check_every) return std::nullopt;
+  const double ms = 1e3 * schedule::max_over_ranks(*transport, {schedule::median(window)})[0];
+  window.clear();
+  const double change = reference_ms > 0 ? ms / reference_ms - 1 : 0;
+  drifting = std::fabs(change) > settings.drift ? drifting + 1 : 0;
+  if (drifting < settings.drift_checks) return std::nullopt;
+  return start_search(fmt::format("step time drifted {:+.0f}% ({:.1f} ms against {:.1f} ms) "
+                                  "for {} checks",
+                                  100 * change, ms, reference_ms, drifting));
+}
+
+AutoScheduler::AutoScheduler(std::shared_ptr<Transport> transport, std::vector<TensorInfo> tensors,
+                             AutoSettings settings)
+    : impl_(std::make_unique<Impl>(std::move(transport), std::move(tensors), std::move(settings))) {}
+
+AutoScheduler::~AutoScheduler() = default;
+
+Plan AutoScheduler::initial_plan() const { return impl_->uncompressed; }
+
+std::optional<Plan> AutoScheduler::on_step_end(const StepTimes& times) {
+  return impl_->on_step_end(times);
+}
+
+const Plan& AutoScheduler::current_plan() const { return impl_->current; }
+
+std::string AutoScheduler::phase() const {
+  switch (impl_->phase) {
+    case Impl::Phase::kWarmup: return "warm-up";
+    case Impl::Phase::kTrial: return "trial";
+    case Impl::Phase::kDecided: return "decided";
+  }
+  return "?";
+}
+
+json AutoScheduler::report() const {
+  const Impl& s = *impl_;
+  json decisions = json::array();
+  for (const auto& d : s.decisions) {
+    json candidates = json::array();
+    for (const auto& c : d.candidates) candidates.push_back(candidate_json(c));
+    decisions.push_back({{"step", d.step}, {"reason", d.reason}, {"candidates", candidates},
+                         {"kept", d.kept}, {"kept_name", d.candidates[d.kept].name},
+                         {"why", d.why}, {"search_steps", d.search_steps},
+                         {"search_seconds", d.search_seconds},
+                         {"planner_ms", d.decision_ms},
+                         {"link", {{"bytes_per_s", d.link.bytes_per_s},
+                                   {"latency_s", d.link.latency_s}}}});
+  }
+  json probes = json::array();
+  for (const auto& p : s.link.probes) probes.push_back({{"bytes", p.bytes}, {"seconds", p.seconds}});
+  return {{"phase", phase()},
+          {"steps", s.steps},
+          {"candidates", s.settings.candidates},
+          {"plan", summarize(s.current)},
+          {"reference_ms", s.reference_ms},
+          {"decisions", decisions},
+          {"link_probes", probes},
+          // What `gradcomp plan --profile --cluster --costs` takes, to replay the decision.
+          {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)},
+          {"cluster", s.codec_costs ? s.cluster.to_json() : json(nullptr)},
+          {"codec_costs", s.codec_costs ? s.codec_costs->to_json() : json(nullptr)},
+          {"planner_codecs", s.settings.steady_candidates()},
+          {"min_compress_elements", s.settings.min_compress_elements}};
+}
+
+json AutoScheduler::save() const {
+  const Impl& s = *impl_;
+  return {{"version", kSaveVersion},
+          {"phase", phase()},
+          {"steps", s.steps},
+          {"plan", s.current.to_json()},
+          {"reference_ms", s.reference_ms},
+          {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)}};
+}
+
+std::optional<Plan> AutoScheduler::restore(const json& saved) {
+  Impl& s = *impl_;
+  try {
+    if (saved.at("version").get<int>() != kSaveVersion) {
+      throw Error(fmt::format("version {} (this gradcomp reads {})",
+                              saved.at("version").dump(), kSaveVersion));
+    }
+    const std::string phase = saved.at("phase").get<std::string>();
+    const uint64_t steps = saved.at("steps").get<uint64_t>();
+    Plan plan = Plan::from_json(saved.at("plan"));
+    std::optional<model::Profile> profile;
+    if (!saved.at("profile").is_null()) profile = model::Profile::from_json(saved.at("profile"));
+    // A state saved before the decision searches again from the start; after it, the kept
+    // plan runs and is watched.
+    s.steps = steps;
+    if (phase == "decided") {
+      s.phase = Impl::Phase::kDecided;
+      s.reference_ms = saved.at("reference_ms").get<double>();
+      s.measured_profile = std::move(profile);
+      s.window.clear();
+      s.drifting = 0;
+      return s.switch_to(plan);
+    }
+    s.phase = Impl::Phase::kWarmup;
+    s.steps = std::min(steps, s.settings.warmup_steps > s.settings.profile_steps
+                                  ? s.settings.warmup_steps - s.settings.profile_steps
+                                  : 0);
+    s.profile.clear();
+    return s.switch_to(s.uncompressed);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("auto state: {}", e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("auto state: {}", e.what()));
+  }
+}
+
+}  // namespace gradcomp

@@ -1,0 +1,36 @@
+// Calibration on the live transport and in this process, for the auto scheduler's cost model:
+// the link from probe allreduces, the codecs from timing them here, under whatever else the
+// job runs (not an idle benchmark). Both are agreed over the ranks (the slowest rank's).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gradcomp/model/cluster.h"
+#include "gradcomp/model/cost_model.h"
+#include "gradcomp/transport.h"
+
+namespace gradcomp::schedule {
+
+struct LinkProbe {
+  double bytes = 0;    // per rank
+  double seconds = 0;  // the fastest of the repeats, the slowest rank's
+};
+
+struct LinkFit {
+  model::Link link;               // as the cost model prices a ring allreduce
+  std::vector<LinkProbe> probes;  // what it was fitted to
+};
+
+// Times allreduces of a few sizes (4 KiB to 4 MiB, the fastest of `repeats`) and fits the
+// cost model's ring allreduce, 2 (p-1) alpha + 2 (p-1)/p n beta, by least squares: alpha is
+// the latency, 1/beta the bandwidth, each held within what model::Cluster accepts. A
+// collective; with one rank there is nothing to time (a fast, latency-free link is returned).
+LinkFit calibrate_link(Transport& transport, int repeats = 3);
+
+// Encode (with and without a residual) and decode-accumulate costs, a + b n, of each codec the
+// options name and of "none" (the plain passes routes make), timed here at two sizes. A
+// collective: the slowest rank's costs.
+model::CodecCosts calibrate_codecs(Transport& transport, const std::vector<std::string>& options);
+
+}  // namespace gradcomp::schedule

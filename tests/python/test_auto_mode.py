@@ -1,0 +1,90 @@
+"""compression="auto" (gradcomp.torch.DistributedOptimizer): the scheduler decides from what it
+measures in the job, every rank alike; its report says what it tried and why it kept what it
+kept; a checkpoint taken after the decision resumes bit-exactly without a new search; bad
+arguments are clear errors."""
+import json
+import subprocess
+
+import pytest
+import torch
+
+from conftest import GRADCOMP
+
+
+@pytest.fixture(scope="module")
+def runs(module_runner, tmp_path_factory):
+    """30 steps at 2 ranks, saving a checkpoint after step 24 (after the decision), and the
+    last 6 steps again in new processes from that checkpoint."""
+    straight = module_runner("auto_mode.py", "--save-at", 24, "--errors").check()
+    resumed = module_runner("auto_mode.py", "--begin", 24, "--load",
+                            straight.out / "ckpt").check()
+    return straight, resumed
+
+
+def test_every_rank_takes_the_same_decision(runs):
+    straight, _ = runs
+    first = straight.load("params", 0)
+    for rank in range(1, straight.world):
+        assert all(torch.equal(a, b) for a, b in zip(first, straight.load("params", rank))), \
+            f"rank {rank} differs"
+        assert straight.report(rank)["plans"] == straight.report(0)["plans"]
+
+
+def test_the_report_says_what_was_tried_and_why(runs):
+    straight, _ = runs
+    report = straight.report(0)["report"]
+    assert report["phase"] == "decided"
+    decision = report["decisions"][0]
+    candidates = decision["candidates"]
+    assert candidates[0]["name"] == "uncompressed"
+    assert len(candidates) >= 2, "the planner proposed no compressed plan"
+    assert all(c["measured_ms"] > 0 and c["predicted_ms"] > 0 for c in candidates)
+    kept = candidates[decision["kept"]]
+    assert kept["measured_ms"] == min(c["measured_ms"] for c in candidates) or decision["kept"] == 0
+    assert decision["why"]
+    assert decision["link"]["bytes_per_s"] > 0
+    # Warm-up (6 steps) uncompressed; the plan in force from the decision on is the kept one.
+    plans = straight.report(0)["plans"]
+    assert all(p == candidates[0]["summary"] for p in plans[:5])
+    assert plans[-1] == kept["summary"]
+
+
+def test_a_checkpoint_after_the_decision_resumes_bit_exactly(runs):
+    straight, resumed = runs
+    for rank in range(straight.world):
+        assert all(torch.equal(a, b) for a, b in
+                   zip(straight.load("params", rank), resumed.load("params", rank))), \
+            f"rank {rank}: resumed training differs"
+        report = resumed.report(rank)["report"]
+        assert report["phase"] == "decided" and not report["decisions"], "searched again"
+
+
+def test_bad_arguments_are_clear_errors(runs):
+    errors = runs[0].report(0)["errors"]
+    assert "give no plan" in errors["with_plan"]
+    assert 'needs compression="auto"' in errors["auto_without_auto"]
+    assert "unknown settings ['warmup']" in errors["unknown_key"]
+    assert "nosuch" in errors["bad_candidate"]
+    assert "trial_steps" in errors["bad_steps"]
+
+
+def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):
+    """The profile, link and codec costs it measured, written in the formats `gradcomp plan`
+    reads, give the planner's best plan again, bit for bit."""
+    straight, _ = runs
+    record = straight.report(0)
+    report = record["report"]
+    profile, cluster, costs = record["calibration"]
+    out = tmp_path / "plan.json"
+    subprocess.run([str(GRADCOMP), "plan", "--profile", profile, "--cluster", cluster,
+                    "--costs", costs, "--codecs", ",".join(report["planner_codecs"]),
+                    "--min-compress", str(report["min_compress_elements"]), "--json", str(out)],
+                   check=True, capture_output=True, timeout=60)
+    replayed = json.loads(out.read_text())
+    best = [c for c in report["decisions"][0]["candidates"] if c["name"] == "the planner's best"]
+    if best:  # proposed unless the planner's best was uncompressed or another's twin
+        assert replayed["buckets"] == best[0]["plan"]["buckets"]
+    else:
+        assert all(b["codec"] == "none" for b in replayed["buckets"]) or any(
+            c["plan"]["buckets"] == replayed["buckets"]
+            for c in report["decisions"][0]["candidates"])

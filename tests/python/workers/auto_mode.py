@@ -1,0 +1,81 @@
+"""compression="auto" on the shared small model under SGD: the scheduler warms up, tries its
+proposals and keeps one while training goes on. Records the parameters at the end, the
+report, and (with --save-at) a checkpoint taken after the decision, from which --load resumes
+in new processes; --errors records the refusals of bad arguments."""
+import torch
+
+import common
+import gradcomp
+import gradcomp.torch as gc
+
+AUTO = {"warmup_steps": 6, "profile_steps": 3, "trial_steps": 3, "verbose": False,
+        "drift": 9.0}  # no new search from timing noise: the runs must be reproducible
+
+
+def build(model):
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return gc.DistributedOptimizer(sgd, model.named_parameters(), compression="auto",
+                                   min_compress_elements=1000, auto=AUTO)
+
+
+def refusals(model):
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05)
+    cases = {
+        "with_plan": lambda: gc.DistributedOptimizer(sgd, model.named_parameters(),
+                                                     compression="auto", plan={"buckets": []}),
+        "auto_without_auto": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="fp16", auto={"warmup_steps": 3}),
+        "unknown_key": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="auto", auto={"warmup": 3}),
+        "bad_candidate": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="auto", auto={"candidates": ["nosuch"]}),
+        "bad_steps": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="auto", auto={"trial_steps": 1}),
+    }
+    out = {}
+    for name, make in cases.items():
+        try:
+            make()
+            out[name] = "no error"
+        except gradcomp.Error as e:
+            out[name] = str(e)
+    return out
+
+
+def main():
+    p = common.parser(__doc__)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--begin", type=int, default=0)
+    p.add_argument("--save-at", type=int, default=0)
+    p.add_argument("--load", default="")
+    p.add_argument("--errors", action="store_true")
+    args = p.parse_args()
+    rank, world = common.setup()
+    model = common.make_model()
+    opt = build(model)
+    if args.load:
+        state = torch.load(f"{args.load}.rank{rank}.pt")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    record = {"plans": []}
+    for step in range(args.begin, args.steps):
+        x, y = common.batch(rank, step)
+        opt.zero_grad()
+        common.loss_of(model, x, y).backward()
+        opt.step()
+        record["plans"].append(opt.auto_report()["plan"])
+        if args.save_at and step + 1 == args.save_at:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
+                       f"{args.out}/ckpt.rank{rank}.pt")
+    record["report"] = opt.auto_report()
+    if not args.load:
+        record["calibration"] = opt.write_auto_calibration(f"{args.out}/calibration.rank{rank}")
+    record["last_step"] = opt.last_step()
+    if args.errors:
+        record["errors"] = refusals(model)
+    common.save(args.out, "params", rank, [p.detach().clone() for p in model.parameters()])
+    common.report(args.out, rank, record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+// The auto scheduler across real processes (W = 2 and 4), fed a synthetic clock in which the
+// plan's speed is known: it keeps the plan that is fastest in fact, never one slower than
+// uncompressed, every rank takes the same decisions although their clocks differ (the
+// slowest rank's times count), it decides again when the step time drifts, and a saved
+// decision resumes without a new search. Calibration and agreement are real collectives.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gradcomp/error.h"
+#include "gradcomp/scheduler.h"
+#include "support/codec_testing.h"
+#include "support/mp_test.h"
+
+namespace gradcomp {
+namespace {
+
+using testing::gather_bytes;
+using testing::world;
+
+std::vector<TensorInfo> model_tensors() {
+  return {{"fc.bias", 10},   {"fc.weight", 40000},   {"conv2.weight", 36864},
+          {"bn.weight", 64}, {"conv1.weight", 18432}, {"conv1.bias", 64}};
+}
+
+// Milliseconds a step of `plan` takes in the synthetic job: uncompressed 100, each compressed
+// plan its own time between 50 and 89 (from its hash), or with `inverted` 200 minus that.
+double step_ms(const Plan& plan, bool inverted, double slowdown) {
+  bool compressed = false;
+  for (const auto& b : plan.buckets) compressed = compressed || b.option.codec != "none";
+  const double ms = compressed ? 50.0 + static_cast<double>(plan.hash() % 40) : 100.0;
+  return slowdown * (inverted ? 200 - ms : ms);
+}
+
+AutoSettings settings() {
+  AutoSettings s;
+  s.candidates = {"powersgd:rank=2|ef", "topk:ratio=0.01|ef", "fp16"};
+  s.warmup_steps = 6;
+  s.profile_steps = 3;
+  s.trial_steps = 3;
+  s.check_every = 4;
+  s.drift_checks = 2;
+  s.min_compress_elements = 1000;
+  s.verbose = false;
+  return s;
+}
+
+// Drives the scheduler for `steps` steps on a clock where each step takes step_ms of the plan
+// it runs (plus 1 ms per rank: the ranks' clocks differ) and backward produces the gradients
+// one millisecond apart. Returns how many times the plan changed.
+int drive(AutoScheduler& scheduler, uint64_t steps, bool inverted, double slowdown = 1) {
+  int changes = 0;
+  double now = 1000;
+  const size_t n = model_tensors().size();
+  for (uint64_t i = 0; i < steps; ++i) {
+    const double ms = step_ms(scheduler.current_plan(), inverted, slowdown) + world()->rank();
+    StepTimes t;
+    t.step_start = now;
+    t.first_ready = now + 0.3 * ms / 1e3;
+    t.ready.resize(n);
+    for (size_t k = 0; k < n; ++k) t.ready[k] = t.first_ready + 1e-3 * static_cast<double>(k);
+    t.last_ready = t.ready.back();
+    t.exchange_end = now + 0.9 * ms / 1e3;
+    t.step_end = now + ms / 1e3;
+    now = t.step_end;
+    if (scheduler.on_step_end(t)) ++changes;
+  }
+  return changes;
+}
+
+void expect_same_on_every_rank(const std::string& text) {
+  const auto mine = std::as_bytes(std::span(text.data(), text.size()));
+  const auto all = gather_bytes(std::vector<std::byte>(mine.begin(), mine.end()));
+  for (int r = 0; r < world()->size(); ++r) {
+    EXPECT_TRUE(std::equal(mine.begin(), mine.end(), all.begin() + r * mine.size()))
+        << "rank " << world()->rank() << " decided otherwise than rank " << r;
+  }
+}
+
+TEST(AutoScheduler, KeepsThePlanThatIsFastestInFact) {
+  AutoScheduler scheduler(world(), model_tensors(), settings());
+  EXPECT_EQ(scheduler.phase(), "warm-up");
+  drive(scheduler, 5, false);
+  EXPECT_EQ(scheduler.phase(), "warm-up");  // no lossy codec before the warm-up ends
+  drive(scheduler, 40, false);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 1u);
+  const auto& decision = report["decisions"][0];
+  const auto& candidates = decision["candidates"];
+  ASSERT_GE(candidates.size(), 2u);  // uncompressed and at least one proposal
+  EXPECT_EQ(candidates[0]["name"], "uncompressed");
+  // Each trial measured the slowest rank's clock: its synthetic time + (W - 1) ms.
+  double fastest = 1e9;
+  for (const auto& c : candidates) {
+    const double expected = step_ms(Plan::from_json(c["plan"]), false, 1) + world()->size() - 1;
+    EXPECT_NEAR(c["measured_ms"].get<double>(), expected, 1e-6) << c["name"];
+    fastest = std::min(fastest, expected);
+  }
+  const auto& kept = candidates[decision["kept"].get<size_t>()];
+  EXPECT_NEAR(kept["measured_ms"].get<double>(), fastest, 1e-6) << kept["name"];
+  EXPECT_NE(decision["kept"].get<size_t>(), 0u);  // every compressed plan beats uncompressed
+  EXPECT_EQ(Plan::from_json(kept["plan"]), scheduler.current_plan());
+  EXPECT_GT(decision["link"]["bytes_per_s"].get<double>(), 0);
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+  expect_same_on_every_rank(decision["candidates"].dump());
+}
+
+TEST(AutoScheduler, NeverKeepsAPlanSlowerThanUncompressed) {
+  AutoScheduler scheduler(world(), model_tensors(), settings());
+  drive(scheduler, 45, /*inverted=*/true);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  for (const auto& b : scheduler.current_plan().buckets) EXPECT_EQ(b.option.codec, "none");
+  const auto decision = scheduler.report()["decisions"][0];
+  EXPECT_EQ(decision["kept"].get<size_t>(), 0u);
+  EXPECT_NE(decision["why"].get<std::string>().find("uncompressed"), std::string::npos);
+}
+
+TEST(AutoScheduler, DecidesAgainWhenTheStepTimeDriftsAndNotOnNoise) {
+  AutoScheduler scheduler(world(), model_tensors(), settings());
+  drive(scheduler, 45, false);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  // Within the drift threshold: no new search.
+  drive(scheduler, 40, false, 1.1);
+  EXPECT_EQ(scheduler.report()["decisions"].size(), 1u);
+  // 50% slower for two checks in a row: calibrate and decide again.
+  drive(scheduler, 60, false, 1.5);
+  const auto decisions = scheduler.report()["decisions"];
+  ASSERT_EQ(decisions.size(), 2u);
+  EXPECT_NE(decisions[1]["reason"].get<std::string>().find("drifted"), std::string::npos);
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
+TEST(AutoScheduler, ASavedDecisionResumesWithoutANewSearch) {
+  AutoScheduler first(world(), model_tensors(), settings());
+  drive(first, 45, false);
+  ASSERT_EQ(first.phase(), "decided");
+  const auto saved = first.save();
+  AutoScheduler resumed(world(), model_tensors(), settings());
+  const auto plan = resumed.restore(saved);
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(*plan, first.current_plan());
+  EXPECT_EQ(resumed.phase(), "decided");
+  EXPECT_EQ(drive(resumed, 20, false), 0);  // no trials
+  EXPECT_NE(testing::error_text([&] { resumed.restore({{"version", 9}}); }), "no error");
+}
+
+TEST(AutoScheduler, BadSettingsAreSpecErrors) {
+  AutoSettings s = settings();
+  s.trial_steps = 1;
+  EXPECT_NE(testing::error_text([&] { AutoScheduler a(world(), model_tensors(), s); })
+                .find("trial_steps"),
+            std::string::npos);
+  s = settings();
+  s.candidates = {"nosuchcodec"};
+  EXPECT_NE(testing::error_text([&] { AutoScheduler a(world(), model_tensors(), s); })
+                .find("nosuchcodec"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace gradcomp
