@@ -354,6 +354,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("drift", &AutoSettings::drift)
       .def_readwrite("check_every", &AutoSettings::check_every)
       .def_readwrite("drift_checks", &AutoSettings::drift_checks)
+      .def_readwrite("residual_growth", &AutoSettings::residual_growth)
+      .def_readwrite("residual_checks", &AutoSettings::residual_checks)
       .def_readwrite("verbose", &AutoSettings::verbose)
       .def("validate", &AutoSettings::validate);
 

@@ -563,6 +563,9 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
     settings.bucket_bytes = options.bucket_bytes;
     settings.min_compress_elements = options.min_compress_elements;
     s.scheduler = std::make_unique<AutoScheduler>(s.transport, plan.tensors, std::move(settings));
+    // Read between steps, under the lock, while the engine is idle (end_step).
+    s.scheduler->set_health_source({[shared = &s] { shared->engine->measure_mean_norms(); },
+                                    [shared = &s] { return shared->engine->feedback_health(); }});
     plan = s.scheduler->initial_plan();
   }
   // The engine's tensor indices follow the plan; map our parameters onto them by name.

@@ -93,6 +93,20 @@ class Engine {
   // a failure, on an invalid plan or other tensors.
   void set_plan(Plan plan);
 
+  // Per bucket, between steps: the L2 norm of what this rank's feedback holds and has not
+  // delivered (Route::carry: the residual, DGC's velocity, a two-way server's share) and of the
+  // mean of the last step measured (0 if none was). Their ratio growing step after step is
+  // error feedback falling behind (compression="auto" backs off then). A pass over the
+  // feedback memory.
+  struct BucketHealth {
+    double residual_norm = 0;
+    double mean_norm = 0;
+  };
+  std::vector<BucketHealth> feedback_health() const;
+  // The coming step also sums the squares of each bucket's mean (in the same pass as the
+  // finite check), for feedback_health(). Between steps; for that one step only.
+  void measure_mean_norms();
+
   const Plan& plan() const;
   const StepStats& last_step() const;
   uint64_t step() const;  // steps completed

@@ -14,7 +14,10 @@
 //   decide     the fastest measured plan is kept, never one slower than the measured
 //              uncompressed plan of the same run (do no harm);
 //   watch      when the step time drifts by more than `drift` for several checks in a row (a link
-//              got slower, another job arrived), it calibrates and decides again.
+//              got slower, another job arrived), it calibrates and decides again; when the
+//              error feedback's residual keeps growing against the mean (compression costs
+//              the model more and more), it backs off to a gentler plan (more bits per
+//              element) and leaves that codec out of later searches.
 //
 // Every rank feeds it its own clock and takes the same decisions: whatever a decision depends
 // on is agreed over the transport first (the maximum over ranks). Collectives are issued only
@@ -31,6 +34,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "gradcomp/engine.h"
 #include "gradcomp/model/cluster.h"
 #include "gradcomp/model/cost_model.h"
 #include "gradcomp/model/profile.h"
@@ -52,6 +56,12 @@ struct AutoSettings {
   double drift = 0.2;           // a relative change of the step time that counts as drift
   uint64_t check_every = 25;    // steps between drift checks, after a decision
   uint64_t drift_checks = 3;    // consecutive checks that must see drift before deciding again
+  // The convergence guard's watch, at every check: per compressed bucket, the norm of the
+  // residual error feedback holds over the norm of the mean (the largest over ranks). A bucket
+  // whose ratio rose at `residual_checks` checks in a row, to more than `residual_growth`
+  // times its value at the first check after the decision, makes the scheduler back off.
+  double residual_growth = 4;
+  uint64_t residual_checks = 3;
   size_t bucket_bytes = 25u << 20;         // the uncompressed plan's buckets
   size_t min_compress_elements = 16384;    // smaller tensors stay uncompressed
   bool verbose = true;          // rank 0 prints each decision (stderr)
@@ -108,6 +118,15 @@ class AutoScheduler {
 
   // The plan to start with: every tensor uncompressed, default buckets.
   Plan initial_plan() const;
+
+  // Where the watch reads the feedback's health: `prepare` before the step before a check
+  // (Engine::measure_mean_norms), `read` at the check (Engine::feedback_health of the plan in
+  // force); both called from on_step_end. Without them only the clock is watched.
+  struct HealthSource {
+    std::function<void()> prepare;
+    std::function<std::vector<Engine::BucketHealth>()> read;
+  };
+  void set_health_source(HealthSource source);
 
   // Called by every rank after each exchanged step, between steps (the engine idle). May issue
   // collectives on the transport (calibration, agreement). Returns the plan to run from the

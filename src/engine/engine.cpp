@@ -101,6 +101,7 @@ struct Engine::Impl {
   StepStats stats;
   double next_lr = 0;
   double next_scale = 1;
+  bool measure_norms = false;  // this step's decoder also sums each mean's squares
   Clock::time_point step_start{};
   bool step_started = false;
   double exchange_seconds = 0;
@@ -441,13 +442,20 @@ void Engine::Impl::decoder_loop() {
   for (;;) {
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (!wait_for(lock, [&] { return buckets[b].exchanged_step == current; })) return;
+      const bool norms = measure_norms;  // read under the lock: set between steps
       lock.unlock();
       try {
         LiveBucket& bucket = buckets[b];
         bucket.route->decode(bucket.buffer(), step_state, bucket.phases);
         // Every mean is checked: the stats say whether the step may be applied (a skipped
         // step on every rank), stateful routes or not.
-        bucket.finite = route::all_finite(bucket.buffer());
+        if (norms) {
+          const route::Scan scanned = route::scan(bucket.buffer());
+          bucket.finite = scanned.finite;
+          bucket.mean_sum_of_squares = scanned.sum_of_squares;
+        } else {
+          bucket.finite = route::all_finite(bucket.buffer());
+        }
         bucket.phases.run("write back", [&] { bucket.give_back(); });
       } catch (...) {
         lock.lock();
@@ -506,6 +514,7 @@ void Engine::Impl::synchronize() {
 
   for (TensorSlot& slot : slots) slot.ready = false;
   for (LiveBucket& b : buckets) b.reset();
+  measure_norms = false;
   next_launch = 0;
   step_started = false;
   ++cycle;
@@ -553,6 +562,25 @@ void Engine::set_loss_scale(double scale) {
   std::lock_guard lock(impl_->mutex);
   impl_->next_scale = scale;
   if (!impl_->step_started) impl_->step_state.scale = scale;  // before the step's first gradient
+}
+
+void Engine::measure_mean_norms() {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->step_started) throw Error("measure_mean_norms: a step is in flight");
+  impl_->measure_norms = true;
+}
+
+std::vector<Engine::BucketHealth> Engine::feedback_health() const {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->step_started) throw Error("feedback_health: a step is in flight; call synchronize() first");
+  std::vector<BucketHealth> health;
+  for (const LiveBucket& b : impl_->buckets) {
+    std::vector<float> held(b.elements, 0.0f);
+    b.route->carry(held);
+    health.push_back({std::sqrt(route::scan(held).sum_of_squares),
+                      std::sqrt(b.mean_sum_of_squares)});
+  }
+  return health;
 }
 
 const Plan& Engine::plan() const { return impl_->plan; }

@@ -54,7 +54,8 @@ class LiveBucket {
   uint64_t encoded_step = kNoStep;  // the last cycle each stage finished
   uint64_t exchanged_step = kNoStep;
   uint64_t decoded_step = kNoStep;
-  bool finite = true;  // the last decoded mean holds no NaN or Inf (scanned if the engine settles)
+  bool finite = true;  // the last decoded mean holds no NaN or Inf
+  double mean_sum_of_squares = 0;  // of the last mean measured (Engine::measure_mean_norms)
   Clock::time_point first_ready_at{};
   Clock::time_point complete_at{};
 

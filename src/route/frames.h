@@ -64,6 +64,14 @@ class StepKeeper {
 // True when no element of `x` is NaN or Inf (one read pass, no early exit).
 bool all_finite(std::span<const float> x);
 
+// all_finite and the sum of squares (in float lanes, then double) in the same read pass: the
+// engine's check of every mean, which also gives its norm to compression="auto"'s watch.
+struct Scan {
+  bool finite = true;
+  double sum_of_squares = 0;
+};
+Scan scan(std::span<const float> x);
+
 // The randomness key of shard `shard` of bucket `bucket`, worker or server side (two-way route):
 // every stream gets its own key, so the W worker encodes and the server encode of one bucket
 // never draw correlated numbers, and shared randomness (random-k's indices) still agrees on

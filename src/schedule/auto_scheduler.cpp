@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
@@ -91,8 +92,11 @@ void AutoSettings::validate() const {
   if (!(drift > 0 && drift < 10)) {
     throw SpecError(fmt::format("auto: drift is {}; a relative change in (0, 10)", drift));
   }
-  if (check_every < 1 || drift_checks < 1) {
-    throw SpecError("auto: check_every and drift_checks must be at least 1");
+  if (check_every < 1 || drift_checks < 1 || residual_checks < 1) {
+    throw SpecError("auto: check_every, drift_checks and residual_checks must be at least 1");
+  }
+  if (!(residual_growth > 1 && residual_growth < 1e6)) {
+    throw SpecError(fmt::format("auto: residual_growth is {}; a factor above 1", residual_growth));
   }
 }
 
@@ -115,6 +119,10 @@ struct AutoScheduler::Impl {
   std::optional<Plan> next_trial();
   std::optional<Plan> decide();
   std::optional<Plan> watch(double step_s);
+  std::optional<Plan> watch_residuals();
+  void prepare_health_if_due();
+  std::optional<Plan> back_off(size_t bucket, double growth);
+  std::vector<std::string> allowed_candidates() const;
   std::vector<AutoCandidate> propose(const model::Profile& p, const model::CostModel& cost);
   void say(const std::string& text) const;
   std::optional<Plan> switch_to(const Plan& plan);
@@ -143,7 +151,31 @@ struct AutoScheduler::Impl {
   double reference_ms = 0;  // the kept plan's measured step
   std::vector<double> window;
   uint64_t drifting = 0;    // consecutive checks that saw drift
+  AutoScheduler::HealthSource health;
+  std::vector<double> first_ratio, last_ratio;  // per bucket of the plan in force
+  std::vector<uint64_t> rising;                 // consecutive checks each ratio rose
+  std::set<std::string> excluded_codecs;        // backed off from: left out of later searches
 };
+
+// Bits per element a plan sends, averaged over its elements (32 uncompressed): more is gentler.
+double plan_bits(const Plan& plan) {
+  double bits = 0, elements = 0;
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    const auto n = static_cast<double>(plan.bucket_elements(b));
+    const std::string& codec = plan.buckets[b].option.codec;
+    bits += n * (codec == "none" ? 32.0 : make_codec(codec)->traits().bits_per_element);
+    elements += n;
+  }
+  return elements > 0 ? bits / elements : 32.0;
+}
+
+std::vector<std::string> AutoScheduler::Impl::allowed_candidates() const {
+  std::vector<std::string> out;
+  for (const auto& c : settings.steady_candidates()) {
+    if (!excluded_codecs.contains(make_codec(parse_option(c).codec)->name())) out.push_back(c);
+  }
+  return out;
+}
 
 void AutoScheduler::Impl::say(const std::string& text) const {
   if (settings.verbose && transport->rank() == 0) {
@@ -198,7 +230,7 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   }
   if (!measured_profile) measured_profile = profile.agreed(*transport);
   link = schedule::calibrate_link(*transport);
-  codec_costs = schedule::calibrate_codecs(*transport, settings.steady_candidates());
+  codec_costs = schedule::calibrate_codecs(*transport, allowed_candidates());
   const model::CodecCosts& codecs = *codec_costs;
   cluster = model::Cluster{};
   cluster.workers = transport->size();
@@ -230,7 +262,7 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
     const double predicted = model::simulate(p, plan, cost).iteration_s;
     compressed.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
   };
-  const auto options = settings.steady_candidates();
+  const auto options = allowed_candidates();
   planner.codecs = options;
   add("the planner's best", model::make_plan(p, cost, planner).plan);
   for (const auto& c : options) {
@@ -294,6 +326,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   reference_ms = cs[best].measured_ms;
   window.clear();
   drifting = 0;
+  first_ratio.clear();
   phase = Phase::kDecided;
   std::vector<std::string> lines;
   for (const auto& c : cs) {
@@ -303,20 +336,94 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   say(fmt::format("decided at step {}: kept '{}' ({}); search took {:.1f} s\n{}", steps,
                   cs[best].name, search.why, search.search_seconds, fmt::join(lines, "\n")));
   decisions.push_back(search);
+  prepare_health_if_due();
   return switch_to(cs[best].plan);
 }
 
 std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
   window.push_back(step_s);
-  if (window.size() < settings.check_every) return std::nullopt;
+  if (window.size() < settings.check_every) {
+    prepare_health_if_due();
+    return std::nullopt;
+  }
+  if (auto plan = watch_residuals()) return plan;
   const double ms = 1e3 * schedule::max_over_ranks(*transport, {schedule::median(window)})[0];
   window.clear();
   const double change = reference_ms > 0 ? ms / reference_ms - 1 : 0;
   drifting = std::fabs(change) > settings.drift ? drifting + 1 : 0;
-  if (drifting < settings.drift_checks) return std::nullopt;
+  if (drifting < settings.drift_checks) {
+    prepare_health_if_due();
+    return std::nullopt;
+  }
   return start_search(fmt::format("step time drifted {:+.0f}% ({:.1f} ms against {:.1f} ms) "
                                   "for {} checks",
                                   100 * change, ms, reference_ms, drifting));
+}
+
+// The step before a check measures the means' norms (for watch_residuals).
+void AutoScheduler::Impl::prepare_health_if_due() {
+  if (health.prepare && window.size() + 1 == settings.check_every) health.prepare();
+}
+
+// The convergence guard: error feedback that keeps more and more of the gradient unsent
+// (the residual's norm against the mean's, rising check after check) is a codec too lossy for
+// this model now; a faster step is worth nothing if the model ends worse.
+std::optional<Plan> AutoScheduler::Impl::watch_residuals() {
+  if (!health.read || !compresses(current)) return std::nullopt;
+  const auto buckets = health.read();
+  std::vector<double> ratios;
+  for (const auto& b : buckets) ratios.push_back(b.residual_norm / std::max(b.mean_norm, 1e-30));
+  ratios = schedule::max_over_ranks(*transport, ratios);
+  if (first_ratio.size() != ratios.size()) {
+    first_ratio = last_ratio = ratios;
+    rising.assign(ratios.size(), 0);
+    return std::nullopt;
+  }
+  for (size_t b = 0; b < ratios.size(); ++b) {
+    rising[b] = ratios[b] > last_ratio[b] ? rising[b] + 1 : 0;
+    const double growth = ratios[b] / std::max(first_ratio[b], 1e-30);
+    const bool compressed = current.buckets[b].option.codec != "none";
+    if (compressed && rising[b] >= settings.residual_checks && growth > settings.residual_growth) {
+      return back_off(b, growth);
+    }
+  }
+  last_ratio = ratios;
+  return std::nullopt;
+}
+
+// Keeps the fastest measured plan of the last search that sends more bits per element than
+// the one in force (uncompressed when none does), and leaves the failing codec out of later
+// searches.
+std::optional<Plan> AutoScheduler::Impl::back_off(size_t bucket, double growth) {
+  const std::string codec = current.buckets[bucket].option.codec;
+  excluded_codecs.insert(make_codec(codec)->name());
+  const double bits = plan_bits(current);
+  AutoDecision d = search;
+  if (d.candidates.empty()) {  // resumed from a checkpoint: no trials to choose from
+    d.candidates.push_back({"uncompressed", summarize(uncompressed), 0, 0, steps + 1, uncompressed});
+  }
+  d.reason = fmt::format("error feedback's residual in bucket {} ({}) grew {:.1f}x against the "
+                         "mean over {} checks",
+                         bucket, codec, growth, rising[bucket]);
+  d.kept = 0;
+  for (size_t i = 1; i < d.candidates.size(); ++i) {
+    const AutoCandidate& c = d.candidates[i];
+    if (plan_bits(c.plan) > bits && c.measured_ms < d.candidates[d.kept].measured_ms) d.kept = i;
+  }
+  d.why = fmt::format("backed off to a gentler plan: '{}' ({:.1f} bits per element against "
+                      "{:.1f}); {} is left out of later searches",
+                      d.candidates[d.kept].name, plan_bits(d.candidates[d.kept].plan), bits, codec);
+  d.step = steps + 1;
+  d.search_steps = 0;
+  d.search_seconds = 0;
+  reference_ms = d.candidates[d.kept].measured_ms;
+  window.clear();
+  drifting = 0;
+  first_ratio.clear();
+  say(fmt::format("{} at step {}: {}", d.reason, steps, d.why));
+  decisions.push_back(d);
+  prepare_health_if_due();
+  return switch_to(d.candidates[d.kept].plan);
 }
 
 AutoScheduler::AutoScheduler(std::shared_ptr<Transport> transport, std::vector<TensorInfo> tensors,
@@ -326,6 +433,8 @@ AutoScheduler::AutoScheduler(std::shared_ptr<Transport> transport, std::vector<T
 AutoScheduler::~AutoScheduler() = default;
 
 Plan AutoScheduler::initial_plan() const { return impl_->uncompressed; }
+
+void AutoScheduler::set_health_source(HealthSource source) { impl_->health = std::move(source); }
 
 std::optional<Plan> AutoScheduler::on_step_end(const StepTimes& times) {
   return impl_->on_step_end(times);

@@ -323,5 +323,30 @@ TEST(EngineSingleRank, ARefusedFeedbackStateLeavesTheCodecAlone) {
   EXPECT_EQ(fresh.save_state(), before);
 }
 
+// feedback_health: per bucket, the norm of what error feedback holds (with one rank, top-k keeps
+// g - sent) and of the last measured mean (sent); a step not measured leaves the mean's norm of
+// the last one that was.
+TEST(EngineSingleRank, FeedbackHealthIsTheResidualAndTheMeasuredMean) {
+  Engine engine(single_rank(), small_plan({.codec = "topk:ratio=0.1", .feedback = "ef",
+                                           .route = "allgather"}));
+  EXPECT_EQ(engine.feedback_health()[0].mean_norm, 0.0);  // nothing measured yet
+  const auto g = testing::gradient(1000, 11);
+  engine.measure_mean_norms();
+  const auto sent = engine_step(engine, g, 1);
+  double residual = 0, mean = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    residual += double{g[i] - sent[i]} * (g[i] - sent[i]);
+    mean += double{sent[i]} * sent[i];
+  }
+  const auto health = engine.feedback_health();
+  ASSERT_EQ(health.size(), engine.plan().buckets.size());
+  const size_t w = engine.plan().buckets[0].tensors == std::vector<size_t>{0} ? 0 : 1;
+  EXPECT_NEAR(health[w].residual_norm, std::sqrt(residual), 1e-4 * std::sqrt(residual));
+  EXPECT_NEAR(health[w].mean_norm, std::sqrt(mean), 1e-4 * std::sqrt(mean));
+  EXPECT_EQ(health[1 - w].residual_norm, 0.0);  // b's bucket keeps nothing
+  engine_step(engine, testing::gradient(1000, 12), 1);  // not measured
+  EXPECT_EQ(engine.feedback_health()[w].mean_norm, health[w].mean_norm);
+}
+
 }  // namespace
 }  // namespace gradcomp

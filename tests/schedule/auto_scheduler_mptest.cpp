@@ -131,6 +131,50 @@ TEST(AutoScheduler, DecidesAgainWhenTheStepTimeDriftsAndNotOnNoise) {
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
 }
 
+// The convergence guard: a residual that keeps growing against the mean in a compressed bucket
+// makes the scheduler back off to a plan sending more bits per element, and the codec is left
+// out of later choices; a residual that stays put changes nothing. Here the synthetic feedback
+// of every compressed plan misbehaves, so it backs off plan after plan down to uncompressed.
+TEST(AutoScheduler, BacksOffWhenTheResidualKeepsGrowing) {
+  AutoScheduler scheduler(world(), model_tensors(), settings());
+  double residual = 1;
+  bool growing = false;
+  int prepared = 0;
+  scheduler.set_health_source({[&] { ++prepared; }, [&] {
+    std::vector<Engine::BucketHealth> health;
+    for (const auto& b : scheduler.current_plan().buckets) {
+      const bool compressed = b.option.codec != "none";
+      health.push_back({compressed ? residual : 0.0, 1.0});
+    }
+    if (growing) residual *= 1.8;
+    return health;
+  }});
+  drive(scheduler, 45, false);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const Plan kept = scheduler.current_plan();
+  drive(scheduler, 40, false);  // steady residual: nothing happens
+  EXPECT_EQ(scheduler.report()["decisions"].size(), 1u);
+  EXPECT_GE(prepared, 10);  // the step before each check measured the means' norms
+  growing = true;
+  drive(scheduler, 16, false);  // a first check, then three rising ones
+  auto decisions = scheduler.report()["decisions"];
+  ASSERT_EQ(decisions.size(), 2u);
+  EXPECT_NE(scheduler.current_plan(), kept);
+  drive(scheduler, 200, false);
+  decisions = scheduler.report()["decisions"];
+  for (size_t i = 1; i < decisions.size(); ++i) {
+    EXPECT_NE(decisions[i]["reason"].get<std::string>().find("residual"), std::string::npos)
+        << decisions[i]["reason"];
+    EXPECT_NE(decisions[i]["why"].get<std::string>().find("gentler"), std::string::npos);
+  }
+  for (const auto& b : scheduler.current_plan().buckets) EXPECT_EQ(b.option.codec, "none");
+  for (auto& d : decisions) {  // each rank's own wall time aside, the decisions are the same
+    d.erase("search_seconds");
+    d.erase("planner_ms");
+  }
+  expect_same_on_every_rank(decisions.dump());
+}
+
 TEST(AutoScheduler, ASavedDecisionResumesWithoutANewSearch) {
   AutoScheduler first(world(), model_tensors(), settings());
   drive(first, 45, false);
