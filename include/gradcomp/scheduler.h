@@ -94,6 +94,10 @@ struct AutoDecision {
   double search_seconds = 0;     // wall time of calibration and trials
   model::Link link;              // the calibrated link
   double decision_ms = 0;        // the planner's time for the proposals
+  // Mean |predicted - measured| / measured over the trials: as predicted, and as the model
+  // corrected by these trials predicts them (what the next search starts from).
+  double model_error_before = 0;
+  double model_error_after = 0;
 };
 
 // The scheduler's clock of one step on this rank (seconds of a steady clock).

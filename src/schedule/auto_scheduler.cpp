@@ -18,6 +18,7 @@
 #include "gradcomp/model/simulator.h"
 #include "schedule/agreement.h"
 #include "schedule/calibration.h"
+#include "schedule/model_correction.h"
 #include "schedule/online_profile.h"
 
 namespace gradcomp {
@@ -123,7 +124,9 @@ struct AutoScheduler::Impl {
   void prepare_health_if_due();
   std::optional<Plan> back_off(size_t bucket, double growth);
   std::vector<std::string> allowed_candidates() const;
-  std::vector<AutoCandidate> propose(const model::Profile& p, const model::CostModel& cost);
+  std::vector<AutoCandidate> propose(const model::Profile& p, const model::CostModel& cost,
+                                     const model::SimulatorSettings& sim);
+  void learn_from_trials();
   void say(const std::string& text) const;
   std::optional<Plan> switch_to(const Plan& plan);
 
@@ -141,6 +144,7 @@ struct AutoScheduler::Impl {
   schedule::LinkFit link;
   model::Cluster cluster;                   // the last calibration's, for the report
   std::optional<model::CodecCosts> codec_costs;
+  schedule::ModelCorrection correction;     // fitted to the last search's trials
   AutoDecision search;
   size_t trial = 0;                // index into search.candidates
   std::vector<double> trial_times;  // this rank's measured steps of the trial
@@ -238,9 +242,10 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   cluster.inter = link.link;
   cluster.intra = link.link;
   search.link = link.link;
-  const model::CostModel cost(cluster, codecs);
+  // The previous search's trials corrected the model (identity before the first).
+  const model::CostModel cost(correction.applied(cluster), codecs);
   const auto planning = Clock::now();
-  search.candidates = propose(*measured_profile, cost);
+  search.candidates = propose(correction.applied(*measured_profile), cost, correction.simulator());
   search.decision_ms = 1e3 * seconds_since(planning);
   trial = 0;
   trial_times.clear();
@@ -252,14 +257,16 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
 }
 
 std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
-                                                        const model::CostModel& cost) {
+                                                        const model::CostModel& cost,
+                                                        const model::SimulatorSettings& sim) {
   model::PlannerSettings planner;
   planner.min_compress_elements = settings.min_compress_elements;
+  planner.simulator = sim;
   std::vector<AutoCandidate> compressed;
   std::set<uint64_t> seen{uncompressed.hash()};
   const auto add = [&](const std::string& name, const Plan& plan) {
     if (!compresses(plan) || !seen.insert(plan.hash()).second) return;
-    const double predicted = model::simulate(p, plan, cost).iteration_s;
+    const double predicted = model::simulate(p, plan, cost, sim).iteration_s;
     compressed.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
   };
   const auto options = allowed_candidates();
@@ -284,7 +291,7 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
                    [](const auto& a, const auto& b) { return a.predicted_ms < b.predicted_ms; });
   if (compressed.size() > settings.max_proposals) compressed.resize(settings.max_proposals);
   std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
-                                  1e3 * model::simulate(p, uncompressed, cost).iteration_s, 0, 0,
+                                  1e3 * model::simulate(p, uncompressed, cost, sim).iteration_s, 0, 0,
                                   uncompressed}};
   all.insert(all.end(), compressed.begin(), compressed.end());
   return all;
@@ -335,6 +342,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   }
   say(fmt::format("decided at step {}: kept '{}' ({}); search took {:.1f} s\n{}", steps,
                   cs[best].name, search.why, search.search_seconds, fmt::join(lines, "\n")));
+  learn_from_trials();
   decisions.push_back(search);
   prepare_health_if_due();
   return switch_to(cs[best].plan);
@@ -363,6 +371,16 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
 // The step before a check measures the means' norms (for watch_residuals).
 void AutoScheduler::Impl::prepare_health_if_due() {
   if (health.prepare && window.size() + 1 == settings.check_every) health.prepare();
+}
+
+// The measurements flow back into the model: the next search predicts with the correction
+// these trials fit (from the uncorrected model, so corrections do not compound).
+void AutoScheduler::Impl::learn_from_trials() {
+  std::vector<std::pair<Plan, double>> trials;
+  for (const auto& c : search.candidates) trials.emplace_back(c.plan, c.measured_ms / 1e3);
+  correction = schedule::fit_correction(*measured_profile, cluster, *codec_costs, trials);
+  search.model_error_before = correction.error_before;
+  search.model_error_after = correction.error_after;
 }
 
 // The convergence guard: error feedback that keeps more and more of the gradient unsent
@@ -462,6 +480,8 @@ json AutoScheduler::report() const {
                          {"why", d.why}, {"search_steps", d.search_steps},
                          {"search_seconds", d.search_seconds},
                          {"planner_ms", d.decision_ms},
+                         {"model_error", {{"uncorrected", d.model_error_before},
+                                          {"corrected", d.model_error_after}}},
                          {"link", {{"bytes_per_s", d.link.bytes_per_s},
                                    {"latency_s", d.link.latency_s}}}});
   }
@@ -473,6 +493,9 @@ json AutoScheduler::report() const {
           {"plan", summarize(s.current)},
           {"reference_ms", s.reference_ms},
           {"decisions", decisions},
+          {"model_correction", {{"extra_latency_s", s.correction.extra_latency_s},
+                                {"lambda", s.correction.lambda},
+                                {"step_overhead_s", s.correction.step_overhead_s}}},
           {"link_probes", probes},
           // What `gradcomp plan --profile --cluster --costs` takes, to replay the decision.
           {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)},

@@ -101,6 +101,10 @@ TEST(AutoScheduler, KeepsThePlanThatIsFastestInFact) {
   EXPECT_NEAR(kept["measured_ms"].get<double>(), fastest, 1e-6) << kept["name"];
   EXPECT_NE(decision["kept"].get<size_t>(), 0u);  // every compressed plan beats uncompressed
   EXPECT_EQ(Plan::from_json(kept["plan"]), scheduler.current_plan());
+  // The trials corrected the model (never for the worse on them).
+  EXPECT_LE(decision["model_error"]["corrected"].get<double>(),
+            decision["model_error"]["uncorrected"].get<double>());
+  EXPECT_TRUE(report.contains("model_correction"));
   EXPECT_GT(decision["link"]["bytes_per_s"].get<double>(), 0);
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
   expect_same_on_every_rank(decision["candidates"].dump());
