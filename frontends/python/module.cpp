@@ -10,6 +10,7 @@
 
 #include "gradcomp/codec.h"
 #include "gradcomp/engine.h"
+#include "gradcomp/scheduler.h"
 #include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
 #include "gradcomp/optimizer.h"
@@ -357,7 +358,49 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("residual_growth", &AutoSettings::residual_growth)
       .def_readwrite("residual_checks", &AutoSettings::residual_checks)
       .def_readwrite("verbose", &AutoSettings::verbose)
+      .def_readwrite("bucket_bytes", &AutoSettings::bucket_bytes)
+      .def_readwrite("min_compress_elements", &AutoSettings::min_compress_elements)
       .def("validate", &AutoSettings::validate);
+
+  // compression="auto" for front ends that drive an Engine themselves (the DDP hook): times
+  // in seconds of one monotonic clock (time.monotonic()).
+  py::class_<AutoScheduler>(m, "AutoScheduler")
+      .def(py::init([](std::shared_ptr<Transport> transport, const std::string& plan_json,
+                       AutoSettings settings) {
+             const Plan plan = Plan::parse(plan_json);
+             return std::make_unique<AutoScheduler>(std::move(transport), plan.tensors,
+                                                    std::move(settings));
+           }),
+           py::arg("transport"), py::arg("plan_json"), py::arg("settings"))
+      .def("initial_plan", [](const AutoScheduler& a) { return a.initial_plan().to_json().dump(); })
+      .def("watch",
+           [](AutoScheduler& a, PyEngine& e) {
+             Engine* engine = &e.engine();
+             a.set_health_source({[engine] { engine->measure_mean_norms(); },
+                                  [engine] { return engine->feedback_health(); }});
+           },
+           py::keep_alive<1, 2>(), "read the feedback's health from this engine")
+      .def("on_step_end",
+           [](AutoScheduler& a, double step_start, double first_ready, double last_ready,
+              double exchange_end, double step_end,
+              std::vector<double> ready) -> std::optional<std::string> {
+             const StepTimes times{step_start, first_ready, last_ready, exchange_end, step_end,
+                                   std::move(ready)};
+             std::optional<Plan> plan;
+             {
+               py::gil_scoped_release release;
+               plan = a.on_step_end(times);
+             }
+             if (!plan) return std::nullopt;
+             return plan->to_json().dump();
+           })
+      .def("report", [](const AutoScheduler& a) { return a.report().dump(); })
+      .def("save", [](const AutoScheduler& a) { return a.save().dump(); })
+      .def("restore", [](AutoScheduler& a, const std::string& saved) -> std::optional<std::string> {
+        auto plan = a.restore(nlohmann::json::parse(saved));
+        if (!plan) return std::nullopt;
+        return plan->to_json().dump();
+      });
 
   py::class_<gt::DistributedGradients>(m, "DistributedGradients")
       .def(py::init([](std::vector<std::pair<std::string, at::Tensor>> parameters,

@@ -20,6 +20,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 import warnings
 
 import torch
@@ -206,7 +207,7 @@ def _auto_settings(compression, plan, auto, optimizer):
     if unknown:
         raise Error(f"auto= has unknown settings {sorted(unknown)}; known: {list(_AUTO_KEYS)}")
     settings = _C.AutoSettings()
-    family = _optimizer_family(optimizer)
+    family = _optimizer_family(optimizer) if optimizer is not None else None
     families = [family] if family else ["sgd", "adam"]
     candidates = [set(_C.recommended_options(f)) for f in families]
     settings.candidates = [o for o in _C.recommended_options(families[0])
@@ -624,8 +625,15 @@ class CommHook:
     """
 
     def __init__(self, compression="none", transport=None, seed=0, min_compress_elements=16384,
-                 timeline=None, codec_threads=1, local_size=0):
-        _C.parse_option(compression)  # a bad spec fails here, listing what is available
+                 timeline=None, codec_threads=1, local_size=0, auto=None):
+        # compression="auto": the scheduler of DistributedOptimizer's "auto" (docs/auto.md),
+        # with the options recommended under both SGD and Adam-family optimizers (the hook does
+        # not know the optimizer), driven from the end of each backward pass.
+        self._auto_settings = _auto_settings(compression, None, auto, None)
+        self._auto = None
+        if self._auto_settings is not None:
+            self._auto_settings.min_compress_elements = int(min_compress_elements)
+        _C.parse_option("none" if self._auto_settings else compression)
         self.__name__ = self.__qualname__ = "gradcomp_comm_hook"  # DDP logs a hook's name
         self.compression = compression
         self.min_compress_elements = int(min_compress_elements)
@@ -637,7 +645,9 @@ class CommHook:
         self._engine = None
         # A codec that compresses each tensor on its own (PowerSGD: one matrix per layer) gets
         # the bucket's parameters one by one; the others get the bucket as one tensor.
-        self._per_tensor = _C.codec_uses_layout(_C.parse_option(compression)[0])
+        # (auto may choose any codec: it gets them one by one too.)
+        self._per_tensor = (self._auto_settings is not None
+                            or _C.codec_uses_layout(_C.parse_option(compression)[0]))
         self._layout = None        # per bucket, the shapes of its gradients, of the engine's plan
         self._first_tensor = []    # per bucket, the plan index of its first tensor
         self._previous = None      # sizes seen in the last iteration
@@ -646,12 +656,14 @@ class CommHook:
         self._sparse = []          # (future, bucket index, tensor) of this pass's sparse buckets
         self._pending_state = None
         self._failed = None        # the first error of the backward pass in progress
+        self._clock = None         # auto: this step's times (step start, ready per tensor)
 
     def plan(self, layout):
         """The plan for DDP buckets of these layouts (per bucket, the shapes of its gradients):
         one gradcomp bucket per DDP bucket, holding the bucket as one tensor, or its gradients
         one by one, with their shapes, for a codec that compresses each tensor on its own."""
-        codec, feedback, route, start_step = _C.parse_option(self.compression)
+        codec, feedback, route, start_step = _C.parse_option(
+            "none" if self._auto_settings else self.compression)
         tensors, buckets = [], []
         for i, shapes in enumerate(layout):
             if shapes == _SPARSE:
@@ -724,6 +736,8 @@ class CommHook:
             self._sparse.append((fut, index, tensor))
         else:
             self._futures.append((fut, tensor))
+            if self._auto is not None:
+                self._clock_ready(index, len(bucket.gradients()))
             if self._per_tensor:  # views of the bucket's buffer: the mean is written through them
                 for j, grad in enumerate(bucket.gradients()):
                     self._engine.ready(self._first_tensor[index] + j, grad)
@@ -751,6 +765,30 @@ class CommHook:
             f.set_result(t)
         for (f, _, _), mean in zip(sparse, means):
             f.set_result(mean)
+        if self._auto is not None:
+            self._auto_step_end()
+
+    def _clock_ready(self, index, count):
+        """auto: the gradients of DDP bucket `index` are ready now."""
+        now = time.monotonic()
+        clock = self._clock
+        clock["first"] = clock["first"] or now
+        clock["last"] = now
+        first = self._first_tensor[index]
+        clock["ready"][first:first + count] = [now] * count
+
+    def _auto_step_end(self):
+        """auto: the end of an exchanged backward pass is the scheduler's step boundary (the
+        optimizer's step of the iteration before falls into the next step's forward part)."""
+        now, c = time.monotonic(), self._clock
+        plan = self._auto.on_step_end(c["start"], c["first"], c["last"], now, now, c["ready"])
+        if plan is not None:
+            self._engine.set_plan(plan)
+        self._clock = self._new_clock()
+
+    def _new_clock(self):
+        return {"start": time.monotonic(), "first": 0.0, "last": 0.0,
+                "ready": [0.0] * sum(len(s) for s in self._layout if s != _SPARSE)}
 
     def _raise_at_end_of_backward(self, error):
         if self._failed is None:  # the first error of this backward pass is the one to tell
@@ -768,38 +806,59 @@ class CommHook:
             counts = [0 if shapes == _SPARSE else len(shapes) if self._per_tensor else 1
                       for shapes in layout]
             self._first_tensor = [sum(counts[:i]) for i in range(len(counts))]
-            self._engine = _C.Engine(self._transport, json.dumps(self.plan(layout)), self._seed,
-                                     self._timeline, self._local_size, self._codec_threads)
+            plan = json.dumps(self.plan(layout))
+            if self._auto_settings is not None:
+                self._auto = _C.AutoScheduler(self._transport, plan, self._auto_settings)
+                plan = self._auto.initial_plan()
+                self._clock = self._new_clock()
+            self._engine = _C.Engine(self._transport, plan, self._seed, self._timeline,
+                                     self._local_size, self._codec_threads)
+            if self._auto is not None:
+                self._auto.watch(self._engine)
             if self._pending_state is not None:
-                self._engine.load_state(self._pending_state)
+                self._load(*self._pending_state)
                 self._pending_state = None
         self._previous = layout
 
     def last_step(self):
         return self._engine.last_step() if self._engine else None
 
+    def auto_report(self):
+        """compression="auto": what the scheduler decided (see DistributedOptimizer.auto_report);
+        None before DDP's layout is known, or without auto."""
+        return json.loads(self._auto.report()) if self._auto is not None else None
+
     def state_dict(self):
         """This rank's compression state (every rank saves its own)."""
         return {"version": 1, "layout": self._layout,
-                "state": self._engine.save_state() if self._engine else None}
+                "state": self._engine.save_state() if self._engine else None,
+                "auto": self._auto.save() if self._auto is not None else None}
 
     def load_state_dict(self, state):
         """Restores the state into the engine once DDP's layout is known again (DDP re-buckets
-        after a restart: its first iteration is averaged uncompressed)."""
+        after a restart: its first iteration is averaged uncompressed); with auto, its decision
+        first (the kept plan runs again, without a new search)."""
         if state.get("state") is None:
             return
         if self._engine is not None:
-            self._engine.load_state(state["state"])
+            self._load(state["state"], state.get("auto"))
         else:
-            self._pending_state = state["state"]
+            self._pending_state = (state["state"], state.get("auto"))
+
+    def _load(self, engine_state, auto_state):
+        if auto_state is not None and self._auto is not None:
+            plan = self._auto.restore(auto_state)
+            if plan is not None:
+                self._engine.set_plan(plan)
+        self._engine.load_state(engine_state)
 
 
 def comm_hook(compression="none", transport=None, seed=0, min_compress_elements=16384,
-              timeline=None, codec_threads=1, local_size=0):
-    """A DDP communication hook: ddp.register_comm_hook(None, comm_hook("fp16")).
-    Arguments as for DistributedOptimizer; see CommHook."""
+              timeline=None, codec_threads=1, local_size=0, auto=None):
+    """A DDP communication hook: ddp.register_comm_hook(None, comm_hook("fp16")), or
+    comm_hook("auto") (docs/auto.md). Arguments as for DistributedOptimizer; see CommHook."""
     return CommHook(compression, transport, seed, min_compress_elements, timeline,
-                    codec_threads, local_size)
+                    codec_threads, local_size, auto)
 
 
 from gradcomp.onebit_adam import OneBitAdam  # noqa: E402,F401 (it uses this module's helpers)

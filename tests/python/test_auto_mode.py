@@ -88,3 +88,32 @@ def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):
         assert all(b["codec"] == "none" for b in replayed["buckets"]) or any(
             c["plan"]["buckets"] == replayed["buckets"]
             for c in report["decisions"][0]["candidates"])
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(module_runner):
+    straight = module_runner("ddp_auto.py", "--save-at", 26).check()
+    resumed = module_runner("ddp_auto.py", "--begin", 26, "--load", straight.out / "ckpt").check()
+    return straight, resumed
+
+
+def test_the_ddp_hook_decides_too_every_rank_alike(ddp_runs):
+    straight, _ = ddp_runs
+    report = straight.report(0)["report"]
+    assert report["phase"] == "decided", report["phase"]
+    assert len(report["decisions"][0]["candidates"]) >= 2
+    first = straight.load("params", 0)
+    for rank in range(1, straight.world):
+        assert straight.report(rank)["plans"] == straight.report(0)["plans"]
+        assert all(torch.equal(a, b) for a, b in zip(first, straight.load("params", rank)))
+
+
+def test_the_ddp_hook_resumes_its_decision(ddp_runs):
+    """Not bit-exactly: DDP rebuilds its buckets after a restart, and the hook averages those
+    first iterations uncompressed (docs/python.md); from then on the kept plan runs again."""
+    straight, resumed = ddp_runs
+    kept = straight.report(0)["plans"][-1]
+    for rank in range(straight.world):
+        report = resumed.report(rank)["report"]
+        assert report["phase"] == "decided" and not report["decisions"], "searched again"
+        assert resumed.report(rank)["plans"][-1] == kept
