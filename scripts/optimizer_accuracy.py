@@ -41,6 +41,7 @@ LM_LANS_LR = 1e-2
 FMNIST_LANS_LR = 1e-2
 
 REFERENCE = dict(name="AdamW", optimizer="adamw", compression="none")
+DEFAULT_OUT = os.path.join(ROOT, "docs", "optimizers-accuracy.md")
 # Scaled 1-bit codes with a pair of means per block of 256 elements (8 bytes per 256: 1.25 bits
 # per element): one pair for a whole fused bucket loses each layer's scale (measured below).
 ONEBIT = "onebit:block=256|ef|twoway"
@@ -86,7 +87,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--recipes", help="comma-separated recipes, named as their run files are "
                    "(\"1-bit-adam--every-tensor-compressed\"; default: all)")
-    p.add_argument("--out", default=os.path.join(ROOT, "docs", "optimizers-accuracy.md"))
+    p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--runs", default=os.path.join(ROOT, "build", "optimizer-accuracy-runs"))
     p.add_argument("--resume", action="store_true", help="reuse runs done with these settings")
     args = p.parse_args()
@@ -97,6 +98,7 @@ def parse_args():
     if wanted - slugs:
         p.error(f"unknown recipes {sorted(wanted - slugs)}; known: {sorted(slugs)}")
     args.recipes = [r for r in RECIPES if slug(r["name"]) in wanted or r is REFERENCE]
+    args.chosen = None if wanted == slugs else sorted(wanted)  # the report's command says so
     return args
 
 
@@ -305,7 +307,10 @@ def write_report(args, results):
         "```bash",
         f"/usr/bin/python3 scripts/optimizer_accuracy.py --lm-steps {args.lm_steps} "
         f"--lm-worlds {','.join(map(str, args.lm_worlds))} --fmnist-epochs "
-        f"{args.fmnist_epochs:g} --seed {args.seed}",
+        f"{args.fmnist_epochs:g} --seed {args.seed}"
+        + (f" --recipes {','.join(args.chosen)}" if args.chosen else "")
+        + ("" if args.out == DEFAULT_OUT else
+           f" --out {os.path.relpath(args.out, ROOT)} --runs {os.path.relpath(args.runs, ROOT)}"),
         "```",
         "",
         "Every recipe trains from the same initial model on the same batches (seed "
