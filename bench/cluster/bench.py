@@ -15,6 +15,11 @@ runs the optimizer comparison of docs/optimizers.md instead: DDP + AdamW against
 adaptive recipes, at 1 Gbit/s x 4 by default, into bench/cluster/results/optimizer-benchmark.json
 and a Markdown table beside it (the simulator does not model the update, so no predictions).
 
+The contender "auto" is gradcomp's compression="auto" (worker.py; its settings: AUTO): it
+searches (uncompressed warm-up, calibration, trials) in unmeasured steps, and its step is
+measured after its decision, as the others' after their warm-up; its decision (each
+candidate's predicted and measured step, the one kept, why, the search's cost) is in its row.
+
 Links faster than --max-real-rate run by time dilation: compute K times slower, links at
 rate / K, measured times divided by K (this machine's kernel cannot carry 10 Gbit/s of TCP and
 gloo's reductions on 2 cores). Dilation hides K-fold any CPU cost of encoding, so the planner
@@ -56,7 +61,14 @@ LABELS = {
     "ddp-powersgd:rank=1": "DDP + PowerSGD hook r1",
     "ddp-powersgd:rank=4": "DDP + PowerSGD hook r4",
     "plan": "gradcomp planned",
+    "auto": "gradcomp auto, after deciding",
 }
+
+# worker.py's settings of compression="auto" (not imported: worker.py loads torch; a test
+# compares them), and the most steps it can take before it decides: its warm-up, then up to
+# 1 + max_proposals plans for trial_steps each.
+AUTO = {"warmup_steps": 20, "profile_steps": 8, "trial_steps": 5, "max_proposals": 4}
+AUTO_SEARCH_STEPS = AUTO["warmup_steps"] + (1 + AUTO["max_proposals"]) * AUTO["trial_steps"]
 
 # worker.py's --optimizer choices (not imported: worker.py loads torch; a test compares them).
 OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam", "onebitlamb"]
@@ -171,7 +183,7 @@ def parse_args(argv=None):
 
 def contenders(args):
     codecs = [f"gradcomp:{c}" for c in split(args.codecs)]
-    chosen = ["compute", *DDP_CONTENDERS, *codecs, "plan"]
+    chosen = ["compute", *DDP_CONTENDERS, *codecs, "plan", "auto"]
     if args.contenders:
         wanted = split(args.contenders)
         unknown = [c for c in wanted if split_optimizer(c)[0] not in chosen]
@@ -222,7 +234,7 @@ def split(text):
 
 def family(contender):
     contender = split_optimizer(contender)[0]
-    if contender in ("compute", "ddp", "plan"):
+    if contender in ("compute", "ddp", "plan", "auto"):
         return contender
     return "ddp-hook" if contender.startswith("ddp-") else "gradcomp"
 
@@ -409,6 +421,11 @@ def replay_row(contender, ranks, dilation):
         # exchange's tail), and the optimizer's step after it.
         row.update(backward_end_ms=[1e3 * (m[2] - m[0]) / dilation for m in marks],
                    after_backward_ms=[1e3 * (m[3] - m[2]) / dilation for m in marks])
+    if "auto" in r0:
+        # Every rank must have decided alike, at the same step (the scheduler agrees first).
+        row["auto"] = dict(r0["auto"], ranks_agree=len({
+            (r["auto"]["decided_after_steps"], r["auto"]["decision"]["kept_name"])
+            for r in ranks}) == 1)
     if r0.get("optimizer", "none") == "none":
         return row
     row.update(update_ms=[1e3 * s / dilation for s in r0["update_s"]],
@@ -485,6 +502,8 @@ def run_replay(args, runner, model, name, profile, dilation, config):
     else:
         predicted, note = None, "not modelled: the simulator has no optimizer update"
     expect_s = max(predicted or 0, config["compute_ms"]) / 1e3 * dilation
+    if base == "auto":
+        predicted, note, expect_s = auto_prediction(model, config, dilation)
     contender = f"plan:{model.plan_path}" if base == "plan" else base
     row = run_contender(args, runner, name, contender, profile, dilation, expect_s,
                         predicted_ms=predicted, prediction_note=note)
@@ -493,7 +512,32 @@ def run_replay(args, runner, model, name, profile, dilation, config):
             f"{row['wire_bytes_per_step'] / 1e6:8.2f} MB/step on the wire  predicted "
             f"{predicted if predicted is None else round(predicted, 1)} ms  "
             f"({row['seconds']:.0f} s)")
+        if "auto" in row:
+            say_auto(row["auto"])
     return row
+
+
+def auto_prediction(model, config, dilation):
+    """(predicted ms, note, a step's seconds for the timeout) of the auto contender: it has no
+    plan until it runs, so no prediction (its own model's are in its decision); until it
+    decides it runs uncompressed, whose step bounds the kept plan's (it keeps none slower)."""
+    try:
+        uncompressed_ms = model.predict("ddp")[0]
+    except BenchError:
+        uncompressed_ms = config["compute_ms"]
+    expect_s = max(uncompressed_ms, config["compute_ms"]) / 1e3 * dilation
+    return None, ("not modelled: auto chooses its plan while it runs (its own model's "
+                  "predictions are in its decision)"), expect_s
+
+
+def say_auto(auto):
+    d = auto["decision"]
+    say(f"   {'':<32} auto kept '{d['kept_name']}' from step {d['step']} ({d['why']}); search "
+        f"{d['search_steps']:g} steps, {d['search_seconds']:.1f} s"
+        + ("" if auto.get("ranks_agree", True) else "; RANKS DISAGREE"))
+    for c in d["candidates"]:
+        say(f"   {'':<34}{c['name']:<36} predicted {c['predicted_ms']:8.1f} ms, measured "
+            f"{c['measured_ms']:8.1f} ms  [{c['summary']}]")
 
 
 def run_contender(args, runner, name, contender, profile, dilation, expect_s, **extra):
@@ -503,11 +547,16 @@ def run_contender(args, runner, name, contender, profile, dilation, expect_s, **
     worker_args = ["--workload", "replay", "--profile", str(profile), "--warmup",
                    str(args.warmup), "--steps", str(args.steps), "--dilation", str(dilation),
                    "--contender", contender, "--optimizer", optimizer]
+    unmeasured = args.warmup
+    if contender == "auto":
+        # Its search, and the kept plan's first step, are unmeasured steps too.
+        worker_args += ["--auto", json.dumps(AUTO)]
+        unmeasured = max(args.warmup, AUTO_SEARCH_STEPS) + 1
     if args.burn:
         worker_args.append("--burn")
     row = {"contender": name, "label": label(name), "family": family(name),
            "exchange": split_optimizer(name)[0], "optimizer": optimizer, **extra}
-    timeout = 180 + 6 * (args.warmup + args.steps) * expect_s
+    timeout = 180 + 6 * (unmeasured + args.steps) * expect_s
     try:
         ranks, seconds = runner.run(name, worker_args, timeout)
     except netns.ClusterError as e:
@@ -755,7 +804,7 @@ def run_all(args, names, profiles):
         "settings": {"warmup": args.warmup, "steps": args.steps, "burn": args.burn,
                      "max_real_rate": args.max_real_rate,
                      "target_accuracy": args.target_accuracy, "codecs": split(args.codecs),
-                     "optimizer": args.optimizer},
+                     "optimizer": args.optimizer, "auto": AUTO},
         "replay": [], "train": [],
     }
     costs = {}  # workers -> codec costs measured with that many copies

@@ -11,6 +11,8 @@ The report (docs/cluster-benchmark.md) holds, in this order:
   measured step time; then per rate and worker count a table of every contender (median step
   time and spread, speed-up over DDP, scaling efficiency, bytes on the wire and in gradcomp's
   own payload, CPU time, the simulator's prediction and its error) and the plan gradcomp chose;
+  with an auto run (compression="auto", measured after its decision), what it decided: each
+  candidate's predicted and measured step, the one kept and why, and the search's cost;
 - the time-to-accuracy table of the Fashion-MNIST training runs, with a plot;
 - the hand-written analysis, bench/cluster/analysis.md, verbatim if it exists.
 
@@ -65,9 +67,10 @@ OPTIMIZER_NAMES = {"none": "none", "sgd": "SGD (torch)", "adamw": "AdamW (torch)
 
 FEW_STEPS = 5  # below this, p10/p90 mean little: the spread is shown as min-max
 DPI = 110
-FAMILY_COLORS = {"ddp": "C0", "ddp-hook": "C1", "gradcomp": "C2", "plan": "C3", "compute": "k"}
+FAMILY_COLORS = {"ddp": "C0", "ddp-hook": "C1", "gradcomp": "C2", "plan": "C3", "auto": "C4",
+                 "compute": "k"}
 FAMILY_NAMES = {"ddp": "DDP", "ddp-hook": "DDP hook", "gradcomp": "gradcomp default plan",
-                "plan": "gradcomp planned", "compute": "compute-only"}
+                "plan": "gradcomp planned", "auto": "gradcomp auto", "compute": "compute-only"}
 TABLE_COLUMNS = ["contender", "median ms", "spread (p10-p90)", "vs DDP", "scaling eff.",
                  "wire MB/step", "payload MB/step", "CPU ms/step", "predicted ms", "error"]
 
@@ -466,6 +469,36 @@ def _config_block(config):
                      f"({bound:.1f} ms): no compute-only run finished in this config.")
     lines.append("")
     lines += _table(TABLE_COLUMNS, [_run_cells(config, r) for r in config.get("runs", [])])
+    lines.append("")
+    for run in config.get("runs", []):
+        if is_ok(run) and run.get("auto"):
+            lines += _auto_block(run["auto"], dilation(config))
+    return lines
+
+
+def _auto_block(auto, k=1):
+    """compression="auto"'s decision under its table: what it kept, when and why, what the
+    search cost, and every candidate's predicted against measured step (its own model and its
+    own trial steps: the slowest rank's median), divided by the config's dilation k as every
+    step time here (its search's seconds are the wall clock's)."""
+    d = auto["decision"]
+    kept = d["candidates"][d["kept"]]
+    settings = ", ".join(f"{key}={value}" for key, value in auto.get("settings", {}).items())
+    lines = [f"gradcomp auto ({settings}; candidate options: "
+             f"{', '.join(auto.get('options', [])) or '?'}) decided after "
+             f"{auto['decided_after_steps']} steps and kept **{d['kept_name']}** "
+             f"(`{kept['summary']}`) from step {d['step']} (that step not measured either): "
+             f"{d['why']}. Its trials took {d['search_steps']:g} steps; calibration and "
+             f"trials {d['search_seconds']:.1f} s of wall time"
+             + (f"; it decided {auto['decisions']} times (searched again while measured)"
+                if auto.get("decisions", 1) > 1 else "")
+             + ("; **the ranks decided differently**" if auto.get("ranks_agree") is False
+                else "") + ".", ""]
+    rows = [(c["name"] + (" (kept)" if i == d["kept"] else ""), c["summary"],
+             _num(c["predicted_ms"] / k), _num(c["measured_ms"] / k))
+            for i, c in enumerate(d["candidates"])]
+    lines += _table(["auto's candidate", "plan", "predicted ms (its model)",
+                     "measured ms (its trial)"], rows)
     return lines + [""]
 
 

@@ -28,6 +28,10 @@ Contenders (--contender):
   gradcomp                 the same with the optimizer's own default compression: none for
                            DistributedOptimizer, onebit:block=256|ef|twoway for OneBitAdam
   plan:PATH                gradcomp with the plan in PATH (from `gradcomp plan`)
+  auto                     gradcomp with compression="auto" (settings: --auto): unmeasured
+                           steps until it has decided (its warm-up, calibration and trials)
+                           and one more (the kept plan's first), then the measured steps;
+                           its decision goes into the rank's JSON
 
 Optimizers (--optimizer, replay only): what updates the replay's parameters after the exchange,
 so that its cost is part of the step.
@@ -70,6 +74,9 @@ class BenchError(Exception):
 OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam", "onebitlamb"]
 # The distributed optimizers of their own: they exchange in step(), after an uncompressed warm-up.
 TWO_STAGE = ("onebitadam", "onebitlamb")
+# compression="auto"'s settings for the replay: short enough that it decides within 45 steps
+# (20 warm-up, then up to 1 + max_proposals plans for 5 steps each); bench.py passes the same.
+AUTO = {"warmup_steps": 20, "profile_steps": 8, "trial_steps": 5, "max_proposals": 4}
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -87,6 +94,9 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="none",
                    help="replay: the optimizer that updates the parameters in every step "
                         "(none: no update; see the module docstring)")
+    p.add_argument("--auto", type=json.loads, default=dict(AUTO),
+                   help="replay, contender auto: its auto= settings as JSON (default "
+                        f"{json.dumps(AUTO)})")
     p.add_argument("--epochs", type=float, default=2.0, help="train: epochs")
     p.add_argument("--batch-size", type=int, default=32, help="train: images per rank and step")
     p.add_argument("--lr", type=float, default=0.05, help="train: SGD learning rate")
@@ -126,8 +136,10 @@ def parse_contender(text):
         return "gradcomp", text[len("gradcomp:"):]
     if text.startswith("plan:"):
         return "plan", text[len("plan:"):]
+    if text == "auto":
+        return "auto", None
     raise BenchError(f"contender '{text}' is unknown; use compute, ddp, ddp-fp16, ddp-bf16, "
-                     "ddp-powersgd:rank=R, gradcomp, gradcomp:SPEC or plan:PATH")
+                     "ddp-powersgd:rank=R, gradcomp, gradcomp:SPEC, plan:PATH or auto")
 
 
 # ---------------------------------------------------------------------------- environment
@@ -166,7 +178,7 @@ class Exchange:
             dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                                     world_size=world,
                                     timeout=datetime.timedelta(seconds=timeout))
-        elif kind in ("gradcomp", "plan"):
+        elif kind in ("gradcomp", "plan", "auto"):
             import gradcomp.torch as gct
             self.transport = gct.get_transport("gloo", timeout=timeout)
         self.kind = kind
@@ -292,11 +304,13 @@ def make_step(args, kind, argument, model, exchange):
     if kind == "compute":
         return model, update, None
     import gradcomp.torch as gct
+    compression = "auto" if kind == "auto" else (
+        argument if kind == "gradcomp" and argument is not None else "none")
     distributed = gct.DistributedOptimizer(
         update or NoUpdate(model.parameters()), model.named_parameters(),
-        compression=argument if kind == "gradcomp" and argument is not None else "none",
-        plan=argument if kind == "plan" else None, transport=exchange.transport,
-        seed=args.seed, broadcast=False)
+        compression=compression, plan=argument if kind == "plan" else None,
+        transport=exchange.transport, seed=args.seed, broadcast=False,
+        auto=args.auto if kind == "auto" else None)
     return model, distributed, distributed
 
 
@@ -451,6 +465,8 @@ def replay(args, kind, argument):
 
     for _ in range(args.warmup):
         one_step()
+    if kind == "auto":
+        decided_after = await_decision(args.auto, optimizer, one_step, args.warmup)
     if onebit and not optimizer.frozen:
         raise BenchError(f"{args.optimizer} is still in its warm-up after {args.warmup} "
                          "steps: the measured steps would not be compressed")
@@ -488,6 +504,12 @@ def replay(args, kind, argument):
     }
     if counter is not None:
         result["plan_buckets"] = len(counter.plan.get("buckets", []))
+    if kind == "auto":
+        result["auto"] = auto_record(optimizer.auto_report(), args.auto, decided_after)
+        if rank == 0:  # all of it (the calibration, the candidates' plans), beside the JSON
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "auto-report.json").write_text(
+                json.dumps(optimizer.auto_report(), indent=1) + "\n")
     if onebit:
         # Said in the output, and checked step by step: the measured steps are compressed.
         result["onebit_warmup_steps"] = optimizer.warmup_steps
@@ -502,6 +524,49 @@ def replay(args, kind, argument):
         result["param_sum"] = sum(float(p.detach().double().sum()) for p in model.parameters())
         result["param_digest"] = tensor_digest(p.detach() for p in model.parameters())
     return exchange, result
+
+
+def auto_search_steps(settings):
+    """The most steps compression="auto" can take before it decides: its warm-up, then up to
+    1 + max_proposals plans for trial_steps each (the scheduler's defaults where unset)."""
+    return (settings.get("warmup_steps", 30)
+            + (1 + settings.get("max_proposals", 4)) * settings.get("trial_steps", 6))
+
+
+def await_decision(settings, optimizer, one_step, done):
+    """Steps on, unmeasured, until compression="auto" has decided, then takes the kept plan's
+    first step unmeasured too (a plan change's step: the scheduler's trials skip it as well).
+    Every rank decides at the same step (the scheduler agrees on what it measured first), so
+    every rank takes as many steps. Returns the steps taken until the decision, `done`
+    included."""
+    steps, limit = done, auto_search_steps(settings)
+    while optimizer.auto_report()["phase"] != "decided":
+        if steps >= limit:
+            raise BenchError(f"compression=\"auto\" has not decided after {steps} steps (at "
+                             f"most {limit} with {json.dumps(settings)}); its phase: "
+                             f"{optimizer.auto_report()['phase']}")
+        one_step()
+        steps += 1
+    one_step()
+    return steps
+
+
+def auto_record(report, settings, decided_after):
+    """What bench.py reports of compression="auto": its settings and candidate options, when
+    it decided, and its (first) decision: every candidate's predicted and measured step, the
+    one kept and why, the search's cost. More than one decision means it searched again during
+    the measured steps."""
+    first = report["decisions"][0]
+    decision = {k: first.get(k) for k in ("step", "reason", "kept", "kept_name", "why",
+                                          "search_steps", "search_seconds", "planner_ms",
+                                          "link")}
+    decision["candidates"] = [{k: c[k] for k in ("name", "summary", "predicted_ms",
+                                                 "measured_ms", "first_step")}
+                              for c in first["candidates"]]
+    return {"settings": settings, "options": report["candidates"],
+            "decided_after_steps": decided_after, "phase": report["phase"],
+            "decisions": len(report["decisions"]), "plan": report["plan"],
+            "decision": decision}
 
 
 def machine_busy_s():
@@ -542,7 +607,7 @@ def train(args, kind, argument):
     import torch.nn.functional as F
     import train as mainjob
 
-    if kind in ("compute", "plan"):
+    if kind in ("compute", "plan", "auto"):
         raise BenchError(f"contender '{args.contender}' is for the replay workload only")
     torch.set_num_threads(1)
     train_x, train_y = mainjob.load_split(mainjob.DEFAULT_DATA, "train")

@@ -1,0 +1,66 @@
+"""The benchmark's auto contender (gradcomp's compression="auto"): the worker steps until it
+has decided and measures after the decision, every rank alike; bench.py and worker.py use the
+same settings; the report shows the decision under the config's table."""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+sys.path.insert(0, str(ROOT / "bench" / "cluster"))
+import bench  # noqa: E402
+import report  # noqa: E402
+import worker  # noqa: E402
+from test_report import make_run, replay_config, steps_around  # noqa: E402
+from test_worker import run_workers  # noqa: E402
+
+
+def test_auto_decides_in_unmeasured_steps_then_measures_the_kept_plan(tmp_path):
+    ranks = run_workers(tmp_path, "auto", timeout=300)
+    autos = [r["auto"] for r in ranks]
+    assert all(len(r["step_s"]) == 3 for r in ranks)
+    assert ranks[0]["grad_digest"] == ranks[1]["grad_digest"]
+    # Every rank decided at the same step, once, before the measured steps, within the bound.
+    assert len({a["decided_after_steps"] for a in autos}) == 1
+    assert autos[0]["phase"] == "decided" and autos[0]["decisions"] == 1
+    assert autos[0]["decided_after_steps"] <= worker.auto_search_steps(worker.AUTO)
+    decision = autos[0]["decision"]
+    assert decision["step"] == autos[0]["decided_after_steps"] + 1
+    assert decision["candidates"][0]["name"] == "uncompressed"
+    assert all(c["measured_ms"] > 0 and c["predicted_ms"] > 0 for c in decision["candidates"])
+    assert decision["kept_name"] == decision["candidates"][decision["kept"]]["name"]
+    assert decision["search_steps"] > 0 and decision["search_seconds"] > 0
+    # The plan in force is the kept one.
+    assert autos[0]["plan"] == decision["candidates"][decision["kept"]]["summary"]
+    assert (tmp_path / "out" / "auto-report.json").exists()
+
+
+def test_bench_and_worker_share_the_auto_settings():
+    source = (ROOT / "bench" / "cluster" / "worker.py").read_text()
+    line = next(l for l in source.splitlines() if l.startswith("AUTO = "))
+    assert json.loads(line.split("=", 1)[1]) == bench.AUTO == worker.AUTO
+    assert bench.AUTO_SEARCH_STEPS == worker.auto_search_steps(bench.AUTO)
+    assert bench.family("auto") == "auto" and "auto" in bench.LABELS
+    assert worker.parse_contender("auto") == ("auto", None)
+
+
+def test_report_shows_the_decision_under_the_table():
+    candidates = [{"name": "uncompressed", "summary": "4 buckets: 4 none",
+                   "predicted_ms": 1300.0, "measured_ms": 1400.0, "first_step": 21},
+                  {"name": "the planner's best", "summary": "9 buckets: 9 powersgd:rank=4/ef",
+                   "predicted_ms": 200.0, "measured_ms": 250.0, "first_step": 26}]
+    auto = {"settings": bench.AUTO, "options": ["fp16", "powersgd:rank=4|ef"],
+            "decided_after_steps": 30, "phase": "decided", "decisions": 1,
+            "plan": candidates[1]["summary"], "ranks_agree": True,
+            "decision": {"step": 31, "kept": 1, "kept_name": "the planner's best",
+                         "why": "fastest measured", "search_steps": 10.0,
+                         "search_seconds": 12.5, "candidates": candidates}}
+    config = replay_config()
+    config["runs"].append(make_run("auto", steps_around(240.0), family="auto", auto=auto))
+    md = report.render_markdown({"replay": [config]}, [])
+    assert "kept **the planner's best**" in md and "from step 31" in md
+    assert "| the planner's best (kept) | 9 buckets: 9 powersgd:rank=4/ef | 200.0 | 250.0 |" in md
+    assert "| label of auto | 240.0 |" in md
+    # Time-dilated: the candidates' times are divided by the dilation, as every step time.
+    assert "| uncompressed | 4 buckets: 4 none | 130.0 | 140.0 |" in "\n".join(
+        report._auto_block(auto, 10))
