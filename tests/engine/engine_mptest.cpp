@@ -13,6 +13,7 @@
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
 #include "support/mp_test.h"
+#include "engine_testing.h"
 #include "support/codec_testing.h"
 
 namespace gradcomp {
@@ -21,19 +22,16 @@ namespace {
 using testing::gather_bytes;
 using testing::world;
 
-// A small model: conv-like weights with biases between them, in backward order.
-std::vector<TensorInfo> model_tensors() {
-  return {{"fc.bias", 10},        {"fc.weight", 40000},  {"conv3.bias", 64},
-          {"conv3.weight", 36864}, {"bn2.weight", 64},    {"conv2.weight", 18432},
-          {"empty", 0},           {"conv1.weight", 1728}, {"conv1.bias", 64}};
-}
+using engine_testing::expect_identical_across_ranks;
+using engine_testing::model_tensors;
+using engine_testing::plan_with;
 
 // Rank r's gradients of step s: reproducible on every rank, so each rank can compute the mean.
 std::vector<std::vector<float>> gradients(const std::vector<TensorInfo>& tensors, int rank,
                                           uint64_t step) {
   std::vector<std::vector<float>> g;
   for (size_t t = 0; t < tensors.size(); ++t) {
-    g.push_back(testing::gradient(tensors[t].elements, 1000 * step + 17 * t + rank + 1));
+    g.push_back(engine_testing::gradient(tensors, t, rank, step));
   }
   return g;
 }
@@ -51,33 +49,6 @@ std::vector<size_t> backward_order(size_t n) {
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   return order;
-}
-
-std::vector<std::byte> flatten(const std::vector<std::vector<float>>& g) {
-  std::vector<std::byte> out;
-  for (const auto& v : g) {
-    auto b = std::as_bytes(std::span(v));
-    out.insert(out.end(), b.begin(), b.end());
-  }
-  return out;
-}
-
-// Every rank holds the same bytes.
-void expect_identical_across_ranks(const std::vector<std::vector<float>>& g) {
-  const auto mine = flatten(g);
-  const auto all = gather_bytes(mine);
-  for (int r = 0; r < world()->size(); ++r) {
-    EXPECT_TRUE(std::equal(mine.begin(), mine.end(), all.begin() + r * mine.size()))
-        << "rank " << world()->rank() << " differs from rank " << r;
-  }
-}
-
-Plan plan_with(const Option& option) {
-  DefaultPlanSettings settings;
-  settings.bucket_bytes = 100'000;  // several buckets
-  settings.min_compress_elements = 1000;
-  settings.compressed = option;
-  return make_default_plan(model_tensors(), settings);
 }
 
 TEST(Engine, UncompressedIsTheMeanInAnyOrder) {

@@ -15,6 +15,7 @@
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
+#include "engine_testing.h"
 #include "support/codec_testing.h"
 #include "support/sanitizers.h"
 #include "support/single_rank.h"
@@ -26,12 +27,7 @@ using testing::error_text;
 
 std::shared_ptr<Transport> single_rank() { return testing::single_rank_transport(); }
 
-Plan small_plan(const Option& option = {}) {
-  DefaultPlanSettings settings;
-  settings.min_compress_elements = 100;
-  settings.compressed = option;
-  return make_default_plan({{"w", 1000}, {"b", 10}}, settings);
-}
+using engine_testing::small_plan;
 
 TEST(EngineSingleRank, MeanOfOneRankIsTheGradient) {
   Engine engine(single_rank(), small_plan());
@@ -202,15 +198,7 @@ TEST(EngineSingleRank, LossScaleMustBeFiniteAndPositive) {
   engine.set_loss_scale(65536);  // a good one is taken
 }
 
-// One step of the engine over w and b (b uncompressed); returns w's mean.
-std::vector<float> engine_step(Engine& engine, std::vector<float> w, double scale) {
-  std::vector<float> b(10, 1.0f);
-  engine.set_loss_scale(scale);
-  engine.ready("w", w);
-  engine.ready("b", b);
-  engine.synchronize();
-  return w;
-}
+constexpr auto* engine_step = &engine_testing::step;  // one step over w and b; w's mean
 
 // Through the engine: a NaN step leaves the state of every bucket as it was (the step counter
 // still advances), and a scaled run gives the unscaled run's means times the scale.

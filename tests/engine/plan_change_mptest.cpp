@@ -7,47 +7,22 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
-#include "support/codec_testing.h"
-#include "support/mp_test.h"
+#include "engine_testing.h"
 
 namespace gradcomp {
 namespace {
 
-using testing::gather_bytes;
+using engine_testing::expect_identical_across_ranks;
+using engine_testing::model_tensors;
+using engine_testing::plan_with;
 using testing::world;
 
-std::vector<TensorInfo> model_tensors() {
-  return {{"fc.bias", 10},         {"fc.weight", 40000},  {"conv3.bias", 64},
-          {"conv3.weight", 36864}, {"bn2.weight", 64},    {"conv2.weight", 18432},
-          {"conv1.weight", 1728},  {"conv1.bias", 64}};
-}
-
-Plan plan_with(const Option& option) {
-  DefaultPlanSettings settings;
-  settings.bucket_bytes = 100'000;  // several buckets
-  settings.min_compress_elements = 1000;
-  settings.compressed = option;
-  return make_default_plan(model_tensors(), settings);
-}
-
-// Rank r's gradient of tensor t at step s: every rank can compute every rank's.
 std::vector<float> gradient(size_t t, int rank, uint64_t step) {
-  return testing::gradient(model_tensors()[t].elements, 1000 * step + 17 * t + rank + 1);
-}
-
-void expect_identical_across_ranks(const std::vector<std::vector<float>>& got, uint64_t step) {
-  std::vector<std::byte> mine;
-  for (const auto& v : got) {
-    const auto b = std::as_bytes(std::span(v));
-    mine.insert(mine.end(), b.begin(), b.end());
-  }
-  const auto all = gather_bytes(mine);
-  for (int r = 0; r < world()->size(); ++r) {
-    ASSERT_TRUE(std::equal(mine.begin(), mine.end(), all.begin() + r * mine.size()))
-        << "step " << step << ": rank " << world()->rank() << " differs from rank " << r;
-  }
+  return engine_testing::gradient(model_tensors(), t, rank, step);
 }
 
 // Each option for two steps, then the uncompressed plan, which keeps nothing: at the end every
@@ -80,7 +55,7 @@ TEST(PlanChange, NothingIsLostOverSwitchesThroughEveryRoute) {
       for (size_t t = 0; t < tensors.size(); ++t) got.push_back(gradient(t, world()->rank(), step));
       for (size_t t = tensors.size(); t-- > 0;) engine.ready(t, got[t]);
       engine.synchronize();
-      expect_identical_across_ranks(got, step);
+      expect_identical_across_ranks(got, fmt::format("step {}", step));
       for (size_t t = 0; t < tensors.size(); ++t) {
         for (int r = 0; r < W; ++r) {
           const auto g = gradient(t, r, step);
@@ -122,7 +97,7 @@ TEST(PlanChange, DifferentPlansOnTheRanksAreAnErrorAndChangeNothing) {
   for (size_t t = 0; t < model_tensors().size(); ++t) got.push_back(gradient(t, world()->rank(), 0));
   for (size_t t = 0; t < got.size(); ++t) engine.ready(t, got[t]);
   engine.synchronize();
-  expect_identical_across_ranks(got, 0);
+  expect_identical_across_ranks(got, "after the refused change");
 }
 
 }  // namespace

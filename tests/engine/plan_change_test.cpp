@@ -10,7 +10,7 @@
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
-#include "support/codec_testing.h"
+#include "engine_testing.h"
 #include "support/single_rank.h"
 
 namespace gradcomp {
@@ -18,24 +18,10 @@ namespace {
 
 using testing::error_text;
 
-Plan small_plan(const Option& option = {}) {
-  DefaultPlanSettings settings;
-  settings.min_compress_elements = 100;
-  settings.compressed = option;
-  return make_default_plan({{"w", 1000}, {"b", 10}}, settings);
-}
+using engine_testing::small_plan;
+using engine_testing::step;
 
 const Option kTopk{.codec = "topk:ratio=0.1", .feedback = "ef", .route = "allgather"};
-
-// One step; returns w's mean (b is uncompressed in every plan here).
-std::vector<float> step(Engine& engine, std::vector<float> w, double scale = 1) {
-  std::vector<float> b(10, 1.0f);
-  engine.set_loss_scale(scale);
-  engine.ready("w", w);
-  engine.ready("b", b);
-  engine.synchronize();
-  return w;
-}
 
 // With one rank top-k sends part of g and keeps the rest (g - sent) as its residual: after a
 // change to the uncompressed plan, that rest arrives with the next gradient, exactly.

@@ -43,11 +43,7 @@ def refusals(model):
 
 
 def main():
-    p = common.parser(__doc__)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--begin", type=int, default=0)
-    p.add_argument("--save-at", type=int, default=0)
-    p.add_argument("--load", default="")
+    p = common.resumable_parser(__doc__, steps=30)
     p.add_argument("--errors", action="store_true")
     args = p.parse_args()
     rank, world = common.setup()

@@ -21,6 +21,17 @@ def parser(description):
     return p
 
 
+def resumable_parser(description, steps):
+    """parser() with the arguments of a run that saves a checkpoint and resumes from one: it
+    trains steps [--begin, --steps), saves after step --save-at, or starts from --load."""
+    p = parser(description)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--begin", type=int, default=0)
+    p.add_argument("--save-at", type=int, default=0, help="save a checkpoint after this step")
+    p.add_argument("--load", default="", help="checkpoint path prefix (.rank<r>.pt follows)")
+    return p
+
+
 def setup():
     # One intra-op thread: the machine is small and shared, and the same thread count in every
     # process keeps each gradient a deterministic function of (parameters, data).

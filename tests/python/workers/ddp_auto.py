@@ -13,12 +13,7 @@ AUTO = {"warmup_steps": 5, "profile_steps": 3, "trial_steps": 3, "verbose": Fals
 
 
 def main():
-    p = common.parser(__doc__)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--begin", type=int, default=0)
-    p.add_argument("--save-at", type=int, default=0)
-    p.add_argument("--load", default="")
-    args = p.parse_args()
+    args = common.resumable_parser(__doc__, steps=30).parse_args()
     rank, _ = common.setup()
     dist.init_process_group("gloo")
     dist._DEFAULT_FIRST_BUCKET_BYTES = 50_000  # several DDP buckets
