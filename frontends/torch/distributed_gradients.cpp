@@ -566,6 +566,12 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
     // Read between steps, under the lock, while the engine is idle (end_step).
     s.scheduler->set_health_source({[shared = &s] { shared->engine->measure_mean_norms(); },
                                     [shared = &s] { return shared->engine->feedback_health(); }});
+    s.scheduler->set_event_sink([shared = &s](const std::string& name,
+                                              AutoScheduler::TimePoint start,
+                                              AutoScheduler::TimePoint end,
+                                              const nlohmann::json& args) {
+      shared->engine->timeline_event(name, start, end, args);
+    });
     plan = s.scheduler->initial_plan();
   }
   // The engine's tensor indices follow the plan; map our parameters onto them by name.

@@ -11,12 +11,16 @@
 //     optimizer.step();
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "gradcomp/plan.h"
 #include "gradcomp/transport.h"
@@ -123,6 +127,10 @@ class Engine {
 
   // Starts (or with an empty path stops) writing the Chrome-trace timeline.
   void set_timeline(const std::string& path);
+  // Writes an event of the caller's into the timeline (when one is written), on a lane of its
+  // own below the buckets' (compression="auto" marks its searches and decisions there).
+  void timeline_event(std::string_view name, std::chrono::steady_clock::time_point start,
+                      std::chrono::steady_clock::time_point end, const nlohmann::json& args);
 
  private:
   struct Impl;

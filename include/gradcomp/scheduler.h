@@ -24,6 +24,7 @@
 // from on_step_end(), which every rank calls once per exchanged step, between steps.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -131,6 +132,12 @@ class AutoScheduler {
     std::function<std::vector<Engine::BucketHealth>()> read;
   };
   void set_health_source(HealthSource source);
+  // Where each search and decision is marked (Engine::timeline_event): its name ("auto:
+  // search", "auto: decided", "auto: backed off"), start, end and the decision as JSON.
+  using TimePoint = std::chrono::steady_clock::time_point;
+  using EventSink = std::function<void(const std::string& name, TimePoint start, TimePoint end,
+                                       const nlohmann::json& args)>;
+  void set_event_sink(EventSink sink);
 
   // Called by every rank after each exchanged step, between steps (the engine idle). May issue
   // collectives on the transport (calibration, agreement). Returns the plan to run from the

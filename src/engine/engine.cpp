@@ -655,6 +655,15 @@ void Engine::load_state(std::span<const std::byte> state) {
   impl_->step_state.prev_scale = 0;
 }
 
+void Engine::timeline_event(std::string_view name, Clock::time_point start,
+                            Clock::time_point end, const nlohmann::json& args) {
+  std::lock_guard lock(impl_->mutex);
+  if (!impl_->timeline) return;
+  constexpr int kCallerLane = 1 << 20;  // below any bucket's
+  impl_->timeline->name_lane(kCallerLane, "compression=auto");
+  impl_->timeline->span(kCallerLane, name, start, end, args);
+}
+
 void Engine::set_timeline(const std::string& path) {
   std::lock_guard lock(impl_->mutex);
   if (impl_->step_started) throw Error("set_timeline: a step is in flight; call synchronize() first");

@@ -156,6 +156,8 @@ struct AutoScheduler::Impl {
   std::vector<double> window;
   uint64_t drifting = 0;    // consecutive checks that saw drift
   AutoScheduler::HealthSource health;
+  AutoScheduler::EventSink events;
+  void mark(const std::string& name, Clock::time_point start, const AutoDecision& d) const;
   std::vector<double> first_ratio, last_ratio;  // per bucket of the plan in force
   std::vector<uint64_t> rising;                 // consecutive checks each ratio rose
   std::set<std::string> excluded_codecs;        // backed off from: left out of later searches
@@ -340,6 +342,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
     lines.push_back(fmt::format("  {:<36} predicted {:8.1f} ms, measured {:8.1f} ms  [{}]", c.name,
                                 c.predicted_ms, c.measured_ms, c.summary));
   }
+  mark("auto: decided", search_start, search);
   say(fmt::format("decided at step {}: kept '{}' ({}); search took {:.1f} s\n{}", steps,
                   cs[best].name, search.why, search.search_seconds, fmt::join(lines, "\n")));
   learn_from_trials();
@@ -371,6 +374,20 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
 // The step before a check measures the means' norms (for watch_residuals).
 void AutoScheduler::Impl::prepare_health_if_due() {
   if (health.prepare && window.size() + 1 == settings.check_every) health.prepare();
+}
+
+// The search's span (from its start to the decision) in the timeline, with what was decided.
+void AutoScheduler::Impl::mark(const std::string& name, Clock::time_point start,
+                               const AutoDecision& d) const {
+  if (!events) return;
+  json candidates = json::array();
+  for (const auto& c : d.candidates) {
+    candidates.push_back({{"name", c.name}, {"predicted_ms", c.predicted_ms},
+                          {"measured_ms", c.measured_ms}});
+  }
+  events(name, start, Clock::now(),
+         {{"reason", d.reason}, {"kept", d.candidates.empty() ? "" : d.candidates[d.kept].name},
+          {"why", d.why}, {"candidates", candidates}});
 }
 
 // The measurements flow back into the model: the next search predicts with the correction
@@ -438,6 +455,7 @@ std::optional<Plan> AutoScheduler::Impl::back_off(size_t bucket, double growth) 
   window.clear();
   drifting = 0;
   first_ratio.clear();
+  mark("auto: backed off", Clock::now(), d);
   say(fmt::format("{} at step {}: {}", d.reason, steps, d.why));
   decisions.push_back(d);
   prepare_health_if_due();
@@ -453,6 +471,8 @@ AutoScheduler::~AutoScheduler() = default;
 Plan AutoScheduler::initial_plan() const { return impl_->uncompressed; }
 
 void AutoScheduler::set_health_source(HealthSource source) { impl_->health = std::move(source); }
+
+void AutoScheduler::set_event_sink(EventSink sink) { impl_->events = std::move(sink); }
 
 std::optional<Plan> AutoScheduler::on_step_end(const StepTimes& times) {
   return impl_->on_step_end(times);

@@ -49,6 +49,21 @@ def test_the_report_says_what_was_tried_and_why(runs):
     assert plans[-1] == kept["summary"]
 
 
+def test_the_decision_is_in_the_timeline(runs):
+    """The search's span, from its start to the decision, on a lane of its own, with what was
+    kept and why."""
+    straight, _ = runs
+    report = straight.report(0)["report"]
+    events = json.loads((straight.out / "trace.rank0.json").read_text())
+    decided = [e for e in events if e.get("name") == "auto: decided"]
+    assert len(decided) == 1, [e.get("name") for e in events][:20]
+    args = decided[0]["args"]
+    assert args["kept"] == report["decisions"][0]["kept_name"]
+    assert args["why"] == report["decisions"][0]["why"]
+    assert len(args["candidates"]) == len(report["decisions"][0]["candidates"])
+    assert decided[0]["dur"] > 0
+
+
 def test_a_checkpoint_after_the_decision_resumes_bit_exactly(runs):
     straight, resumed = runs
     for rank in range(straight.world):

@@ -12,10 +12,10 @@ AUTO = {"warmup_steps": 6, "profile_steps": 3, "trial_steps": 3, "verbose": Fals
         "drift": 9.0}  # no new search from timing noise: the runs must be reproducible
 
 
-def build(model):
+def build(model, timeline=None):
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return gc.DistributedOptimizer(sgd, model.named_parameters(), compression="auto",
-                                   min_compress_elements=1000, auto=AUTO)
+                                   min_compress_elements=1000, auto=AUTO, timeline=timeline)
 
 
 def refusals(model):
@@ -48,7 +48,7 @@ def main():
     args = p.parse_args()
     rank, world = common.setup()
     model = common.make_model()
-    opt = build(model)
+    opt = build(model, timeline=None if args.load else f"{args.out}/trace.json")
     if args.load:
         state = torch.load(f"{args.load}.rank{rank}.pt")
         model.load_state_dict(state["model"])
@@ -69,6 +69,7 @@ def main():
     record["last_step"] = opt.last_step()
     if args.errors:
         record["errors"] = refusals(model)
+    opt.set_timeline(None)  # closes the trace (valid JSON from here on)
     common.save(args.out, "params", rank, [p.detach().clone() for p in model.parameters()])
     common.report(args.out, rank, record)
 
