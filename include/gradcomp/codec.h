@@ -16,6 +16,7 @@
 // frame for them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -167,6 +168,11 @@ class Codec {
   FrameExpectation expectation(uint64_t elements, uint8_t round = 0) const;
   const char* name() const;
   uint32_t param_hash() const;
+
+ private:
+  // fnv1a32(spec()) with bit 32 set once computed: spec() formats a string, and every frame of
+  // every step carries the hash, while a codec's parameters never change after construction.
+  mutable std::atomic<uint64_t> param_hash_{0};
 };
 
 // Builds a codec from a spec string ("topk:ratio=0.01"). Throws SpecError naming the codec,

@@ -94,7 +94,14 @@ std::unique_ptr<Codec> make_codec(const std::string& text) {
 
 const char* Codec::name() const { return codec_name(id()); }
 
-uint32_t Codec::param_hash() const { return fnv1a32(spec()); }
+uint32_t Codec::param_hash() const {
+  uint64_t cached = param_hash_.load(std::memory_order_relaxed);
+  if (cached == 0) {  // racing threads compute the same value
+    cached = (uint64_t{1} << 32) | fnv1a32(spec());
+    param_hash_.store(cached, std::memory_order_relaxed);
+  }
+  return static_cast<uint32_t>(cached);
+}
 
 FrameExpectation Codec::expectation(uint64_t elements, uint8_t round) const {
   return {static_cast<uint8_t>(id()), name(), param_hash(), round, elements};

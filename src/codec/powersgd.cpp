@@ -32,6 +32,7 @@
 #include <optional>
 
 #include "codec/factories.h"
+#include "common/buffer.h"
 #include "codec/powersgd_matrix.h"
 #include "codec/powersgd_view.h"
 #include "gradcomp/error.h"
@@ -156,7 +157,7 @@ class PowerSgdCodec final : public Codec {
  private:
   // What discard() puts back: Q as round 0 of the last step found it.
   struct SavedQ {
-    std::vector<float> q;
+    Buffer<float> q;
     size_t n = 0;
     bool has = false;
     bool open = false;  // a step began and was not discarded
@@ -170,20 +171,20 @@ class PowerSgdCodec final : public Codec {
   void draw_q_column(size_t block, size_t k, const Context& ctx);
   void normalise_q(const Context& ctx);
   View checked_view(const FrameHeader& h, size_t round) const;
-  size_t write_frame(uint8_t round, uint64_t n, const std::vector<float>& values,
+  size_t write_frame(uint8_t round, uint64_t n, std::span<const float> values,
                      std::span<std::byte> out) const;
   void read_q_blocks(StateReader& in, uint32_t version, uint64_t n);
 
   size_t rank_, cols_;
   bool warm_start_;
   std::optional<View> layout_view_;  // per-tensor view, when set_layout gave shapes
-  std::vector<float> q_;  // warm-start Q of every block (column-major), valid for q_view_
+  Buffer<float> q_;  // warm-start Q of every block (column-major), valid for q_view_
   View q_view_;
   bool has_q_ = false;
-  std::vector<float> p_;  // P_hat of the current step, every block, valid for p_n_ elements
+  Buffer<float> p_;  // P_hat of the current step, every block, valid for p_n_ elements
   size_t p_n_ = 0;
   bool has_p_ = false;
-  std::vector<float> scratch_;  // this rank's P (round 0) or Q and plain values (last round)
+  Buffer<float> scratch_;  // this rank's P (round 0) or Q and plain values (last round)
   SavedQ saved_;
 };
 
@@ -252,7 +253,7 @@ void PowerSgdCodec::normalise_q(const Context& ctx) {
   }
 }
 
-size_t PowerSgdCodec::write_frame(uint8_t round, uint64_t n, const std::vector<float>& values,
+size_t PowerSgdCodec::write_frame(uint8_t round, uint64_t n, std::span<const float> values,
                                   std::span<std::byte> out) const {
   const size_t bytes = 4 * values.size();
   if (out.size() < kFrameHeaderBytes + bytes) {
@@ -316,18 +317,18 @@ void PowerSgdCodec::absorb_round(int round, std::span<const std::byte> reduced,
   const auto payload =
       check_frame(reduced, expectation(peek.elements, static_cast<uint8_t>(round)), &h);
   const View v = checked_view(h, static_cast<size_t>(round));
-  std::vector<float> values(payload.size() / 4);
-  if (!payload.empty()) std::memcpy(values.data(), payload.data(), payload.size());
+  // Copied into the buffers kept from step to step (same size every step: no allocation).
   if (round == 0) {  // P_hat of every block, for this step's last round and decode
+    p_.resize(payload.size() / 4);
+    if (!payload.empty()) std::memcpy(p_.data(), payload.data(), payload.size());
     for (const powersgd::Block& b : v.blocks) {
-      powersgd::orthonormalize(values.data() + b.p_at, b.shape.rows, b.shape.rank);
+      powersgd::orthonormalize(p_.data() + b.p_at, b.shape.rows, b.shape.rank);
     }
-    p_ = std::move(values);
     p_n_ = v.n;
     has_p_ = true;
   } else {  // the aggregated Q of every block: next step's warm start
-    values.resize(v.q_values);  // the plain values that follow are not state
-    q_ = std::move(values);
+    q_.resize(v.q_values);  // the plain values that follow are not state
+    if (v.q_values > 0) std::memcpy(q_.data(), payload.data(), 4 * v.q_values);
     q_view_ = v;
     has_q_ = true;
     normalise_q(ctx);
@@ -458,7 +459,7 @@ void PowerSgdCodec::read_q_blocks(StateReader& in, uint32_t version, uint64_t n)
   if (in.left() != 4 * v.q_values) {
     throw mismatch(fmt::format("has {} bytes of values", in.left()));
   }
-  std::vector<float> q(v.q_values);
+  Buffer<float> q(v.q_values);
   in.take(q.data(), 4 * q.size());
   q_ = std::move(q);
   q_view_ = v;

@@ -15,6 +15,7 @@
 
 #include "codec/casts_frame.h"
 #include "codec/factories.h"
+#include "common/buffer.h"
 #include "codec/sign_bits.h"
 
 namespace gradcomp {
@@ -163,8 +164,8 @@ class SignumCodec final : public Codec {
   double beta_;
   float beta_f_;
   float one_minus_beta_f_;
-  std::vector<float> momentum_;
-  std::vector<float> next_;  // the new momentum during encode; the old one after, for discard()
+  Buffer<float> momentum_;
+  Buffer<float> next_;  // the new momentum during encode; the old one after, for discard()
   bool has_momentum_ = false;
   bool had_momentum_ = false;  // has_momentum_ before the last encode
   bool step_open_ = false;     // encode ran and discard() did not since

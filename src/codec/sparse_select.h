@@ -12,21 +12,22 @@
 #include <span>
 #include <vector>
 
+#include "common/buffer.h"
 #include "gradcomp/random.h"
 
 namespace gradcomp::sparse {
 
 // Selected elements: ascending indices and the input's values at them.
 struct Selection {
-  std::vector<uint32_t> indices;
-  std::vector<float> values;
+  Buffer<uint32_t> indices;
+  Buffer<float> values;
 };
 
 // Candidates found by one filtering pass, kept per chunk so chunks are filtered in parallel
 // and read back in chunk (= index) order.
 struct ChunkCandidates {
-  std::vector<uint32_t> indices;  // elements with key > threshold, ascending
-  std::vector<uint32_t> bits;     // their float bits
+  Buffer<uint32_t> indices;  // elements with key > threshold, ascending
+  Buffer<uint32_t> bits;     // their float bits
   size_t ties = 0;                // elements with key == threshold
 };
 
@@ -51,9 +52,9 @@ class TopKSelector {
   void finish_above(size_t k, size_t candidates, Selection& out);
   void finish_with_ties(std::span<const float> x, size_t k, uint32_t key, Selection& out);
 
-  std::vector<uint32_t> sample_;
-  std::vector<uint32_t> keys_;
-  std::vector<uint32_t> ties_;
+  Buffer<uint32_t> sample_;
+  Buffer<uint32_t> keys_;
+  Buffer<uint32_t> ties_;
   std::vector<ChunkCandidates> parts_;
 };
 

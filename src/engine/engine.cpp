@@ -82,7 +82,7 @@ struct Engine::Impl {
   // Per tensor, what a plan change carries (Engine::set_plan; empty values: nothing). Added to
   // the tensor's next gradient; kept until a step that took it is kept.
   struct Carried {
-    std::vector<float> values;
+    Buffer<float> values;
     double scale = 0;  // the loss scale the values are in (0: unknown)
     bool taken = false;  // added to this step's gradient
   };
@@ -218,7 +218,7 @@ void Engine::Impl::settle_step() {
 
 void Engine::Impl::carry_out() {
   for (const LiveBucket& bucket : buckets) {
-    std::vector<float> held(bucket.elements, 0.0f);
+    Buffer<float> held(bucket.elements, 0.0f);
     const double scale = bucket.route->carry(held);
     for (size_t t = 0; t < slots.size(); ++t) {
       const TensorSlot& slot = slots[t];
@@ -575,7 +575,7 @@ std::vector<Engine::BucketHealth> Engine::feedback_health() const {
   if (impl_->step_started) throw Error("feedback_health: a step is in flight; call synchronize() first");
   std::vector<BucketHealth> health;
   for (const LiveBucket& b : impl_->buckets) {
-    std::vector<float> held(b.elements, 0.0f);
+    Buffer<float> held(b.elements, 0.0f);
     b.route->carry(held);
     health.push_back({std::sqrt(route::scan(held).sum_of_squares),
                       std::sqrt(b.mean_sum_of_squares)});
@@ -618,7 +618,7 @@ std::vector<std::byte> Engine::save_state() const {
   for (const LiveBucket& b : impl_->buckets) state.routes.push_back(b.route->save_state());
   for (size_t t = 0; t < impl_->carried.size(); ++t) {
     const auto& c = impl_->carried[t];
-    if (!c.values.empty()) state.carried.push_back({.tensor = t, .scale = c.scale, .values = c.values});
+    if (!c.values.empty()) state.carried.push_back({.tensor = t, .scale = c.scale, .values = {c.values.begin(), c.values.end()}});
   }
   return write_engine_state(impl_->owner(), state);
 }
@@ -646,7 +646,7 @@ void Engine::load_state(std::span<const std::byte> state) {
   impl_->step_state = loaded.step_state;  // the stage threads keep counting cycles
   for (auto& c : impl_->carried) c = Impl::Carried{};
   for (auto& c : loaded.carried) {
-    impl_->carried[c.tensor] = {.values = std::move(c.values), .scale = c.scale};
+    impl_->carried[c.tensor] = {.values = {c.values.begin(), c.values.end()}, .scale = c.scale};
   }
   impl_->next_lr = loaded.step_state.lr;
   // Checkpoints keep no loss scale: the coming step's is the one set last, and the scale the

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/buffer.h"
 #include "gradcomp/plan.h"
 #include "route/route.h"
 
@@ -61,7 +62,7 @@ class LiveBucket {
 
  private:
   size_t tensor_count_;
-  std::vector<float> fused_;                // empty for a bucket of one tensor
+  Buffer<float> fused_;                     // empty for a bucket of one tensor
   std::vector<std::span<float>> targets_;   // per tensor of the bucket, in fusion order
   std::vector<size_t> offsets_;             // per tensor of the bucket
 };

@@ -134,8 +134,8 @@ class DgcFeedback final : public Feedback {
 
   double momentum_, clip_;
   bool nesterov_, masking_;
-  std::vector<float> u_, v_, r_;  // momentum, velocity, residual written by the codec
-  std::vector<float> u_old_, v_old_;  // u and v before the last compensate(), for discard()
+  Buffer<float> u_, v_, r_;  // momentum, velocity, residual written by the codec
+  Buffer<float> u_old_, v_old_;  // u and v before the last compensate(), for discard()
   bool pending_ = false;
   feedback::Memory memory_{"dgc", feedback::FeedbackKind::kDgc};
 };

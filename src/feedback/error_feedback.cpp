@@ -64,8 +64,8 @@ class ErrorFeedback final : public Feedback {
 
   double decay_;
   bool lr_correction_;
-  std::vector<float> e_;      // e between steps; p between compensate() and the codec's encode
-  std::vector<float> spare_;  // the e before the last compensate(), for discard()
+  Buffer<float> e_;      // e between steps; p between compensate() and the codec's encode
+  Buffer<float> spare_;  // the e before the last compensate(), for discard()
   feedback::Memory memory_{"ef", feedback::FeedbackKind::kErrorFeedback};
 };
 

@@ -87,9 +87,9 @@ class NesterovFeedback final : public Feedback {
  private:
   double mu_;
   bool ef_;
-  std::vector<float> m_;  // momentum
-  std::vector<float> p_;  // the vector to compress; e between steps when ef=true
-  std::vector<float> m_old_, e_old_;  // m and e before the last compensate(), for discard()
+  Buffer<float> m_;  // momentum
+  Buffer<float> p_;  // the vector to compress; e between steps when ef=true
+  Buffer<float> m_old_, e_old_;  // m and e before the last compensate(), for discard()
   feedback::Memory memory_{"nesterov", feedback::FeedbackKind::kNesterov};
 };
 

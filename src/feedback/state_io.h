@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/buffer.h"
 #include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
 
@@ -42,7 +43,7 @@ class Memory {
 
   // Sizes the buffers (zero-filled) on the first gradient; afterwards insists on the same length.
   // Called at the start of every step: it opens the step discard_step() may take back.
-  void fit(size_t n, const std::vector<std::vector<float>*>& buffers) {
+  void fit(size_t n, const std::vector<Buffer<float>*>& buffers) {
     step_open_ = true;
     was_sized_ = sized_;
     if (!sized_) {
@@ -74,7 +75,7 @@ class Memory {
     }
   }
 
-  std::vector<std::byte> save(const std::vector<const std::vector<float>*>& arrays) const {
+  std::vector<std::byte> save(const std::vector<const Buffer<float>*>& arrays) const {
     size_t total = kStateHeaderBytes;
     for (const auto* a : arrays) total += sized_ ? 4 * a->size() : 0;
     std::vector<std::byte> out(total);
@@ -99,8 +100,8 @@ class Memory {
 
   // Restores the arrays (all of them, or none on an error); `scratch` buffers (the spares of
   // discard(), a residual) are sized to match and zeroed, as fit() would.
-  void load(std::span<const std::byte> state, const std::vector<std::vector<float>*>& arrays,
-            const std::vector<std::vector<float>*>& scratch = {}) {
+  void load(std::span<const std::byte> state, const std::vector<Buffer<float>*>& arrays,
+            const std::vector<Buffer<float>*>& scratch = {}) {
     const Header h = read_header(state);
     check_header(h, arrays.size());
     const size_t body = state.size() - kStateHeaderBytes;
@@ -181,7 +182,7 @@ inline double loss_scale_ratio(const StepInfo& info) {
 
 // Feedback::add_unsent: into += memory, elementwise. An unsized memory (never compensated) adds
 // nothing; one of another length is an Error (the caller mixed up buckets).
-inline void add_into(std::span<float> into, const std::vector<float>& memory, const char* name) {
+inline void add_into(std::span<float> into, const Buffer<float>& memory, const char* name) {
   if (memory.empty()) return;
   if (memory.size() != into.size()) {
     throw Error(fmt::format("feedback '{}': add_unsent into {} elements; the memory holds {}",
@@ -191,7 +192,7 @@ inline void add_into(std::span<float> into, const std::vector<float>& memory, co
 }
 
 // Bytes of float buffers, for Feedback::memory_bytes().
-inline size_t buffer_bytes(const std::vector<const std::vector<float>*>& buffers) {
+inline size_t buffer_bytes(const std::vector<const Buffer<float>*>& buffers) {
   size_t total = 0;
   for (const auto* b : buffers) total += b->size() * sizeof(float);
   return total;

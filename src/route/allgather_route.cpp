@@ -55,8 +55,8 @@ class AllgatherRoute final : public Route {
   size_t max_frame_;
   bool fixed_;  // every frame is max_frame_ bytes: counts_ is known, no size exchange
 
-  std::vector<std::byte> frame_;     // this rank's frame
-  std::vector<std::byte> gathered_;  // all frames, in rank order
+  Buffer<std::byte> frame_;     // this rank's frame
+  Buffer<std::byte> gathered_;  // all frames, in rank order
   std::vector<uint64_t> my_size_;    // one element: what the size allgather sends
   std::vector<uint64_t> sizes_;      // every rank's frame size
   std::vector<size_t> counts_;       // every rank's frame size for allgatherv (checked)

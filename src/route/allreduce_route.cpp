@@ -62,8 +62,8 @@ class AllreduceRoute final : public Route {
   // The compensated input of this step (multi-round codecs encode it once per round): the
   // feedback's buffer, or the engine's bucket buffer, which stays untouched until decode.
   std::span<const float> x_;
-  std::vector<std::byte> round_frame_;  // frames of the rounds before the last
-  std::vector<std::byte> frame_;        // the last round's frame, summed in place
+  Buffer<std::byte> round_frame_;  // frames of the rounds before the last
+  Buffer<std::byte> frame_;        // the last round's frame, summed in place
   size_t round_bytes_ = 0;
   size_t frame_bytes_ = 0;
   int32_t non_finite_ = 0;  // OR-ed across ranks (as a max) when the payload cannot carry it

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/buffer.h"
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "gradcomp/feedback.h"

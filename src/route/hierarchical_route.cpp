@@ -49,7 +49,7 @@ class HierarchicalRoute final : public Route {
   bool fp16_;
   std::unique_ptr<Route> inner_;  // leaders only
   std::span<float> sum_;          // the engine's bucket buffer: the node's sum, then the result
-  std::vector<uint16_t> half_;    // intra=fp16: the float16 sum
+  Buffer<uint16_t> half_;    // intra=fp16: the float16 sum
   size_t sent_ = 0;
 };
 
@@ -151,7 +151,7 @@ void HierarchicalRoute::decode(std::span<float> out, const StepState&, const Pha
 // divided by the local size: the leader hands it over local-size times.
 double HierarchicalRoute::carry(std::span<float> into) const {
   if (!inner_) return 0;  // nothing is held off the leaders
-  std::vector<float> inner(n_, 0.0f);
+  Buffer<float> inner(n_, 0.0f);
   const double scale = inner_->carry(inner);
   const auto local = static_cast<float>(local_size_);
   for (size_t i = 0; i < n_; ++i) into[i] += local * inner[i];

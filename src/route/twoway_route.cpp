@@ -64,18 +64,18 @@ class TwowayRoute final : public Route {
   size_t my_max_frame_;             // ... of this rank's shard
   bool fixed_;  // every frame of shard s is max_frames_[s] bytes: no size exchanges
 
-  std::vector<std::byte> sent_frames_;    // this rank's W shard frames, consecutive
+  Buffer<std::byte> sent_frames_;    // this rank's W shard frames, consecutive
   std::vector<uint64_t> send_sizes_;      // their sizes (block j to rank j)
   std::vector<uint64_t> recv_sizes_;      // the sizes of this shard's frames from every rank
   std::vector<size_t> send_counts_;
   std::vector<size_t> recv_counts_;
-  std::vector<std::byte> shard_frames_;   // this shard's frames from every rank, rank order
-  std::vector<float> shard_sum_;          // their aggregate
-  std::vector<std::byte> server_frame_;   // this server's re-encoded shard
+  Buffer<std::byte> shard_frames_;   // this shard's frames from every rank, rank order
+  Buffer<float> shard_sum_;          // their aggregate
+  Buffer<std::byte> server_frame_;   // this server's re-encoded shard
   std::vector<uint64_t> server_size_;     // one element: what the size allgather sends
   std::vector<uint64_t> result_sizes_;    // every server's frame size
   std::vector<size_t> result_counts_;
-  std::vector<std::byte> results_;        // every server's frame, shard order
+  Buffer<std::byte> results_;        // every server's frame, shard order
   size_t sent_ = 0;
 };
 
@@ -217,7 +217,7 @@ void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phas
 double TwowayRoute::carry(std::span<float> into) const {
   feedback_->add_unsent(into);
   const Range mine = shards_[rank_];
-  std::vector<float> server(mine.size(), 0.0f);
+  Buffer<float> server(mine.size(), 0.0f);
   server_feedback_->add_unsent(server);
   const auto w = static_cast<float>(world_size_);
   for (size_t i = 0; i < server.size(); ++i) into[mine.begin + i] += w * server[i];

@@ -149,8 +149,13 @@ MPI_Op reduce_op(DType type, ReduceOp op) {
   return g_ops[static_cast<size_t>(type) * kOps + (op == ReduceOp::kSum ? 0 : 1)];
 }
 
+std::string WaitLabel::text() const {
+  if (rank < 0) return op;
+  return fmt::format("{} of {} bytes (rank {} of {})", op, bytes, rank, size);
+}
+
 void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout,
-          std::string_view what) {
+          const WaitLabel& what) {
   using std::chrono::microseconds;
   // Spin first, yielding the core between polls: a small collective over TCP takes tens of
   // microseconds, and a first sleep would cost far more (sleep_for rounds up to ~60 us of timer
@@ -174,7 +179,7 @@ void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout
     }
     if (rc != MPI_SUCCESS) {
       note_abandoned();
-      check(rc, std::string(what).c_str());
+      check(rc, what.text().c_str());
     }
     if (flag) return;
     const auto now = Clock::now();
@@ -183,7 +188,7 @@ void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout
       throw TimeoutError(
           fmt::format("mpi: {} did not finish within {:.3g} s; a peer may have died or "
                       "stopped (GRADCOMP_TIMEOUT)",
-                      what, timeout.count() / 1000.0));
+                      what.text(), timeout.count() / 1000.0));
     }
     if (now < spin_until) {
       std::this_thread::yield();  // other ranks may share this core (oversubscribed jobs)

@@ -37,13 +37,23 @@ void check(int rc, const char* what);
 MPI_Datatype element_type(DType type);
 MPI_Op reduce_op(DType type, ReduceOp op);
 
+// What a wait is for, put into words only when it fails: formatting it for every collective
+// would cost an allocation each.
+struct WaitLabel {
+  const char* op;  // "allreduce", "start-up (MPI_Comm_idup)"
+  size_t bytes = 0;
+  int rank = -1;  // -1: not a collective of a communicator yet (bytes and size unused)
+  int size = 0;
+  std::string text() const;
+};
+
 // Polls `request` until it completes: spins for a few microseconds (small collectives finish
 // there), then sleeps a growing interval up to a cap, so a rank waiting on a slow peer costs
 // little CPU. Throws TimeoutError naming `what` (the operation, its bytes and this rank) at
 // `deadline`, or CommError if MPI reports an error; the request is then abandoned (a
 // collective request cannot be cancelled), which note_abandoned() records.
 void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout,
-          std::string_view what);
+          const WaitLabel& what);
 
 // Once a request was abandoned, MPI_Finalize at exit could wait forever for a dead peer, so
 // it is skipped (the job is failing anyway).

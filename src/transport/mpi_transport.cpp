@@ -130,7 +130,7 @@ class MpiTransport final : public Transport {
     }
     try {
       mpi::wait(request, deadline, timeout_,
-                fmt::format("{} of {} bytes (rank {} of {})", op, bytes, rank_, size_));
+                {.op = op, .bytes = bytes, .rank = rank_, .size = size_});
     } catch (...) {
       comm_.abandon();
       throw;
@@ -263,7 +263,7 @@ MPI_Comm duplicate_world(Milliseconds timeout) {
     auto guard = mpi::lock();
     mpi::check(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &request), "MPI_Comm_idup");
   }
-  mpi::wait(request, Clock::now() + timeout, timeout, "start-up (MPI_Comm_idup)");
+  mpi::wait(request, Clock::now() + timeout, timeout, {.op = "start-up (MPI_Comm_idup)"});
   auto guard = mpi::lock();
   // Errors come back as codes (CommError) instead of aborting the job.
   mpi::check(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
