@@ -378,8 +378,14 @@ PYBIND11_MODULE(_C, m) {
              Engine* engine = &e.engine();
              a.set_health_source({[engine] { engine->measure_mean_norms(); },
                                   [engine] { return engine->feedback_health(); }});
+             // Searches and decisions on the engine's timeline (lane "compression=auto").
+             a.set_event_sink([engine](const std::string& name, AutoScheduler::TimePoint start,
+                                       AutoScheduler::TimePoint end, const nlohmann::json& args) {
+               engine->timeline_event(name, start, end, args);
+             });
            },
-           py::keep_alive<1, 2>(), "read the feedback's health from this engine")
+           py::keep_alive<1, 2>(),
+           "read the feedback's health from this engine, and mark decisions on its timeline")
       .def("on_step_end",
            [](AutoScheduler& a, double step_start, double first_ready, double last_ready,
               double exchange_end, double step_end,

@@ -823,6 +823,14 @@ class CommHook:
     def last_step(self):
         return self._engine.last_step() if self._engine else None
 
+    def set_timeline(self, path):
+        """Starts writing the Chrome trace to `path` (per rank, as the constructor's timeline),
+        or with None closes it, leaving a complete file. Before DDP's layout is known (the
+        engine starts at the second iteration), the path is kept for the engine."""
+        self._timeline = path or ""
+        if self._engine is not None:
+            self._engine.set_timeline(self._timeline)
+
     def auto_report(self):
         """compression="auto": what the scheduler decided (see DistributedOptimizer.auto_report);
         None before DDP's layout is known, or without auto."""

@@ -123,6 +123,16 @@ def test_the_ddp_hook_decides_too_every_rank_alike(ddp_runs):
         assert all(torch.equal(a, b) for a, b in zip(first, straight.load("params", rank)))
 
 
+def test_the_ddp_hook_marks_its_decision_in_the_timeline(ddp_runs):
+    straight, _ = ddp_runs
+    report = straight.report(0)["report"]
+    events = json.loads((straight.out / "trace.rank0.json").read_text())
+    decided = [e for e in events if e.get("name") == "auto: decided"]
+    assert len(decided) == 1, [e.get("name") for e in events][:20]
+    assert decided[0]["args"]["kept"] == report["decisions"][0]["kept_name"]
+    assert decided[0]["dur"] > 0
+
+
 def test_the_ddp_hook_resumes_its_decision(ddp_runs):
     """Not bit-exactly: DDP rebuilds its buckets after a restart, and the hook averages those
     first iterations uncompressed (docs/python.md); from then on the kept plan runs again."""

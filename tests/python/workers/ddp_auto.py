@@ -1,5 +1,6 @@
 """comm_hook("auto"): the shared small model under DDP with gradcomp's hook choosing the plan.
-Records the parameters at the end, the hook's report and the plans in force per step; with
+Records the parameters at the end, the hook's report, the plans in force per step and (when
+not resuming) the timeline; with
 --save-at, a checkpoint (model, optimizer, hook) after the decision, from which --load resumes
 in new processes."""
 import torch
@@ -18,7 +19,8 @@ def main():
     dist.init_process_group("gloo")
     dist._DEFAULT_FIRST_BUCKET_BYTES = 50_000  # several DDP buckets
     model = DDP(common.make_model(), bucket_cap_mb=0.05)
-    hook = gc.comm_hook("auto", min_compress_elements=1000, auto=AUTO)
+    hook = gc.comm_hook("auto", min_compress_elements=1000, auto=AUTO,
+                        timeline=None if args.load else f"{args.out}/trace.json")
     model.register_comm_hook(None, hook)
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if args.load:
@@ -36,6 +38,7 @@ def main():
         if args.save_at and step + 1 == args.save_at:
             torch.save({"model": model.module.state_dict(), "optimizer": sgd.state_dict(),
                         "hook": hook.state_dict()}, f"{args.out}/ckpt.rank{rank}.pt")
+    hook.set_timeline(None)  # closes the trace (valid JSON from here on)
     common.save(args.out, "params", rank, [q.detach().clone() for q in model.parameters()])
     common.report(args.out, rank, {"plans": plans, "report": hook.auto_report()})
 
