@@ -52,7 +52,7 @@ MAIN_CODECS = ["fp16", "intq", "qsgd", "topk:ratio=0.01|ef", "randomk:ratio=0.01
                "powersgd|ef", "efsignsgd"]
 DDP_CONTENDERS = ["ddp", "ddp-fp16", "ddp-bf16", "ddp-powersgd:rank=1", "ddp-powersgd:rank=4"]
 TRAIN_CONTENDERS = ["ddp", "ddp-fp16", "ddp-powersgd:rank=1", "gradcomp:fp16",
-                    "gradcomp:topk:ratio=0.01|ef", "gradcomp:powersgd|ef"]
+                    "gradcomp:topk:ratio=0.01|ef", "gradcomp:powersgd|ef", "auto"]
 LABELS = {
     "compute": "compute only (no exchange)",
     "ddp": "DDP gloo 25 MB",
@@ -148,6 +148,11 @@ def parse_args(argv=None):
     p.add_argument("--train-rate", default="1gbit")
     p.add_argument("--train-workers", type=int, default=4)
     p.add_argument("--target-accuracy", type=float, default=0.85)
+    p.add_argument("--train-contenders", default=",".join(TRAIN_CONTENDERS),
+                   help="the training runs' contenders, comma separated (default: "
+                        f"{', '.join(TRAIN_CONTENDERS)})")
+    p.add_argument("--train-only", action="store_true",
+                   help="only the Fashion-MNIST time-to-accuracy runs (no replay)")
     p.add_argument("--costs", help="codec costs JSON for the planner and the simulator (default: "
                                    "measured now with `gradcomp bench codecs`)")
     p.add_argument("--out", default=str(HERE / "results"), help="results directory")
@@ -171,7 +176,13 @@ def parse_args(argv=None):
     args.steps = args.steps or (5 if args.quick else 8)
     args.warmup = args.warmup if args.warmup is not None else (4 if args.quick else 5)
     if args.train is None:
-        args.train = not narrow
+        args.train = not narrow or args.train_only
+    if args.train_only and (args.optimizers or not args.train):
+        p.error("--train-only runs the training workload alone; drop --optimizers/--no-train")
+    unknown = [c for c in split(args.train_contenders) if c not in TRAIN_CONTENDERS]
+    if unknown:
+        p.error(f"--train-contenders: unknown {', '.join(unknown)}; choose from "
+                f"{', '.join(TRAIN_CONTENDERS)}")
     if args.train and args.optimizers:
         p.error("--optimizers replays profiles only; drop --train")
     if args.rounds < 1 or (args.rounds > 1 and not args.optimizers):
@@ -576,7 +587,7 @@ def train_config(args, out, port):
         f"{args.train_epochs:g} epochs each")
     with netns.Cluster(workers, rate_bps, run_id=f"{os.getpid()}") as cluster:
         runner = Runner(cluster, out_dir, port)
-        for name in TRAIN_CONTENDERS:
+        for name in split(args.train_contenders):
             row = {"contender": name, "label": label(name), "family": family(name)}
             try:
                 ranks, seconds = runner.run(name, ["--workload", "train", "--contender", name,
@@ -590,6 +601,8 @@ def train_config(args, out, port):
                        epoch_accuracy=r0["epoch_accuracy"],
                        wire_bytes_per_step=statistics.fmean(r["tx_bytes_per_step"]
                                                             for r in ranks))
+            if "auto" in r0:
+                row["auto"] = r0["auto"]
             say(f"   {label(name):<32} accuracy {100 * r0['epoch_accuracy'][-1]:.2f} % after "
                 f"{r0['epoch_seconds'][-1]:.1f} s of training ({seconds:.0f} s)")
             config["runs"].append(row)
@@ -809,7 +822,7 @@ def run_all(args, names, profiles):
     }
     costs = {}  # workers -> codec costs measured with that many copies
     port = 29600
-    for profile in profiles:
+    for profile in [] if args.train_only else profiles:
         for rate in split(args.rates):
             for workers in args.workers:
                 if workers not in costs:

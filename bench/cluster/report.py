@@ -558,7 +558,22 @@ def _train_section(results, image_names):
                          "wire MB/step"],
                         [_train_cells(entry, r, target) for r in entry.get("runs", [])])
         lines.append("")
+        lines += [_train_auto_line(r) for r in entry.get("runs", []) if r.get("auto")]
+        lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _train_auto_line(run):
+    """What compression="auto" decided during a training run, and what it measured."""
+    auto = run["auto"]
+    if not auto.get("decisions"):
+        return f"gradcomp auto made no decision ({auto.get('phase')}); plan: `{auto.get('plan')}`.\n"
+    parts = []
+    for d in auto["decisions"]:
+        tried = ", ".join(f"{c['name']} {c['measured_ms']:.1f} ms" for c in d["candidates"]
+                          if c.get("measured_ms"))
+        parts.append(f"at step {d['step']} kept **{d['kept']}** ({d['why']}; measured: {tried})")
+    return f"gradcomp auto (compression=\"auto\", default settings): {'; then '.join(parts)}.\n"
 
 
 def _analysis_section(path):

@@ -607,7 +607,7 @@ def train(args, kind, argument):
     import torch.nn.functional as F
     import train as mainjob
 
-    if kind in ("compute", "plan", "auto"):
+    if kind in ("compute", "plan"):
         raise BenchError(f"contender '{args.contender}' is for the replay workload only")
     torch.set_num_threads(1)
     train_x, train_y = mainjob.load_split(mainjob.DEFAULT_DATA, "train")
@@ -622,8 +622,10 @@ def train(args, kind, argument):
         step_model = wrap_ddp(model, argument)
     else:
         import gradcomp.torch as gct
+        # auto as a user would run it: compression="auto" and nothing else (its default
+        # settings and candidates, the search counted in the training time).
         optimizer = gct.DistributedOptimizer(sgd, model.named_parameters(),
-                                             compression=argument,
+                                             compression="auto" if kind == "auto" else argument,
                                              transport=exchange.transport, seed=args.seed)
     per_rank = len(train_y) // world
     steps_per_epoch = -(-per_rank // args.batch_size)
@@ -660,7 +662,19 @@ def train(args, kind, argument):
         "epochs": args.epochs, "steps": step, "eval_epochs": eval_epochs,
         "epoch_seconds": eval_seconds, "epoch_accuracy": eval_accuracy,
         "tx_bytes_per_step": (tx1 - tx0) / step,
+        **({"auto": train_auto_record(optimizer.auto_report())} if kind == "auto" else {}),
     }
+
+
+def train_auto_record(report):
+    """What compression="auto" decided during training: each search's step, what it kept
+    and why, every candidate's measured step."""
+    return {"phase": report["phase"], "plan": report["plan"],
+            "decisions": [{"step": d.get("step"), "kept": d.get("kept_name"), "why": d.get("why"),
+                           "candidates": [{"name": c["name"], "summary": c.get("summary"),
+                                           "measured_ms": c.get("measured_ms")}
+                                          for c in d.get("candidates", [])]}
+                          for d in report.get("decisions", [])]}
 
 
 # ---------------------------------------------------------------------------- probe

@@ -239,3 +239,13 @@ def worker_optimizers():
     source = (ROOT / "bench" / "cluster" / "worker.py").read_text()
     line = next(l for l in source.splitlines() if l.startswith("OPTIMIZERS = "))
     return json.loads(line.split("=", 1)[1].replace("'", '"'))
+
+
+def test_train_contenders_are_checked_and_train_only_needs_training(tmp_path):
+    done = subprocess.run(bench_argv(tmp_path, "--train-contenders", "ddp,horovod"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--train-contenders: unknown horovod" in done.stderr
+    assert "auto" in done.stderr  # auto is one of the training contenders
+    done = subprocess.run(bench_argv(tmp_path, "--train-only", "--no-train"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--train-only runs the training workload alone" in done.stderr

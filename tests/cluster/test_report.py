@@ -96,7 +96,16 @@ def train_entry():
                  "status": "ok", "epoch_seconds": [18.0, 36.0, 54.0],
                  "epoch_accuracy": [0.79, 0.83, 0.82], "wire_bytes_per_step": 0.1e6},
                 {"contender": "ddp-fp16", "label": "fp16 hook", "family": "ddp-hook",
-                 "status": "failed", "error": "worker 2 died"}]}
+                 "status": "failed", "error": "worker 2 died"},
+                {"contender": "auto", "label": "gradcomp auto", "family": "gradcomp",
+                 "status": "ok", "epoch_seconds": [19.0, 38.0, 57.0],
+                 "epoch_accuracy": [0.855, 0.87, 0.89], "wire_bytes_per_step": 0.8e6,
+                 "auto": {"phase": "decided", "plan": "3 buckets: 3 fp16/none/allreduce",
+                          "decisions": [{"step": 62, "kept": "fp16|none alone",
+                                         "why": "fastest measured",
+                                         "candidates": [
+                                             {"name": "uncompressed", "measured_ms": 30.25},
+                                             {"name": "fp16|none alone", "measured_ms": 21.5}]}]}}]}
 
 
 def make_results(*replay, train=()):
@@ -364,6 +373,10 @@ def test_train_table_time_to_accuracy(tmp_path):
     assert rows["topk"]["final accuracy"] == "82.0%" and rows["topk"]["total time"] == "54.0 s"
     assert rows["planned"]["wire MB/step"] == "0.20"
     assert rows["fp16 hook"]["time to 85.0%"] == "**failed**: worker 2 died"
+    assert rows["gradcomp auto"]["time to 85.0%"] == "19.0 s"
+    assert ("gradcomp auto (compression=\"auto\", default settings): at step 62 kept "
+            "**fp16|none alone** (fastest measured; measured: uncompressed 30.2 ms, "
+            "fp16|none alone 21.5 ms).") in md
 
 
 def test_analysis_is_included_verbatim_or_its_absence_said(tmp_path):

@@ -157,6 +157,20 @@ def test_train_reports_accuracy_over_time(tmp_path, contender):
     assert r0["tx_bytes_per_step"] > 0
 
 
+def test_train_with_auto_decides_as_a_user_would_run_it(tmp_path):
+    """compression="auto" with its defaults in the training workload: it decides within 0.1
+    epoch (94 steps), every rank alike, and says what it kept."""
+    ranks = run_workers(tmp_path, "auto", extra=("--workload", "train", "--epochs", "0.1"))
+    auto = ranks[0]["auto"]
+    assert auto["phase"] == "decided", auto
+    decision = auto["decisions"][0]
+    assert decision["kept"] and decision["why"] and decision["step"] <= ranks[0]["steps"]
+    assert len(decision["candidates"]) >= 2
+    assert all(c["measured_ms"] > 0 for c in decision["candidates"])
+    assert ranks[1]["auto"]["plan"] == auto["plan"]
+    assert ranks[1]["epoch_accuracy"] == ranks[0]["epoch_accuracy"]
+
+
 # ---------------------------------------------------------------------------- --optimizer
 
 def initial_param_sum(seed=0):
