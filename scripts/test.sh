@@ -4,7 +4,8 @@
 #      tests run as 2 and 4 ranks under mpirun (Open MPI) and under `gradcomp launch` (Gloo);
 #   2. the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer (clang; the
 #      multi-process tests at 2 ranks over Gloo, and some more, below);
-#   3. the engine's tests built with ThreadSanitizer (its stage threads and the transports');
+#   3. the engine's tests and the transports' queue built with ThreadSanitizer (its stage threads
+#      and the transports');
 #   4. the Python front end's tests (pytest, tests/python: real worker processes), the cluster
 #      benchmark's (tests/cluster: real network namespaces, DDP and gradcomp) and the fault
 #      injection (tests/faults: a rank killed or stopped, ranks that disagree);
@@ -41,7 +42,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 stage "engine tests under ThreadSanitizer"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-  -R '^(Engine|PlanChange|(engine|plan_change)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
+  -R '^(Engine|PlanChange|OpQueue|(engine|plan_change)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
 stage "Python front end and the cluster benchmark's parts (pytest)"
 /usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster | tee build/pytest.log

@@ -29,6 +29,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "codec/factories.h"
@@ -131,8 +132,8 @@ class PowerSgdCodec final : public Codec {
 
   void set_layout(std::span<const TensorShape> tensors) override;
   size_t max_frame_bytes(size_t n) const override {
-    const View v = view(n);
-    return kFrameHeaderBytes + 4 * (v.q_values + v.plain_values);
+    const auto v = view(n);
+    return kFrameHeaderBytes + 4 * (v->q_values + v->plain_values);
   }
   ReduceOp round_op(int round) const override {
     check_round(round, 0, "round_op");
@@ -140,7 +141,7 @@ class PowerSgdCodec final : public Codec {
   }
   size_t max_round_bytes(int round, size_t n) const override {
     check_round(round, 0, "max_round_bytes");
-    return kFrameHeaderBytes + 4 * view(n).p_values;
+    return kFrameHeaderBytes + 4 * view(n)->p_values;
   }
 
   size_t encode_round(int round, std::span<const float> input, std::span<std::byte> out,
@@ -163,21 +164,24 @@ class PowerSgdCodec final : public Codec {
     bool open = false;  // a step began and was not discarded
   };
 
-  View view(size_t n) const;
+  // How n elements are cut into matrices, made once (per-tensor: set_layout; fused: the first
+  // call for n) and shared: every round of every step asks, and must not allocate.
+  std::shared_ptr<const View> view(size_t n) const;
   // The fused view keeps version 1, byte for byte as before per-tensor matrices.
   uint32_t state_version() const { return layout_view_ ? kStateVersion : 1; }
   void check_round(int round, int last, const char* what) const;
   void ensure_q(const View& v, const Context& ctx);
   void draw_q_column(size_t block, size_t k, const Context& ctx);
   void normalise_q(const Context& ctx);
-  View checked_view(const FrameHeader& h, size_t round) const;
+  std::shared_ptr<const View> checked_view(const FrameHeader& h, size_t round) const;
   size_t write_frame(uint8_t round, uint64_t n, std::span<const float> values,
                      std::span<std::byte> out) const;
   void read_q_blocks(StateReader& in, uint32_t version, uint64_t n);
 
   size_t rank_, cols_;
   bool warm_start_;
-  std::optional<View> layout_view_;  // per-tensor view, when set_layout gave shapes
+  std::shared_ptr<const View> layout_view_;  // per-tensor view, when set_layout gave shapes
+  mutable std::shared_ptr<const View> fused_view_;  // the last fused view made (atomic access)
   Buffer<float> q_;  // warm-start Q of every block (column-major), valid for q_view_
   View q_view_;
   bool has_q_ = false;
@@ -191,16 +195,23 @@ class PowerSgdCodec final : public Codec {
 void PowerSgdCodec::set_layout(std::span<const TensorShape> tensors) {
   // An explicit cols asks for the fused view; a plan without shapes keeps it too.
   if (cols_ != 0 || !powersgd::shapes_known(tensors)) return;
-  layout_view_ = powersgd::tensor_view(tensors, rank_);
+  layout_view_ = std::make_shared<const View>(powersgd::tensor_view(tensors, rank_));
 }
 
-View PowerSgdCodec::view(size_t n) const {
-  if (!layout_view_) return powersgd::fused_view(n, cols_, rank_);
+std::shared_ptr<const View> PowerSgdCodec::view(size_t n) const {
+  if (!layout_view_) {
+    // The encoder, exchanger and decoder threads may ask at once: the cache is swapped whole.
+    std::shared_ptr<const View> cached = std::atomic_load(&fused_view_);
+    if (cached && cached->n == n) return cached;
+    auto made = std::make_shared<const View>(powersgd::fused_view(n, cols_, rank_));
+    std::atomic_store(&fused_view_, made);
+    return made;
+  }
   if (n != layout_view_->n) {
     throw Error(fmt::format("codec 'powersgd': {} elements, but the bucket's tensors hold {}", n,
                             layout_view_->n));
   }
-  return *layout_view_;
+  return layout_view_;
 }
 
 void PowerSgdCodec::check_round(int round, int last, const char* what) const {
@@ -275,7 +286,8 @@ size_t PowerSgdCodec::write_frame(uint8_t round, uint64_t n, std::span<const flo
 size_t PowerSgdCodec::encode_round(int round, std::span<const float> input,
                                    std::span<std::byte> out, const Context& ctx) {
   check_round(round, 0, "encode_round");
-  const View v = view(input.size());
+  const auto held = view(input.size());
+  const View& v = *held;
   saved_.q.assign(q_.begin(), q_.end());  // the step begins: Q as it was, for discard()
   saved_.n = q_view_.n;
   saved_.has = has_q_;
@@ -292,11 +304,13 @@ size_t PowerSgdCodec::encode_round(int round, std::span<const float> input,
 // The view of the frame's element count, after checking that the payload holds exactly the
 // values of that round (P of every block; or Q of every block and the plain values),
 // overflow-safe.
-View PowerSgdCodec::checked_view(const FrameHeader& h, size_t round) const {
+std::shared_ptr<const View> PowerSgdCodec::checked_view(const FrameHeader& h,
+                                                        size_t round) const {
   // Non-finite values travel in the float32 payload (absorb redraws a non-finite Q column), so
   // no flag is ever written, and aux is 0.
   check_plain_header(h, "powersgd", /*summable=*/true, /*allowed_flags=*/0);
-  View v = view(h.elements);
+  auto held = view(h.elements);
+  const View& v = *held;
   const size_t values = round == 0 ? v.p_values : v.q_values + v.plain_values;
   size_t bytes = 0;
   if (__builtin_mul_overflow(values, size_t{4}, &bytes) || bytes != h.payload_bytes) {
@@ -306,7 +320,7 @@ View PowerSgdCodec::checked_view(const FrameHeader& h, size_t round) const {
         round, h.payload_bytes, h.elements, v.blocks.size(), v.blocks.size() == 1 ? "x" : "ces",
         rank_, values));
   }
-  return v;
+  return held;
 }
 
 void PowerSgdCodec::absorb_round(int round, std::span<const std::byte> reduced,
@@ -316,7 +330,8 @@ void PowerSgdCodec::absorb_round(int round, std::span<const std::byte> reduced,
   FrameHeader h;
   const auto payload =
       check_frame(reduced, expectation(peek.elements, static_cast<uint8_t>(round)), &h);
-  const View v = checked_view(h, static_cast<size_t>(round));
+  const auto held = checked_view(h, static_cast<size_t>(round));
+  const View& v = *held;
   // Copied into the buffers kept from step to step (same size every step: no allocation).
   if (round == 0) {  // P_hat of every block, for this step's last round and decode
     p_.resize(payload.size() / 4);
@@ -337,7 +352,8 @@ void PowerSgdCodec::absorb_round(int round, std::span<const std::byte> reduced,
 
 size_t PowerSgdCodec::encode(std::span<const float> input, std::span<std::byte> out,
                              const Context& ctx, std::span<float> residual) {
-  const View v = view(input.size());
+  const auto held = view(input.size());
+  const View& v = *held;
   if (!has_p_ || p_n_ != v.n) {
     throw Error(
         fmt::format("codec 'powersgd': the last round of {} elements needs round 0 of "
@@ -381,7 +397,8 @@ void PowerSgdCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
                                       const Context& ctx) const {
   FrameHeader h;
   const auto payload = check_frame(frame, expectation(sum.size(), 1), &h);
-  const View v = checked_view(h, 1);
+  const auto held = checked_view(h, 1);
+  const View& v = *held;
   if (!has_p_ || p_n_ != v.n) {
     throw Error(
         fmt::format("codec 'powersgd': a last-round frame of {} elements decodes with "
@@ -430,7 +447,7 @@ void PowerSgdCodec::discard() {
                 "step, after decode");
   }
   q_.swap(saved_.q);
-  if (saved_.has) q_view_ = view(saved_.n);
+  if (saved_.has) q_view_ = *view(saved_.n);
   has_q_ = saved_.has;
   saved_.open = false;
 }
@@ -438,7 +455,8 @@ void PowerSgdCodec::discard() {
 // The blocks of a saved Q must be those this codec views n elements as: version 1 (the
 // fused view only) holds one block without a count.
 void PowerSgdCodec::read_q_blocks(StateReader& in, uint32_t version, uint64_t n) {
-  const View v = view(n);
+  const auto held = view(n);
+  const View& v = *held;
   const uint64_t blocks = version == 1 ? 1 : in.get<uint64_t>();
   const auto mismatch = [&](const std::string& what) {
     return Error(fmt::format("codec 'powersgd': state for {} elements {}; this codec ({}) "

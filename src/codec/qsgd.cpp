@@ -57,16 +57,20 @@ class QsgdCodec final : public Codec {
     }
   }
 
-  std::vector<float> norms(std::span<const float> x, int threads) const;
+  // The norm of every block of x into `result` (resized to the block count).
+  void norms(std::span<const float> x, int threads, std::vector<float>& result) const;
 
   uint32_t levels_;
   uint64_t block_;
   unsigned width_;  // bits per code
+  // encode's per-block norms and scales, kept from step to step (no allocation per step).
+  std::vector<float> norms_;
+  std::vector<LinearScale> scales_;
 };
 
-std::vector<float> QsgdCodec::norms(std::span<const float> x, int threads) const {
+void QsgdCodec::norms(std::span<const float> x, int threads, std::vector<float>& result) const {
   const size_t n = x.size(), length = block_length(n), count = block_count(n);
-  std::vector<float> result(count);
+  result.resize(count);
   if (length >= kChunk) {  // long blocks: each summed in parallel pieces
     for (size_t b = 0; b < count; ++b) {
       result[b] = l2_norm(x.data(), b * length, std::min(n, (b + 1) * length), threads);
@@ -84,7 +88,6 @@ std::vector<float> QsgdCodec::norms(std::span<const float> x, int threads) const
       }
     }
   }
-  return result;
 }
 
 size_t QsgdCodec::encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
@@ -94,7 +97,8 @@ size_t QsgdCodec::encode(std::span<const float> input, std::span<std::byte> out,
   if (!residual.empty() && residual.size() != n) {
     throw Error(fmt::format("qsgd: residual has {} elements, input {}", residual.size(), n));
   }
-  const std::vector<float> block_norms = norms(input, ctx.threads);
+  norms(input, ctx.threads, norms_);
+  const std::vector<float>& block_norms = norms_;
   std::byte* payload = out.data() + kFrameHeaderBytes;
   bool finite = true;
   for (size_t b = 0; b < block_norms.size(); ++b) {
@@ -102,7 +106,8 @@ size_t QsgdCodec::encode(std::span<const float> input, std::span<std::byte> out,
     finite &= std::isfinite(block_norms[b]);
   }
 
-  std::vector<LinearScale> scales(block_norms.size());
+  std::vector<LinearScale>& scales = scales_;
+  scales.resize(block_norms.size());
   for (size_t b = 0; b < scales.size(); ++b) scales[b] = LinearScale::make(block_norms[b], levels_);
   const size_t length = block_length(n);
   const ElementRng rng(ctx, n);

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "common/thread_name.h"
 #include "engine/live_bucket.h"
 #include "engine/consistency.h"
 #include "engine/nodes.h"
@@ -130,9 +131,19 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
                                                     : options.timeline;
   if (!path.empty()) open_timeline(path);
   attach_timeline();
-  encoder = std::thread([this] { encoder_loop(); });
-  exchanger = std::thread([this] { exchanger_loop(); });
-  decoder = std::thread([this] { decoder_loop(); });
+  // Named, so a debugger, top -H or a profiler tells the stages apart.
+  encoder = std::thread([this] {
+    name_this_thread("gc-encoder");
+    encoder_loop();
+  });
+  exchanger = std::thread([this] {
+    name_this_thread("gc-exchanger");
+    exchanger_loop();
+  });
+  decoder = std::thread([this] {
+    name_this_thread("gc-decoder");
+    decoder_loop();
+  });
 }
 
 Engine::Impl::~Impl() {

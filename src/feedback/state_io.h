@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,7 +44,8 @@ class Memory {
 
   // Sizes the buffers (zero-filled) on the first gradient; afterwards insists on the same length.
   // Called at the start of every step: it opens the step discard_step() may take back.
-  void fit(size_t n, const std::vector<Buffer<float>*>& buffers) {
+  // (An initializer_list: called every step, it must not allocate.)
+  void fit(size_t n, std::initializer_list<Buffer<float>*> buffers) {
     step_open_ = true;
     was_sized_ = sized_;
     if (!sized_) {

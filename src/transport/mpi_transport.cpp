@@ -49,16 +49,49 @@ int to_int(size_t value, const char* op, const char* what) {
 struct Layout {
   std::vector<int> counts, displs;
 };
-Layout layout(std::span<const size_t> counts, const char* op, const char* what) {
-  Layout l;
-  size_t offset = 0;
-  for (size_t c : counts) {
-    l.counts.push_back(to_int(c, op, what));
-    l.displs.push_back(to_int(offset, op, "displacement"));
-    offset += c;
+
+// Layouts kept from call to call, so a v-collective allocates nothing once the pool holds as
+// many as are ever queued at once. A queued operation holds its layout as a PooledLayout, which
+// gives it back when the operation is destroyed.
+class LayoutPool {
+ public:
+  struct GiveBack {
+    LayoutPool* pool;
+    void operator()(Layout* l) const { pool->give(l); }
+  };
+  using PooledLayout = std::unique_ptr<Layout, GiveBack>;
+
+  // The layout of `counts` (converted to ints, with their displacements); throws Error naming
+  // `op` and `what` when one does not fit an int.
+  PooledLayout make(std::span<const size_t> counts, const char* op, const char* what) {
+    PooledLayout l = take();
+    size_t offset = 0;
+    for (size_t c : counts) {
+      l->counts.push_back(to_int(c, op, what));
+      l->displs.push_back(to_int(offset, op, "displacement"));
+      offset += c;
+    }
+    return l;
   }
-  return l;
-}
+
+ private:
+  PooledLayout take() {
+    std::lock_guard lock(mutex_);
+    if (free_.empty()) return PooledLayout(new Layout, GiveBack{this});
+    PooledLayout l(free_.back().release(), GiveBack{this});
+    free_.pop_back();
+    return l;
+  }
+  void give(Layout* l) {
+    l->counts.clear();
+    l->displs.clear();
+    std::lock_guard lock(mutex_);
+    free_.emplace_back(l);
+  }
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Layout>> free_;
+};
 
 // Owns the communicator; outlives the OpQueue thread that uses it (declared before it).
 class Comm {
@@ -147,6 +180,7 @@ class MpiTransport final : public Transport {
   Comm comm_;
   int rank_, size_;
   Milliseconds timeout_;
+  LayoutPool layouts_;    // before the queue: its operations give their layouts back to it
   OpQueue queue_{"mpi"};  // last: its thread stops before the communicator is freed
 };
 
@@ -181,11 +215,11 @@ WorkPtr MpiTransport::start_allgather(std::span<const std::byte> in, std::span<s
 
 WorkPtr MpiTransport::start_allgatherv(std::span<const std::byte> in, std::span<std::byte> out,
                                        std::span<const size_t> counts) {
-  Layout l = layout(counts, "allgatherv", "count");
+  auto l = layouts_.make(counts, "allgatherv", "count");
   return submit([this, in, out, l = std::move(l)](Clock::time_point deadline) {
     run("allgatherv", out.size(), deadline, [&](MPI_Request* r) {
       return MPI_Iallgatherv(address(in), static_cast<int>(in.size()), MPI_BYTE, address(out),
-                             l.counts.data(), l.displs.data(), MPI_BYTE, comm(), r);
+                             l->counts.data(), l->displs.data(), MPI_BYTE, comm(), r);
     });
   });
 }
@@ -203,13 +237,13 @@ WorkPtr MpiTransport::start_alltoall(std::span<const std::byte> in, std::span<st
 WorkPtr MpiTransport::start_alltoallv(std::span<const std::byte> in,
                                       std::span<const size_t> in_counts, std::span<std::byte> out,
                                       std::span<const size_t> out_counts) {
-  Layout send = layout(in_counts, "alltoallv", "in_counts entry");
-  Layout recv = layout(out_counts, "alltoallv", "out_counts entry");
+  auto send = layouts_.make(in_counts, "alltoallv", "in_counts entry");
+  auto recv = layouts_.make(out_counts, "alltoallv", "out_counts entry");
   return submit(
       [this, in, out, send = std::move(send), recv = std::move(recv)](Clock::time_point deadline) {
         run("alltoallv", in.size() + out.size(), deadline, [&](MPI_Request* r) {
-          return MPI_Ialltoallv(address(in), send.counts.data(), send.displs.data(), MPI_BYTE,
-                                address(out), recv.counts.data(), recv.displs.data(), MPI_BYTE,
+          return MPI_Ialltoallv(address(in), send->counts.data(), send->displs.data(), MPI_BYTE,
+                                address(out), recv->counts.data(), recv->displs.data(), MPI_BYTE,
                                 comm(), r);
         });
       });

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "common/thread_name.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp {
@@ -34,7 +35,11 @@ void QueuedWork::finish(std::exception_ptr error) {
   finished_.notify_all();
 }
 
-OpQueue::OpQueue(std::string name) : name_(std::move(name)), thread_([this] { loop(); }) {}
+OpQueue::OpQueue(std::string name)
+    : name_(std::move(name)), thread_([this] {
+        name_this_thread("gc-" + name_ + "-ops");
+        loop();
+      }) {}
 
 OpQueue::~OpQueue() {
   {
@@ -45,17 +50,40 @@ OpQueue::~OpQueue() {
   thread_.join();
 }
 
-WorkPtr OpQueue::submit(std::function<void()> op) {
-  auto work = std::make_shared<QueuedWork>();
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_) {
-      work->finish(std::make_exception_ptr(CommError(name_ + ": transport is shut down")));
+void QueuedWork::renew() {
+  std::lock_guard lock(mutex_);
+  done_ = false;
+  error_ = nullptr;
+}
+
+std::shared_ptr<QueuedWork> OpQueue::idle_work() {
+  // use_count 1: only works_ holds it (the queue, the thread and every caller let go), and
+  // only this function, under mutex_, hands it out again.
+  for (const auto& work : works_) {
+    if (work.use_count() == 1) {
+      work->renew();
       return work;
     }
-    queue_.emplace_back(std::move(op), work);
   }
-  wake_.notify_one();
+  works_.push_back(std::make_shared<QueuedWork>());
+  return works_.back();
+}
+
+void OpQueue::push(std::shared_ptr<QueuedWork> work) {
+  if (count_ == ring_.size()) {  // full: unroll into a ring twice the size
+    std::vector<std::shared_ptr<QueuedWork>> bigger(std::max<size_t>(16, 2 * ring_.size()));
+    for (size_t i = 0; i < count_; ++i) bigger[i] = std::move(ring_[(head_ + i) % ring_.size()]);
+    ring_ = std::move(bigger);
+    head_ = 0;
+  }
+  ring_[(head_ + count_) % ring_.size()] = std::move(work);
+  ++count_;
+}
+
+std::shared_ptr<QueuedWork> OpQueue::pop() {
+  std::shared_ptr<QueuedWork> work = std::move(ring_[head_]);
+  head_ = (head_ + 1) % ring_.size();
+  --count_;
   return work;
 }
 
@@ -75,15 +103,12 @@ bool OpQueue::drain(Milliseconds timeout) {
 
 void OpQueue::loop() {
   for (;;) {
-    std::function<void()> op;
     std::shared_ptr<QueuedWork> work;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, nothing left
-      op = std::move(queue_.front().first);
-      work = std::move(queue_.front().second);
-      queue_.pop_front();
+      wake_.wait(lock, [&] { return stopping_ || count_ > 0; });
+      if (count_ == 0) return;  // stopping, nothing left
+      work = pop();
       if (stopping_ && !broken_) {
         broken_ = std::make_exception_ptr(CommError(name_ + ": transport is shut down"));
       }
@@ -91,7 +116,7 @@ void OpQueue::loop() {
     std::exception_ptr error = broken_;
     if (!error) {
       try {
-        op();
+        work->op();
       } catch (const Error&) {
         error = std::current_exception();
       } catch (const std::exception& e) {  // a backend's own exception type
@@ -99,12 +124,14 @@ void OpQueue::loop() {
       } catch (...) {  // anything else would escape the thread and terminate the process
         error = std::make_exception_ptr(CommError(name_ + ": collective failed (unknown error)"));
       }
-      if (error) {
-        std::lock_guard lock(mutex_);
-        broken_ = error;
-      }
     }
+    work->op.reset();  // what it captured goes now, not when the Work is reused
+    // Finished and let go under the queue's lock: a caller woken by finish() submits its next
+    // collective only after this thread's reference is gone, so it gets this Work back.
+    std::lock_guard lock(mutex_);
+    if (error) broken_ = error;
     work->finish(error);
+    work.reset();
   }
 }
 
