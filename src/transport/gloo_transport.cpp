@@ -137,11 +137,16 @@ std::shared_ptr<TcpStoreServer> serve_store(int port) {
   return server;
 }
 
-// Gloo's FileStore can tell whether a key exists without waiting, but keeps it protected.
+// Gloo's FileStore can tell whether a key exists without waiting, and where a key's file is,
+// but keeps both protected.
 class FileStore final : public gloo::rendezvous::FileStore {
  public:
   using gloo::rendezvous::FileStore::FileStore;
   bool has(const std::string& key) { return check({key}); }
+  void erase(const std::string& key) {
+    std::error_code ignored;  // a key that is not there is no error
+    std::filesystem::remove(objectPath(key), ignored);
+  }
 };
 
 // Whether `key` exists now, without waiting: both stores gradcomp opens can tell.
@@ -149,6 +154,16 @@ bool store_has(Store& store, const std::string& key) {
   if (auto* tcp = dynamic_cast<TcpStore*>(&store)) return tcp->check({key});
   if (auto* file = dynamic_cast<FileStore*>(&store)) return file->has(key);
   throw Error("gloo: internal error: the rendezvous store cannot be asked for a key");
+}
+
+// Removes keys from either store gradcomp opens.
+void store_erase(Store& store, const std::vector<std::string>& keys) {
+  if (auto* tcp = dynamic_cast<TcpStore*>(&store)) return tcp->erase(keys);
+  if (auto* file = dynamic_cast<FileStore*>(&store)) {
+    for (const auto& key : keys) file->erase(key);
+    return;
+  }
+  throw Error("gloo: internal error: the rendezvous store cannot erase a key");
 }
 
 std::shared_ptr<Store> open_store(const StoreSpec& spec, int rank, Milliseconds timeout) {
@@ -174,6 +189,7 @@ class PrefixedStore final : public Store {
 
   void set(const std::string& key, const std::vector<char>& data) override {
     base_.set(full(key), data);
+    written_.push_back(full(key));
   }
   std::vector<char> get(const std::string& key) override {
     wait({key}, timeout_);
@@ -182,6 +198,11 @@ class PrefixedStore final : public Store {
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   bool has(const std::string& key) { return store_has(base_, full(key)); }
   const std::string& where() const { return where_; }
+  // Erases every key set through this object.
+  void erase_written() {
+    if (!written_.empty()) store_erase(base_, written_);
+    written_.clear();
+  }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
     std::vector<std::string> full_keys;
     for (const auto& key : keys) full_keys.push_back(full(key));
@@ -200,6 +221,7 @@ class PrefixedStore final : public Store {
   Store& base_;
   std::string prefix_, where_;
   Milliseconds timeout_;
+  std::vector<std::string> written_;  // full keys set through this object
 };
 
 // ---- the world check: before Gloo connects, every process claims its rank ------------------
@@ -330,6 +352,12 @@ std::shared_ptr<gloo::Context> connect(Store& store, const std::string& prefix,
   context->setTimeout(timeout);
   try {
     context->connectFullMesh(prefixed, device);
+    // Once every member is connected nobody reads the addresses again: each rank erases its
+    // own, so the store does not grow with every split (a plan change, a resume) of a long job.
+    gloo::BarrierOptions everyone(context);
+    everyone.setTimeout(timeout);
+    gloo::barrier(everyone);
+    prefixed.erase_written();
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -24,7 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr char kSet = 'S', kGet = 'G', kWait = 'W', kCheck = 'C', kReply = 'R';
+constexpr char kSet = 'S', kGet = 'G', kWait = 'W', kCheck = 'C', kErase = 'E', kReply = 'R';
 // Rendezvous data is a few hundred bytes per rank: anything far larger is not our protocol.
 constexpr uint32_t kMaxString = 64u << 20;
 constexpr uint32_t kMaxStrings = 1u << 20;
@@ -153,12 +153,17 @@ struct TcpStoreServer::State {
   bool answer(Connection& c, const Message& m) {
     const bool known = (m.op == kSet && m.strings.size() == 2) ||
                        (m.op == kGet && m.strings.size() == 1) || m.op == kWait ||
-                       m.op == kCheck;
+                       m.op == kCheck || m.op == kErase;
     if (!known) throw Error("rendezvous store: unknown request");
     if (m.op == kCheck) {  // answered at once, never pending
       const bool all = std::all_of(m.strings.begin(), m.strings.end(),
                                    [&](const std::string& key) { return data.contains(key); });
       c.out += encode(kReply, {all ? "1" : "0"});
+      return true;
+    }
+    if (m.op == kErase) {  // answered at once; keys that are not there are no error
+      for (const auto& key : m.strings) data.erase(key);
+      c.out += encode(kReply, {});
       return true;
     }
     if (m.op == kSet && m.strings.size() == 2) {
@@ -446,6 +451,11 @@ bool TcpStore::check(const std::vector<std::string>& keys) {
   return request(kCheck, keys, timeout_, fmt::format("checking key{} '{}'",
                                                      keys.size() == 1 ? "" : "s",
                                                      fmt::join(keys, "', '")))[0] == "1";
+}
+
+void TcpStore::erase(const std::vector<std::string>& keys) {
+  request(kErase, keys, timeout_, fmt::format("erasing key{} '{}'", keys.size() == 1 ? "" : "s",
+                                              fmt::join(keys, "', '")));
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }

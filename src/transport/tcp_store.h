@@ -5,7 +5,9 @@
 // Wire protocol (both directions): a request is one op byte, then a u32 count of strings, then
 // each string as a u32 length and its bytes (all integers little-endian). SET [key, value] and
 // WAIT [keys...] answer with an empty list once done; GET [key] answers [value] once the key
-// exists; CHECK [keys...] answers ["1"] or ["0"] at once (whether all exist). The server
+// exists; CHECK [keys...] answers ["1"] or ["0"] at once (whether all exist); ERASE [keys...]
+// removes them and answers an empty list at once (a job that connects and splits for days
+// must not grow rank 0's map with every rendezvous). The server
 // answers a GET or WAIT only when its keys exist, so waiting costs nothing;
 // the client bounds every answer with its timeout.
 #pragma once
@@ -63,6 +65,8 @@ class TcpStore : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override;
   // Whether every key exists now; the server answers at once.
   bool check(const std::vector<std::string>& keys);
+  // Removes the keys (those that exist); the server answers at once.
+  void erase(const std::vector<std::string>& keys);
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }

@@ -49,6 +49,24 @@ TEST(TcpStore, CheckAnswersAtOnce) {
   EXPECT_EQ(text(b.get("x")), "1");  // the connection is still in step
 }
 
+// ERASE removes keys for every client (missing ones are no error); a GET waits again after.
+TEST(TcpStore, EraseRemovesKeysForEveryClient) {
+  auto server = std::make_shared<TcpStoreServer>(0);
+  TcpStore a("127.0.0.1", server->port(), 1000ms, server);
+  TcpStore b("127.0.0.1", server->port(), 1000ms);
+  a.set("split/0/rank_0", bytes("addr0"));
+  a.set("split/0/rank_1", bytes("addr1"));
+  a.set("keep", bytes("k"));
+  b.erase({"split/0/rank_0", "split/0/rank_1", "never-set"});
+  EXPECT_FALSE(a.check({"split/0/rank_0"}));
+  EXPECT_FALSE(b.check({"split/0/rank_1"}));
+  EXPECT_TRUE(b.check({"keep"}));
+  EXPECT_THROW(b.get("split/0/rank_0"), TimeoutError);  // waits for it again
+  TcpStore c("127.0.0.1", server->port(), 1000ms);
+  c.set("split/0/rank_0", bytes("again"));
+  EXPECT_EQ(text(c.get("split/0/rank_0")), "again");
+}
+
 TEST(TcpStore, GetAndWaitBlockUntilAnotherClientSets) {
   auto server = std::make_shared<TcpStoreServer>(0);
   std::vector<std::thread> waiters;
