@@ -572,7 +572,10 @@ def _train_auto_line(run):
     for d in auto["decisions"]:
         tried = ", ".join(f"{c['name']} {c['measured_ms']:.1f} ms" for c in d["candidates"]
                           if c.get("measured_ms"))
-        parts.append(f"at step {d['step']} kept **{d['kept']}** ({d['why']}; measured: {tried})")
+        plan = next((c.get("summary") for c in d["candidates"] if c["name"] == d["kept"]), None)
+        plan = f" (`{plan}`)" if plan else ""
+        parts.append(f"at step {d['step']} kept **{d['kept']}**{plan} ({d['why']}; measured: "
+                     f"{tried})")
     return f"gradcomp auto (compression=\"auto\", default settings): {'; then '.join(parts)}.\n"
 
 

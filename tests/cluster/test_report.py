@@ -105,7 +105,8 @@ def train_entry():
                                          "why": "fastest measured",
                                          "candidates": [
                                              {"name": "uncompressed", "measured_ms": 30.25},
-                                             {"name": "fp16|none alone", "measured_ms": 21.5}]}]}}]}
+                                             {"name": "fp16|none alone", "measured_ms": 21.5,
+                                              "summary": "3 buckets: 3 fp16/none/allreduce"}]}]}}]}
 
 
 def make_results(*replay, train=()):
@@ -375,7 +376,8 @@ def test_train_table_time_to_accuracy(tmp_path):
     assert rows["fp16 hook"]["time to 85.0%"] == "**failed**: worker 2 died"
     assert rows["gradcomp auto"]["time to 85.0%"] == "19.0 s"
     assert ("gradcomp auto (compression=\"auto\", default settings): at step 62 kept "
-            "**fp16|none alone** (fastest measured; measured: uncompressed 30.2 ms, "
+            "**fp16|none alone** (`3 buckets: 3 fp16/none/allreduce`) (fastest measured; "
+            "measured: uncompressed 30.2 ms, "
             "fp16|none alone 21.5 ms).") in md
 
 
