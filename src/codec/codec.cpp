@@ -154,16 +154,18 @@ namespace {
 // and round_op, per round). A header does not name its payload type, so without this a reducer
 // given the wrong type would add, say, f16 pairs as f32 without a word. intq's last round holds
 // i8 (bits=8) or u8 (bits=4) codes, and a header alone cannot tell which.
-std::vector<DType> summed_payload_types(CodecId id, uint8_t round) {
+std::span<const DType> summed_payload_types(CodecId id, uint8_t round) {
+  static constexpr DType kF32[] = {DType::kF32}, kF16[] = {DType::kF16}, kBF16[] = {DType::kBF16},
+                         kCodes[] = {DType::kI8, DType::kU8};
   switch (id) {
     case CodecId::kNone:
     case CodecId::kRandomK:
     case CodecId::kPowerSgd:
-      return {DType::kF32};
-    case CodecId::kFp16: return {DType::kF16};
-    case CodecId::kBf16: return {DType::kBF16};
+      return kF32;
+    case CodecId::kFp16: return kF16;
+    case CodecId::kBf16: return kBF16;
     case CodecId::kIntQ:
-      return round == 0 ? std::vector<DType>{DType::kF32} : std::vector<DType>{DType::kI8, DType::kU8};
+      return round == 0 ? std::span<const DType>(kF32) : std::span<const DType>(kCodes);
     default:
       return {};
   }
@@ -171,7 +173,7 @@ std::vector<DType> summed_payload_types(CodecId id, uint8_t round) {
 
 void check_payload_type(const FrameHeader& header, DType type) {
   const auto id = static_cast<CodecId>(header.codec_id);
-  const std::vector<DType> allowed = summed_payload_types(id, header.round);
+  const std::span<const DType> allowed = summed_payload_types(id, header.round);
   if (std::find(allowed.begin(), allowed.end(), type) != allowed.end()) return;
   std::vector<const char*> names;
   for (DType t : allowed) names.push_back(dtype_name(t));

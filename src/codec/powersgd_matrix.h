@@ -21,6 +21,8 @@
 #include <span>
 #include <vector>
 
+#include "common/thread_scratch.h"
+
 namespace gradcomp::powersgd {
 
 struct Shape {
@@ -327,7 +329,7 @@ void for_each_reconstructed_row(const Shape& s, const float* pt, const float* qt
   const int t = useful_threads(threads, s.n * s.rank);
 #pragma omp parallel num_threads(t) if (t > 1)
   {
-    std::vector<float> row(s.cols);
+    const std::span<float> row = thread_scratch<float, struct ReconstructedRow>(s.cols);
 #pragma omp for schedule(static)
     for (std::ptrdiff_t i = 0; i < static_cast<std::ptrdiff_t>(s.rows); ++i) {
       const size_t len = row_length(s, static_cast<size_t>(i));
@@ -343,7 +345,7 @@ void for_each_reconstructed_row(const Shape& s, const float* pt, const float* qt
 // keeps what it would have sent. Non-finite columns stay non-finite (NaN/Inf must propagate).
 inline void orthonormalize(float* columns, size_t len, size_t r) {
   constexpr double kDependent = 1e-6;  // relative norm left after projection: dependent column
-  std::vector<double> basis(len * r);
+  const std::span<double> basis = thread_scratch<double, struct OrthonormalBasis>(len * r);
   for (size_t k = 0; k < r; ++k) {
     double* v = basis.data() + k * len;
     for (size_t i = 0; i < len; ++i) v[i] = columns[k * len + i];

@@ -152,21 +152,24 @@ void QsgdCodec::decode_accumulate(std::span<const std::byte> frame, std::span<fl
         payload.size(), payload_bytes(n), n, block_count(n), width_));
   }
   const size_t blocks = block_count(n), length = block_length(n);
-  std::vector<float> steps(blocks);
   for (size_t b = 0; b < blocks; ++b) {
     const float norm = load_f32(payload.data() + 4 * b);
     if (norm < 0.0f) {
       throw FrameError(fmt::format("qsgd: norm of block {} is {}; norms are >= 0", b, norm));
     }
-    steps[b] = norm / static_cast<float>(levels_);
   }
+  // A block's step is read from its norm where it is used: the decoder allocates nothing.
+  const std::byte* norms_in = payload.data();
+  const auto step_of = [&](size_t block) {
+    return load_f32(norms_in + 4 * block) / static_cast<float>(levels_);
+  };
   const std::byte* codes_in = payload.data() + 4 * blocks;
   check_padding(codes_in, n, width_, "qsgd");
   float* out = sum.data();
   // Adds the group [first, first + count), cut where blocks end.
   auto add_group = [&](size_t first, size_t count, const uint32_t* codes) {
     for_block_pieces(first, count, length, [&](size_t i, size_t len, size_t block) {
-      add_linear(codes + (i - first), len, steps[block], out + i);
+      add_linear(codes + (i - first), len, step_of(block), out + i);
     });
   };
   with_width(width_, [&](auto bits) {

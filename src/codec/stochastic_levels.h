@@ -331,17 +331,20 @@ inline float linear_value(uint32_t level, uint32_t sign, float step) {
 // 2^32 elements get their own stream (a chunk never straddles two).
 class ElementRng {
  public:
-  ElementRng(const Context& ctx, size_t n) {
+  ElementRng(const Context& ctx, size_t n) : first_(ctx.seed, ctx.bucket, ctx.step, ctx.rank, 0) {
     const size_t count = n == 0 ? 1 : ((n - 1) >> 32) + 1;
-    for (size_t s = 0; s < count; ++s) {
-      streams_.emplace_back(ctx.seed, ctx.bucket, ctx.step, ctx.rank, static_cast<uint32_t>(s));
+    for (size_t s = 1; s < count; ++s) {
+      more_.emplace_back(ctx.seed, ctx.bucket, ctx.step, ctx.rank, static_cast<uint32_t>(s));
     }
   }
   // The stream holding element `first`; index it with static_cast<uint32_t>(i).
-  const CounterRng& at(size_t first) const { return streams_[first >> 32]; }
+  const CounterRng& at(size_t first) const {
+    return first >> 32 == 0 ? first_ : more_[(first >> 32) - 1];
+  }
 
  private:
-  std::vector<CounterRng> streams_;
+  CounterRng first_;              // elements [0, 2^32): every tensor but the largest
+  std::vector<CounterRng> more_;  // the next 2^32 each (no allocation below them)
 };
 
 // ---------------------------------------------------------------------------------------------

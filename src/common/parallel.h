@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
+#include <span>
 #include <vector>
 
 namespace gradcomp {
@@ -27,10 +29,16 @@ void for_chunks(size_t n, int threads, Fn&& fn) {
   }
 }
 
-// Maps each chunk to a partial value, then folds the partials in chunk order.
+// Maps each chunk to a partial value, then folds the partials in chunk order. The partials of
+// up to 256 chunks (16M elements) live on the stack: a codec's step allocates nothing.
 template <typename T, typename Map, typename Fold>
 T reduce_chunks(size_t n, int threads, T init, Map&& map, Fold&& fold) {
-  std::vector<T> partial(chunk_count(n), init);
+  constexpr size_t kOnStack = 256;
+  const size_t chunks = chunk_count(n);
+  std::array<T, kOnStack> local;
+  std::vector<T> heap(chunks > kOnStack ? chunks : 0);
+  const std::span<T> partial = chunks > kOnStack ? std::span<T>(heap)
+                                                 : std::span<T>(local).first(chunks);
   for_chunks(n, threads, [&](size_t b, size_t e, size_t c) { partial[c] = map(b, e); });
   T acc = init;
   for (const T& p : partial) acc = fold(acc, p);
