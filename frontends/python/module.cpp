@@ -352,6 +352,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("profile_steps", &AutoSettings::profile_steps)
       .def_readwrite("trial_steps", &AutoSettings::trial_steps)
       .def_readwrite("max_proposals", &AutoSettings::max_proposals)
+      .def_readwrite("refine_proposals", &AutoSettings::refine_proposals)
       .def_readwrite("drift", &AutoSettings::drift)
       .def_readwrite("check_every", &AutoSettings::check_every)
       .def_readwrite("drift_checks", &AutoSettings::drift_checks)

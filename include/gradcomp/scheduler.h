@@ -11,6 +11,9 @@
 //              best plan, the best plan of each candidate alone, the best uncompressed one;
 //   trial      each proposal runs for a few steps (Engine::set_plan, so nothing of the
 //              gradients is lost); a step's time is the slowest rank's;
+//   refine     the trials correct the model (a cost per message, compute slowed while
+//              exchanging, time outside the model); the corrected model proposes again, and
+//              plans it predicts faster than the fastest measured get a trial too;
 //   decide     the fastest measured plan is kept, never one slower than the measured
 //              uncompressed plan of the same run (do no harm);
 //   watch      when the step time drifts by more than `drift` for several checks in a row (a link
@@ -54,6 +57,10 @@ struct AutoSettings {
   uint64_t profile_steps = 10;  // the last steps of the warm-up, timed for the profile
   uint64_t trial_steps = 6;     // steps each proposal runs; its first one is not measured
   size_t max_proposals = 4;     // compressed plans tried besides the uncompressed one
+  // After those trials, the model corrected by them proposes again: up to this many plans not
+  // yet tried whose corrected prediction beats the fastest measured get a trial too (0: none),
+  // so the first search already profits from what its own trials taught the model.
+  size_t refine_proposals = 2;
   double drift = 0.2;           // a relative change of the step time that counts as drift
   uint64_t check_every = 25;    // steps between drift checks, after a decision
   uint64_t drift_checks = 3;    // consecutive checks that must see drift before deciding again
@@ -82,6 +89,7 @@ struct AutoCandidate {
   double measured_ms = 0;    // median over the trial's measured steps of the slowest rank's
   uint64_t first_step = 0;   // the engine step its trial began
   Plan plan;                 // the plan itself
+  int round = 1;             // 1: proposed by the model as calibrated; 2: as corrected by round 1
 };
 
 // One decision.
@@ -99,6 +107,9 @@ struct AutoDecision {
   // corrected by these trials predicts them (what the next search starts from).
   double model_error_before = 0;
   double model_error_after = 0;
+  // The same for the round-2 plans, predicted by the model that round 1 corrected before they
+  // ran (out of sample); -1 when no plan was refined.
+  double model_error_refined = -1;
 };
 
 // The scheduler's clock of one step on this rank (seconds of a steady clock).

@@ -1,5 +1,6 @@
 // The auto scheduler's state machine (scheduler.h): warm-up -> (calibrate, propose) -> a trial
-// per proposal -> decided, watching for drift -> calibrate again.
+// per proposal -> (correct the model, propose again) -> a trial per new proposal -> decided,
+// watching for drift -> calibrate again.
 #include "gradcomp/scheduler.h"
 
 #include <algorithm>
@@ -55,12 +56,26 @@ std::string summarize(const Plan& plan) {
   }
   std::vector<std::string> parts;
   for (const auto& [key, n] : count) parts.push_back(fmt::format("{} {}", n, key));
-  return fmt::format("{} buckets: {}", plan.buckets.size(), fmt::join(parts, ", "));
+  return fmt::format("{} bucket{}: {}", plan.buckets.size(), plan.buckets.size() == 1 ? "" : "s",
+                     fmt::join(parts, ", "));
 }
 
 json candidate_json(const AutoCandidate& c) {
   return {{"name", c.name}, {"summary", c.summary}, {"predicted_ms", c.predicted_ms},
-          {"measured_ms", c.measured_ms}, {"first_step", c.first_step}, {"plan", c.plan.to_json()}};
+          {"measured_ms", c.measured_ms}, {"first_step", c.first_step}, {"round", c.round},
+          {"plan", c.plan.to_json()}};
+}
+
+// Mean |predicted - measured| / measured over the candidates of `round`; -1 when it has none.
+double round_error(const std::vector<AutoCandidate>& candidates, int round) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& c : candidates) {
+    if (c.round != round || c.measured_ms <= 0) continue;
+    sum += std::fabs(c.predicted_ms - c.measured_ms) / c.measured_ms;
+    ++n;
+  }
+  return n > 0 ? sum / n : -1;
 }
 
 }  // namespace
@@ -118,6 +133,7 @@ struct AutoScheduler::Impl {
   std::optional<Plan> on_step_end(const StepTimes& times);
   std::optional<Plan> start_search(const std::string& reason);
   std::optional<Plan> next_trial();
+  std::optional<Plan> refine();
   std::optional<Plan> decide();
   std::optional<Plan> watch(double step_s);
   std::optional<Plan> watch_residuals();
@@ -126,6 +142,7 @@ struct AutoScheduler::Impl {
   std::vector<std::string> allowed_candidates() const;
   std::vector<AutoCandidate> propose(const model::Profile& p, const model::CostModel& cost,
                                      const model::SimulatorSettings& sim);
+  schedule::ModelCorrection fit_to_trials() const;
   void learn_from_trials();
   void say(const std::string& text) const;
   std::optional<Plan> switch_to(const Plan& plan);
@@ -147,6 +164,7 @@ struct AutoScheduler::Impl {
   schedule::ModelCorrection correction;     // fitted to the last search's trials
   AutoDecision search;
   size_t trial = 0;                // index into search.candidates
+  bool refined = false;            // the second round was proposed
   std::vector<double> trial_times;  // this rank's measured steps of the trial
   Clock::time_point search_start;
   std::vector<AutoDecision> decisions;
@@ -212,7 +230,8 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
       search.candidates[trial].measured_ms = 1e3 * schedule::median(agreed);
       trial_times.clear();
       ++trial;
-      return trial < search.candidates.size() ? next_trial() : decide();
+      if (trial < search.candidates.size()) return next_trial();
+      return refined ? decide() : refine();
     }
     case Phase::kDecided:
       return watch(step_s);
@@ -250,6 +269,7 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   search.candidates = propose(correction.applied(*measured_profile), cost, correction.simulator());
   search.decision_ms = 1e3 * seconds_since(planning);
   trial = 0;
+  refined = false;
   trial_times.clear();
   phase = Phase::kTrial;
   say(fmt::format("{} (step {}): link {:.0f} us, {} measured; trying {} plans for {} steps each",
@@ -264,34 +284,44 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   model::PlannerSettings planner;
   planner.min_compress_elements = settings.min_compress_elements;
   planner.simulator = sim;
-  std::vector<AutoCandidate> compressed;
+  std::vector<AutoCandidate> planned, defaults;
   std::set<uint64_t> seen{uncompressed.hash()};
-  const auto add = [&](const std::string& name, const Plan& plan) {
+  const auto add = [&](std::vector<AutoCandidate>& to, const std::string& name, const Plan& plan) {
     if (!compresses(plan) || !seen.insert(plan.hash()).second) return;
     const double predicted = model::simulate(p, plan, cost, sim).iteration_s;
-    compressed.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
+    to.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
   };
   const auto options = allowed_candidates();
   planner.codecs = options;
-  add("the planner's best", model::make_plan(p, cost, planner).plan);
+  add(planned, "the planner's best", model::make_plan(p, cost, planner).plan);
   for (const auto& c : options) {
     planner.codecs = {c};
-    const Plan alone = model::make_plan(p, cost, planner).plan;
-    if (compresses(alone)) {
-      add(fmt::format("{} alone", c), alone);
-      continue;
-    }
-    // The model sees no gain in c: the clock may disagree (the model's errors are what the
-    // trials are for), so c's default plan is tried anyway.
+    add(planned, fmt::format("{} alone", c), model::make_plan(p, cost, planner).plan);
     DefaultPlanSettings plain;
     plain.bucket_bytes = settings.bucket_bytes;
     plain.min_compress_elements = settings.min_compress_elements;
     plain.compressed = parse_option(c);
-    add(fmt::format("{}, default plan", c), make_default_plan(tensors, plain));
+    add(defaults, fmt::format("{}, default plan", c), make_default_plan(tensors, plain));
   }
-  std::stable_sort(compressed.begin(), compressed.end(),
-                   [](const auto& a, const auto& b) { return a.predicted_ms < b.predicted_ms; });
+  const auto by_prediction = [](const auto& x, const auto& y) {
+    return x.predicted_ms < y.predicted_ms;
+  };
+  std::stable_sort(defaults.begin(), defaults.end(), by_prediction);
+  std::vector<AutoCandidate> compressed = planned;
+  compressed.insert(compressed.end(), defaults.begin(), defaults.end());
+  std::stable_sort(compressed.begin(), compressed.end(), by_prediction);
   if (compressed.size() > settings.max_proposals) compressed.resize(settings.max_proposals);
+  // At least one default plan (few large buckets, what a user would write) is tried, the one
+  // the model ranks best: the model can be wrong about it (the trials are there to find out),
+  // and trials of plans of few and of many buckets let the fit tell a cost per message from a
+  // fixed overhead.
+  const bool has_default = std::any_of(compressed.begin(), compressed.end(), [&](const auto& c) {
+    return std::any_of(defaults.begin(), defaults.end(),
+                       [&](const auto& d) { return d.plan == c.plan; });
+  });
+  if (!has_default && !defaults.empty() && settings.max_proposals >= 2) {
+    compressed.back() = defaults.front();
+  }
   std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
                                   1e3 * model::simulate(p, uncompressed, cost, sim).iteration_s, 0, 0,
                                   uncompressed}};
@@ -305,6 +335,38 @@ std::optional<Plan> AutoScheduler::Impl::next_trial() {
   // The trial's first step is not measured, whether the plan changes or not (the step after a
   // calibration is no fairer a sample than the first step of a new plan).
   return switch_to(c.plan);
+}
+
+// The first round's trials correct the model; the corrected model proposes again, and each new
+// plan it predicts faster than the fastest measured one gets a trial of its own. The model
+// errs most where it matters most (many small messages, codecs on cores the workers share), so
+// its first ranking may leave out the plan that wins; its corrected ranking is worth a few
+// steps more. Every rank proposes from the same agreed numbers, so they add the same plans.
+std::optional<Plan> AutoScheduler::Impl::refine() {
+  refined = true;
+  if (settings.refine_proposals == 0) return decide();
+  const schedule::ModelCorrection fitted = fit_to_trials();
+  const model::CostModel cost(fitted.applied(cluster), *codec_costs);
+  double fastest = search.candidates.front().measured_ms;
+  std::set<uint64_t> tried;
+  for (const auto& c : search.candidates) {
+    fastest = std::min(fastest, c.measured_ms);
+    tried.insert(c.plan.hash());
+  }
+  size_t added = 0;
+  for (auto& c : propose(fitted.applied(*measured_profile), cost, fitted.simulator())) {
+    if (added == settings.refine_proposals) break;
+    if (tried.contains(c.plan.hash()) || c.predicted_ms >= fastest) continue;
+    c.name += ", corrected model";
+    c.round = 2;
+    search.candidates.push_back(std::move(c));
+    ++added;
+  }
+  if (added == 0) return decide();
+  say(fmt::format("the trials corrected the model (error {:.0f}% -> {:.0f}%); trying {} more "
+                  "plans it predicts faster than {:.1f} ms",
+                  100 * fitted.error_before, 100 * fitted.error_after, added, fastest));
+  return next_trial();
 }
 
 std::optional<Plan> AutoScheduler::Impl::decide() {
@@ -339,7 +401,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   phase = Phase::kDecided;
   std::vector<std::string> lines;
   for (const auto& c : cs) {
-    lines.push_back(fmt::format("  {:<36} predicted {:8.1f} ms, measured {:8.1f} ms  [{}]", c.name,
+    lines.push_back(fmt::format("  {:<52} predicted {:8.1f} ms, measured {:8.1f} ms  [{}]", c.name,
                                 c.predicted_ms, c.measured_ms, c.summary));
   }
   mark("auto: decided", search_start, search);
@@ -390,14 +452,21 @@ void AutoScheduler::Impl::mark(const std::string& name, Clock::time_point start,
           {"why", d.why}, {"candidates", candidates}});
 }
 
-// The measurements flow back into the model: the next search predicts with the correction
-// these trials fit (from the uncorrected model, so corrections do not compound).
-void AutoScheduler::Impl::learn_from_trials() {
+// The correction the search's trials so far fit, from the uncorrected model (so corrections
+// do not compound).
+schedule::ModelCorrection AutoScheduler::Impl::fit_to_trials() const {
   std::vector<std::pair<Plan, double>> trials;
   for (const auto& c : search.candidates) trials.emplace_back(c.plan, c.measured_ms / 1e3);
-  correction = schedule::fit_correction(*measured_profile, cluster, *codec_costs, trials);
+  return schedule::fit_correction(*measured_profile, cluster, *codec_costs, trials);
+}
+
+// The measurements flow back into the model: the next search predicts with the correction
+// all of this search's trials fit.
+void AutoScheduler::Impl::learn_from_trials() {
+  correction = fit_to_trials();
   search.model_error_before = correction.error_before;
   search.model_error_after = correction.error_after;
+  search.model_error_refined = round_error(search.candidates, 2);
 }
 
 // The convergence guard: error feedback that keeps more and more of the gradient unsent
@@ -501,7 +570,8 @@ json AutoScheduler::report() const {
                          {"search_seconds", d.search_seconds},
                          {"planner_ms", d.decision_ms},
                          {"model_error", {{"uncorrected", d.model_error_before},
-                                          {"corrected", d.model_error_after}}},
+                                          {"corrected", d.model_error_after},
+                                          {"refined", d.model_error_refined}}},
                          {"link", {{"bytes_per_s", d.link.bytes_per_s},
                                    {"latency_s", d.link.latency_s}}}});
   }

@@ -46,7 +46,7 @@ ModelCorrection fit_correction(const model::Profile& profile, const model::Clust
     return out;
   };
   best.error_before = best.error_after = relative_error(predictions(0, 1), measured, 0);
-  for (double extra : {0.0, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3}) {
+  for (double extra : {0.0, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2}) {
     for (double lambda = 1.0; lambda <= 1.5 + 1e-9; lambda += 0.05) {
       const auto predicted = predictions(extra, lambda);
       // The overhead that fits best in the mean, never negative (the model's compute is a
