@@ -151,6 +151,9 @@ def parse_args(argv=None):
     p.add_argument("--train-contenders", default=",".join(TRAIN_CONTENDERS),
                    help="the training runs' contenders, comma separated (default: "
                         f"{', '.join(TRAIN_CONTENDERS)})")
+    p.add_argument("--train-auto", type=json.loads, default=None, metavar="JSON",
+                   help="training, contender auto: its auto= settings (default: none, as a "
+                        "user would run it)")
     p.add_argument("--train-only", action="store_true",
                    help="only the Fashion-MNIST time-to-accuracy runs (no replay)")
     p.add_argument("--costs", help="codec costs JSON for the planner and the simulator (default: "
@@ -179,10 +182,11 @@ def parse_args(argv=None):
         args.train = not narrow or args.train_only
     if args.train_only and (args.optimizers or not args.train):
         p.error("--train-only runs the training workload alone; drop --optimizers/--no-train")
-    unknown = [c for c in split(args.train_contenders) if c not in TRAIN_CONTENDERS]
+    unknown = [c for c in split(args.train_contenders)
+               if c not in TRAIN_CONTENDERS and not c.startswith("gradcomp:")]
     if unknown:
         p.error(f"--train-contenders: unknown {', '.join(unknown)}; choose from "
-                f"{', '.join(TRAIN_CONTENDERS)}")
+                f"{', '.join(TRAIN_CONTENDERS)}, or gradcomp:SPEC")
     if args.train and args.optimizers:
         p.error("--optimizers replays profiles only; drop --train")
     if args.rounds < 1 or (args.rounds > 1 and not args.optimizers):
@@ -592,8 +596,11 @@ def train_config(args, out, port):
             row = {"contender": name, "family": family(name),
                    "label": "gradcomp auto (search included)" if name == "auto" else label(name)}
             try:
+                settings = (["--train-auto", json.dumps(args.train_auto)]
+                            if name == "auto" and args.train_auto else [])
                 ranks, seconds = runner.run(name, ["--workload", "train", "--contender", name,
-                                                   "--epochs", str(args.train_epochs)], 1800)
+                                                   "--epochs", str(args.train_epochs),
+                                                   *settings], 1800)
             except netns.ClusterError as e:
                 config["runs"].append({**row, **failed_row(name, e)})
                 continue

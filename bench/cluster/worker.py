@@ -99,6 +99,8 @@ def parse_args(argv=None):
                    help="replay, contender auto: its auto= settings as JSON (default "
                         f"{json.dumps(AUTO)})")
     p.add_argument("--epochs", type=float, default=2.0, help="train: epochs")
+    p.add_argument("--train-auto", type=json.loads, default=None,
+                   help="train, contender auto: its auto= settings as JSON (default: none)")
     p.add_argument("--batch-size", type=int, default=32, help="train: images per rank and step")
     p.add_argument("--lr", type=float, default=0.05, help="train: SGD learning rate")
     p.add_argument("--seed", type=int, default=0)
@@ -628,7 +630,8 @@ def train(args, kind, argument):
         # settings and candidates, the search counted in the training time).
         optimizer = gct.DistributedOptimizer(sgd, model.named_parameters(),
                                              compression="auto" if kind == "auto" else argument,
-                                             transport=exchange.transport, seed=args.seed)
+                                             transport=exchange.transport, seed=args.seed,
+                                             auto=args.train_auto if kind == "auto" else None)
     per_rank = len(train_y) // world
     steps_per_epoch = -(-per_rank // args.batch_size)
     total_steps = max(1, round(args.epochs * steps_per_epoch))
@@ -672,7 +675,8 @@ def train_auto_record(report):
     """What compression="auto" decided during training: each search's step, what it kept
     and why, every candidate's measured step."""
     return {"phase": report["phase"], "plan": report["plan"],
-            "decisions": [{"step": d.get("step"), "kept": d.get("kept_name"), "why": d.get("why"),
+            "decisions": [{"step": d.get("step"), "reason": d.get("reason"),
+                           "kept": d.get("kept_name"), "why": d.get("why"),
                            "candidates": [{"name": c["name"], "summary": c.get("summary"),
                                            "measured_ms": c.get("measured_ms")}
                                           for c in d.get("candidates", [])]}

@@ -47,6 +47,9 @@ def parse_args(argv=None):
     p.add_argument("--compression", default="none",
                    help='gradcomp option "codec[|feedback[|route]]", e.g. "topk:ratio=0.01|ef" '
                         '(default: none)')
+    p.add_argument("--auto", type=json.loads, default=None, metavar="JSON",
+                   help='with --compression auto: its settings, e.g. \'{"candidates": '
+                        '["powersgd:rank=4|ef"]}\' (docs/auto.md)')
     p.add_argument("--epochs", type=float, default=1.0,
                    help="passes over the training set; a fraction stops early (default: 1)")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank and step (32)")
@@ -320,7 +323,7 @@ def make_optimizer(args, model, comm, total_steps):
         inner, model.named_parameters(), compression=args.compression,
         transport=comm.transport, seed=args.seed,
         min_compress_elements=args.min_compress_elements, bucket_mb=args.bucket_mb,
-        timeline=args.timeline)
+        timeline=args.timeline, auto=args.auto)
     return optimizer, inner
 
 
@@ -419,6 +422,9 @@ def train(args):
         "parameter_hash": digest,
         "plan_buckets": optimizer.plan.get("buckets"),
     }
+    if args.compression == "auto":  # what it decided, and why (docs/auto.md)
+        summary["auto"] = [{k: d[k] for k in ("step", "reason", "kept_name", "why")}
+                           for d in optimizer.auto_report()["decisions"]]
     if rank == 0:
         print_summary(summary)
         if args.json:

@@ -246,6 +246,15 @@ def test_train_contenders_are_checked_and_train_only_needs_training(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--train-contenders: unknown horovod" in done.stderr
     assert "auto" in done.stderr  # auto is one of the training contenders
+    # Any gradcomp option trains too; only the unknown one is named.
+    done = subprocess.run(bench_argv(tmp_path, "--train-contenders",
+                                     "gradcomp:randomk:ratio=0.001|ef,horovod"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--train-contenders: unknown horovod;" in done.stderr
+    assert "gradcomp:SPEC" in done.stderr
+    done = subprocess.run(bench_argv(tmp_path, "--train-auto", "{candidates"),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--train-auto" in done.stderr
     done = subprocess.run(bench_argv(tmp_path, "--train-only", "--no-train"),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--train-only runs the training workload alone" in done.stderr

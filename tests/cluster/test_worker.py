@@ -171,6 +171,22 @@ def test_train_with_auto_decides_as_a_user_would_run_it(tmp_path):
     assert ranks[1]["epoch_accuracy"] == ranks[0]["epoch_accuracy"]
 
 
+def test_train_auto_settings_reach_the_scheduler(tmp_path):
+    """--train-auto: auto's settings in the training workload (its candidates here)."""
+    settings = {"candidates": ["fp16"], "warmup_steps": 10, "profile_steps": 5,
+                "trial_steps": 3}
+    ranks = run_workers(tmp_path, "auto", extra=("--workload", "train", "--epochs", "0.05",
+                                                 "--train-auto", json.dumps(settings)))
+    decision = ranks[0]["auto"]["decisions"][0]
+    assert decision["reason"].startswith("first decision")
+    candidates = decision["candidates"]
+    assert candidates[0]["name"] == "uncompressed" and len(candidates) >= 2
+    for c in candidates:  # "3 buckets: 1 fp16/none/allgather, 2 none"
+        codecs = {part.split()[1].split("/")[0] for part in c["summary"].split(": ")[1].split(", ")}
+        assert codecs <= {"fp16", "none"}, c
+    assert decision["step"] <= 10 + 3 * len(candidates) + 1
+
+
 # ---------------------------------------------------------------------------- --optimizer
 
 def initial_param_sum(seed=0):

@@ -7,25 +7,13 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
 #include "gradcomp/codec.h"
 #include "support/codec_testing.h"
-
-// Allocations made by operator new on each thread (this binary replaces it, to count).
-thread_local long g_allocations = 0;
-
-void* operator new(std::size_t size) {
-  ++g_allocations;
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t /*size*/) noexcept { std::free(p); }
+#include "support/counting_new.h"
 
 namespace gradcomp {
 namespace {

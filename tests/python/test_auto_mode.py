@@ -142,3 +142,23 @@ def test_the_ddp_hook_resumes_its_decision(ddp_runs):
         report = resumed.report(rank)["report"]
         assert report["phase"] == "decided" and not report["decisions"], "searched again"
         assert resumed.report(rank)["plans"][-1] == kept
+
+
+def test_the_main_jobs_script_takes_auto_and_lists_its_decisions(tmp_path):
+    """examples/fashion_mnist/train.py --compression auto --auto JSON: the settings reach the
+    scheduler and the summary lists what it decided."""
+    from conftest import ROOT, free_port
+    settings = {"candidates": ["fp16"], "warmup_steps": 6, "profile_steps": 3, "trial_steps": 3}
+    summary = tmp_path / "summary.json"
+    done = subprocess.run(
+        [str(GRADCOMP), "launch", "-n", "2", "--master-port", str(free_port()), "--",
+         "/usr/bin/python3", str(ROOT / "examples" / "fashion_mnist" / "train.py"),
+         "--epochs", "0.04", "--compression", "auto", "--auto", json.dumps(settings),
+         "--min-compress-elements", "1000", "--no-progress", "--json", str(summary)],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    decisions = json.loads(summary.read_text())["auto"]
+    assert decisions and decisions[0]["reason"].startswith("first decision")
+    assert decisions[0]["kept_name"] in ("uncompressed", "the planner's best") \
+        or "fp16" in decisions[0]["kept_name"], decisions
+    assert "gradcomp auto: decided" in done.stderr
