@@ -70,6 +70,11 @@ struct AutoSettings {
   // times its value at the first check after the decision, makes the scheduler back off.
   double residual_growth = 4;
   uint64_t residual_checks = 3;
+  // Calibration to use instead of measuring it, each on its own: a link known or recorded
+  // before (the `inter` link of a `gradcomp plan --cluster` file), codec costs from `gradcomp
+  // bench codecs`. Unset (the default): measured live, at every search.
+  std::optional<model::Link> link;
+  std::optional<model::CodecCosts> codec_costs;
   size_t bucket_bytes = 25u << 20;         // the uncompressed plan's buckets
   size_t min_compress_elements = 16384;    // smaller tensors stay uncompressed
   bool verbose = true;          // rank 0 prints each decision (stderr)

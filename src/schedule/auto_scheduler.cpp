@@ -254,8 +254,10 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
     return switch_to(uncompressed);
   }
   if (!measured_profile) measured_profile = profile.agreed(*transport);
-  link = schedule::calibrate_link(*transport);
-  codec_costs = schedule::calibrate_codecs(*transport, allowed_candidates());
+  link = settings.link ? schedule::LinkFit{*settings.link, {}}
+                       : schedule::calibrate_link(*transport);
+  codec_costs = settings.codec_costs ? *settings.codec_costs
+                                     : schedule::calibrate_codecs(*transport, allowed_candidates());
   const model::CodecCosts& codecs = *codec_costs;
   cluster = model::Cluster{};
   cluster.workers = transport->size();

@@ -123,7 +123,8 @@ TEST(AutoScheduler, KeepsThePlanThatIsFastestInFact) {
 // compressed ones 40 + 20 per bucket. The model as calibrated ranks plans of several buckets
 // far too well, so its first proposal does not beat uncompressed; the first round's trials
 // correct it, and plans the corrected model predicts faster than any measured are tried
-// within the same search.
+// within the same search. (Whether they win depends on how much two trials can teach; the
+// benchmark shows them winning, bench/cluster/analysis.md.)
 double costly_messages_ms(const Plan& plan) {
   bool compressed = false;
   for (const auto& b : plan.buckets) compressed = compressed || b.option.codec != "none";
@@ -138,12 +139,16 @@ std::vector<TensorInfo> large_tensors() {
   return tensors;
 }
 
-// The first round: uncompressed and the planner's best, which the model as calibrated makes of
-// several buckets (it sees gradients ready a millisecond apart and overlaps their exchanges).
+// The first round: uncompressed and the planner's best, which the model makes of several
+// buckets (it sees gradients ready a millisecond apart and overlaps their exchanges). The
+// calibration is given (a 10 Gbit/s link, the shipped codec costs), so that the model's first
+// proposals do not depend on this machine's load (sanitizers slow the codecs down 2-5x).
 AutoSettings message_bound_settings() {
   AutoSettings s = settings();
   s.candidates = {"fp16", "powersgd:rank=2|ef", "qsgd:levels=15,block=512"};
   s.max_proposals = 1;
+  s.link = model::Link{.bytes_per_s = 1.25e9, .latency_s = 50e-6};
+  s.codec_costs = model::CodecCosts::shipped();
   return s;
 }
 
@@ -158,40 +163,35 @@ std::string trials_text(const nlohmann::json& decision) {
   return out;
 }
 
-// The link and codec calibrations are live, so the first round's plans vary from run to run,
-// and when they differ too little (two plans with the same error) the fit cannot tell a cost
-// per message from a fixed overhead. Up to three searches, each checked; at least one must
-// have tried the corrected model's plans. Every rank takes the same path (agreed trials).
 TEST(AutoScheduler, ItsOwnTrialsCorrectTheModelWithinTheFirstSearch) {
-  bool refined_once = false;
-  for (int attempt = 0; attempt < 3 && !refined_once; ++attempt) {
-    AutoScheduler scheduler(world(), large_tensors(), message_bound_settings());
-    drive_on(scheduler, 45, costly_messages_ms);
-    ASSERT_EQ(scheduler.phase(), "decided");
-    const auto decision = scheduler.report()["decisions"][0];
-    const auto& candidates = decision["candidates"];
-    double first_round = 1e9, refined = 1e9;
-    for (const auto& c : candidates) {
-      double& fastest = c["round"] == 1 ? first_round : refined;
-      fastest = std::min(fastest, c["measured_ms"].get<double>());
-    }
-    refined_once = refined < 1e9;
-    for (const auto& c : candidates) {
-      if (c["round"] != 2) continue;
-      // Tried because the corrected model predicted it faster than every first-round trial.
-      EXPECT_LT(c["predicted_ms"].get<double>(), first_round) << trials_text(decision);
-      EXPECT_NE(c["name"].get<std::string>().find("corrected model"), std::string::npos);
-    }
-    // The decision weighs both rounds: the fastest measured of all is kept.
-    const auto& kept = candidates[decision["kept"].get<size_t>()];
-    EXPECT_DOUBLE_EQ(kept["measured_ms"].get<double>(), std::min(first_round, refined))
-        << trials_text(decision);
-    EXPECT_EQ(Plan::from_json(kept["plan"]), scheduler.current_plan());
-    // Measured against the corrected model's predictions (out of sample), when there were any.
-    EXPECT_EQ(decision["model_error"]["refined"].get<double>() >= 0, refined_once);
-    expect_same_on_every_rank(decision["candidates"].dump());
+  AutoScheduler scheduler(world(), large_tensors(), message_bound_settings());
+  drive_on(scheduler, 45, costly_messages_ms);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto decision = scheduler.report()["decisions"][0];
+  const auto& candidates = decision["candidates"];
+  double first_round = 1e9, refined = 1e9;
+  for (const auto& c : candidates) {
+    double& fastest = c["round"] == 1 ? first_round : refined;
+    fastest = std::min(fastest, c["measured_ms"].get<double>());
   }
-  EXPECT_TRUE(refined_once) << "no search tried a plan of the corrected model";
+  ASSERT_LT(refined, 1e9) << "no plan of the corrected model was tried:" << trials_text(decision);
+  for (const auto& c : candidates) {
+    if (c["round"] != 2) continue;
+    // Tried because the corrected model predicted it faster than every first-round trial.
+    EXPECT_LT(c["predicted_ms"].get<double>(), first_round) << trials_text(decision);
+    EXPECT_NE(c["name"].get<std::string>().find("corrected model"), std::string::npos);
+  }
+  // The decision weighs both rounds: the fastest measured of all is kept.
+  const auto& kept = candidates[decision["kept"].get<size_t>()];
+  EXPECT_DOUBLE_EQ(kept["measured_ms"].get<double>(), std::min(first_round, refined))
+      << trials_text(decision);
+  EXPECT_EQ(Plan::from_json(kept["plan"]), scheduler.current_plan());
+  // The corrected model predicted its own new plans (out of sample) better than the model as
+  // calibrated predicted the first round.
+  EXPECT_LT(decision["model_error"]["refined"].get<double>(),
+            decision["model_error"]["uncorrected"].get<double>())
+      << trials_text(decision);
+  expect_same_on_every_rank(decision["candidates"].dump());
 }
 
 TEST(AutoScheduler, RefineProposalsZeroTriesOnlyTheFirstRound) {
