@@ -179,6 +179,7 @@ struct AutoScheduler::Impl {
   std::vector<double> first_ratio, last_ratio;  // per bucket of the plan in force
   std::vector<uint64_t> rising;                 // consecutive checks each ratio rose
   std::set<std::string> excluded_codecs;        // backed off from: left out of later searches
+  bool search_on_resume = false;  // restored from a state saved during a trial
 };
 
 // Bits per element a plan sends, averaged over its elements (32 uncompressed): more is gentler.
@@ -234,6 +235,10 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
       return refined ? decide() : refine();
     }
     case Phase::kDecided:
+      if (search_on_resume) {
+        search_on_resume = false;
+        return start_search("resumed from a state saved during a search: searching again");
+      }
       return watch(step_s);
   }
   return std::nullopt;
@@ -619,8 +624,9 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
     Plan plan = Plan::from_json(saved.at("plan"));
     std::optional<model::Profile> profile;
     if (!saved.at("profile").is_null()) profile = model::Profile::from_json(saved.at("profile"));
-    // A state saved before the decision searches again from the start; after it, the kept
-    // plan runs and is watched.
+    // A state saved during the warm-up starts it again; during a trial, that plan runs on and
+    // a new search starts after the next step; after the decision, the kept plan runs and is
+    // watched.
     s.steps = steps;
     if (phase == "decided") {
       s.phase = Impl::Phase::kDecided;
@@ -628,6 +634,14 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
       s.measured_profile = std::move(profile);
       s.window.clear();
       s.drifting = 0;
+      return s.switch_to(plan);
+    }
+    if (phase == "trial" && profile) {
+      // The trial's plan runs on (the compression state saved with it belongs to it), and
+      // the search starts again after the next step, from the saved profile.
+      s.phase = Impl::Phase::kDecided;
+      s.measured_profile = std::move(profile);
+      s.search_on_resume = true;
       return s.switch_to(plan);
     }
     s.phase = Impl::Phase::kWarmup;

@@ -110,19 +110,31 @@ LinkFit calibrate_link(Transport& transport, int repeats) {
     fit.probes.push_back({4.0 * static_cast<double>(floats), 0});
   }
   const auto agreed = max_over_ranks(transport, mine);
-  std::vector<double> x, y;
-  for (size_t i = 0; i < agreed.size(); ++i) {
-    fit.probes[i].seconds = agreed[i];
-    x.push_back(fit.probes[i].bytes);
-    y.push_back(agreed[i]);
-  }
-  const auto [c0, c1] = fit_line(x, y);
-  const double steps = 2.0 * (p - 1);
-  const double beta = c1 * p / steps;  // seconds per byte
-  fit.link.bytes_per_s = beta > 0 ? std::clamp(1 / beta, model::kMinBytesPerS, model::kMaxBytesPerS)
-                                  : model::kMaxBytesPerS;
-  fit.link.latency_s = std::clamp(c0 / steps, 0.0, model::kMaxLatencyS);
+  for (size_t i = 0; i < agreed.size(); ++i) fit.probes[i].seconds = agreed[i];
+  fit.link = fit_ring_link(fit.probes, p);
   return fit;
+}
+
+model::Link fit_ring_link(const std::vector<LinkProbe>& probes, int world) {
+  if (probes.empty() || world < 2) return {model::kMaxBytesPerS, 0};  // nothing to fit
+  std::vector<double> x, y;
+  for (const auto& probe : probes) {
+    x.push_back(probe.bytes);
+    y.push_back(probe.seconds);
+  }
+  const double steps = 2.0 * (world - 1);
+  const double moved = steps / world;  // bytes each rank sends per byte of the buffer
+  auto [c0, c1] = fit_line(x, y);
+  if (c1 <= 0) {  // no slope: latency from the smallest probe, transfer from the largest
+    const auto smallest = std::min_element(x.begin(), x.end()) - x.begin();
+    const auto largest = std::max_element(x.begin(), x.end()) - x.begin();
+    c0 = y[static_cast<size_t>(smallest)];
+    c1 = y[static_cast<size_t>(largest)] / x[static_cast<size_t>(largest)];
+  }
+  const double beta = c1 / moved;  // seconds per byte on the link
+  return {.bytes_per_s = beta > 0 ? std::clamp(1 / beta, model::kMinBytesPerS, model::kMaxBytesPerS)
+                                  : model::kMaxBytesPerS,
+          .latency_s = std::clamp(c0 / steps, 0.0, model::kMaxLatencyS)};
 }
 
 model::CodecCosts calibrate_codecs(Transport& transport,

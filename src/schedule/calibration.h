@@ -28,6 +28,12 @@ struct LinkFit {
 // collective; with one rank there is nothing to time (a fast, latency-free link is returned).
 LinkFit calibrate_link(Transport& transport, int repeats = 3);
 
+// The fit itself, for `world` ranks. Probe times that do not grow with size (a loaded machine,
+// or sizes too small to see the link) say nothing of the bandwidth: then the smallest probe's
+// time counts as latency and the largest probe's as transfer, a conservative link, instead of
+// an infinitely fast one.
+model::Link fit_ring_link(const std::vector<LinkProbe>& probes, int world);
+
 // Encode (with and without a residual) and decode-accumulate costs, a + b n, of each codec the
 // options name and of "none" (the plain passes routes make), timed here at two sizes. A
 // collective: the slowest rank's costs.

@@ -289,6 +289,27 @@ TEST(AutoScheduler, ASavedDecisionResumesWithoutANewSearch) {
   EXPECT_NE(testing::error_text([&] { resumed.restore({{"version", 9}}); }), "no error");
 }
 
+// A state saved during a trial resumes in that trial's plan (its compression state belongs to
+// it) and searches again after one step, from the saved profile.
+TEST(AutoScheduler, AStateSavedDuringATrialResumesInItsPlanAndSearchesAgain) {
+  AutoScheduler first(world(), model_tensors(), settings());
+  drive(first, 6 + 3 + 4, false);  // the warm-up, the uncompressed trial, into the next one
+  ASSERT_EQ(first.phase(), "trial");
+  const auto saved = first.save();
+  AutoScheduler resumed(world(), model_tensors(), settings());
+  const auto plan = resumed.restore(saved);
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(*plan, first.current_plan());
+  drive(resumed, 1, false);
+  EXPECT_EQ(resumed.phase(), "trial");  // searching again, no new warm-up
+  drive(resumed, 40, false);
+  ASSERT_EQ(resumed.phase(), "decided");
+  const auto decisions = resumed.report()["decisions"];
+  ASSERT_EQ(decisions.size(), 1u);
+  EXPECT_NE(decisions[0]["reason"].get<std::string>().find("resumed"), std::string::npos);
+  expect_same_on_every_rank(resumed.current_plan().to_json().dump());
+}
+
 TEST(AutoScheduler, BadSettingsAreSpecErrors) {
   AutoSettings s = settings();
   s.trial_steps = 1;

@@ -8,7 +8,9 @@ import common
 import gradcomp
 import gradcomp.torch as gc
 
-AUTO = {"warmup_steps": 6, "profile_steps": 3, "trial_steps": 3, "verbose": False,
+# At most 6 + (1 + 2 + 2) x 3 = 21 steps to the decision (the checkpoint is taken after 24).
+AUTO = {"warmup_steps": 6, "profile_steps": 3, "trial_steps": 3, "max_proposals": 2,
+        "verbose": False,
         "drift": 9.0}  # no new search from timing noise: the runs must be reproducible
 
 

@@ -10,7 +10,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import gradcomp.torch as gc
 
-AUTO = {"warmup_steps": 5, "profile_steps": 3, "trial_steps": 3, "verbose": False, "drift": 9.0}
+# At most 5 + (1 + 2 + 2) x 3 = 20 steps to the decision (the checkpoint is taken after 26).
+AUTO = {"warmup_steps": 5, "profile_steps": 3, "trial_steps": 3, "max_proposals": 2,
+        "verbose": False, "drift": 9.0}
 
 
 def main():
