@@ -188,8 +188,8 @@ _NON_FINITE_STEP = (
 
 
 _AUTO_KEYS = ("candidates", "warmup_steps", "profile_steps", "trial_steps", "max_proposals",
-              "refine_proposals", "drift", "check_every", "drift_checks", "residual_growth", "residual_checks",
-              "verbose")
+              "refine_proposals", "drift", "check_every", "drift_checks", "residual_growth",
+              "residual_checks", "verbose")
 
 
 def _auto_settings(compression, plan, auto, optimizer):

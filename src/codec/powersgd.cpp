@@ -405,12 +405,10 @@ void PowerSgdCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
                     "P_hat from round 0, and round 0 of {} elements was not absorbed",
                     v.n, v.n));
   }
-  // Copied out of the frame: aligned for the kernels.
+  // Copied out of the frame (checked_view checked its size): aligned for the kernels.
   const std::span<float> values =
       thread_scratch<float, struct DecodedValues>(v.q_values + v.plain_values);
-  const size_t copied = std::min(values.size(), payload.size() / sizeof(float));
-  if (copied > 0) std::memcpy(values.data(), payload.data(), copied * sizeof(float));
-  std::fill(values.begin() + static_cast<std::ptrdiff_t>(copied), values.end(), 0.0f);
+  if (!payload.empty()) std::memcpy(values.data(), payload.data(), payload.size());
   for (const powersgd::Block& b : v.blocks) {
     powersgd::for_each_reconstructed_row(
         b.shape, p_.data() + b.p_at, values.data() + b.q_at, ctx.threads,

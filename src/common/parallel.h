@@ -4,9 +4,7 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
-#include <span>
 #include <vector>
 
 namespace gradcomp {
@@ -29,16 +27,20 @@ void for_chunks(size_t n, int threads, Fn&& fn) {
   }
 }
 
-// Maps each chunk to a partial value, then folds the partials in chunk order. The partials of
-// up to 256 chunks (16M elements) live on the stack: a codec's step allocates nothing.
+// Maps each chunk to a partial value, then folds the partials in chunk order. On one thread
+// (the default) each partial is folded as it is made, so nothing is stored and a codec's step
+// allocates nothing; on several, the partials are stored, then folded in the same order.
 template <typename T, typename Map, typename Fold>
 T reduce_chunks(size_t n, int threads, T init, Map&& map, Fold&& fold) {
-  constexpr size_t kOnStack = 256;
   const size_t chunks = chunk_count(n);
-  std::array<T, kOnStack> local;
-  std::vector<T> heap(chunks > kOnStack ? chunks : 0);
-  const std::span<T> partial = chunks > kOnStack ? std::span<T>(heap)
-                                                 : std::span<T>(local).first(chunks);
+  if (threads <= 1 || chunks <= 1) {
+    T acc = init;
+    for (size_t c = 0; c < chunks; ++c) {
+      acc = fold(acc, map(c * kChunk, std::min(n, (c + 1) * kChunk)));
+    }
+    return acc;
+  }
+  std::vector<T> partial(chunks, init);
   for_chunks(n, threads, [&](size_t b, size_t e, size_t c) { partial[c] = map(b, e); });
   T acc = init;
   for (const T& p : partial) acc = fold(acc, p);

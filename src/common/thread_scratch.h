@@ -1,7 +1,8 @@
 // Scratch space per thread that keeps its capacity from one call to the next, so that a codec's
 // per-step work allocates nothing once warm (docs/soak.md: allocations at new places in a
 // thread's malloc arena are what made resident memory creep). Each `Tag` is a separate buffer:
-// give every call site its own, so two live scratches never alias.
+// give every call site its own, so two live scratches never alias. A buffer keeps the largest
+// size asked of it until its thread ends (the engine's threads end with their engine).
 #pragma once
 
 #include <cstddef>

@@ -291,44 +291,44 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   model::PlannerSettings planner;
   planner.min_compress_elements = settings.min_compress_elements;
   planner.simulator = sim;
-  std::vector<AutoCandidate> planned, defaults;
-  std::set<uint64_t> seen{uncompressed.hash()};
-  const auto add = [&](std::vector<AutoCandidate>& to, const std::string& name, const Plan& plan) {
-    if (!compresses(plan) || !seen.insert(plan.hash()).second) return;
+  std::vector<AutoCandidate> compressed;
+  std::set<uint64_t> seen{uncompressed.hash()}, default_plans;
+  const auto add = [&](const std::string& name, const Plan& plan) {
+    if (!compresses(plan) || !seen.insert(plan.hash()).second) return false;
     const double predicted = model::simulate(p, plan, cost, sim).iteration_s;
-    to.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
+    compressed.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
+    return true;
   };
   const auto options = allowed_candidates();
   planner.codecs = options;
-  add(planned, "the planner's best", model::make_plan(p, cost, planner).plan);
+  add("the planner's best", model::make_plan(p, cost, planner).plan);
   for (const auto& c : options) {
     planner.codecs = {c};
-    add(planned, fmt::format("{} alone", c), model::make_plan(p, cost, planner).plan);
+    add(fmt::format("{} alone", c), model::make_plan(p, cost, planner).plan);
     DefaultPlanSettings plain;
     plain.bucket_bytes = settings.bucket_bytes;
     plain.min_compress_elements = settings.min_compress_elements;
     plain.compressed = parse_option(c);
-    add(defaults, fmt::format("{}, default plan", c), make_default_plan(tensors, plain));
+    const Plan plan = make_default_plan(tensors, plain);
+    if (add(fmt::format("{}, default plan", c), plan)) default_plans.insert(plan.hash());
   }
-  const auto by_prediction = [](const auto& x, const auto& y) {
-    return x.predicted_ms < y.predicted_ms;
-  };
-  std::stable_sort(defaults.begin(), defaults.end(), by_prediction);
-  std::vector<AutoCandidate> compressed = planned;
-  compressed.insert(compressed.end(), defaults.begin(), defaults.end());
-  std::stable_sort(compressed.begin(), compressed.end(), by_prediction);
-  if (compressed.size() > settings.max_proposals) compressed.resize(settings.max_proposals);
+  std::stable_sort(compressed.begin(), compressed.end(),
+                   [](const auto& a, const auto& b) { return a.predicted_ms < b.predicted_ms; });
   // At least one default plan (few large buckets, what a user would write) is tried, the one
   // the model ranks best: the model can be wrong about it (the trials are there to find out),
   // and trials of plans of few and of many buckets let the fit tell a cost per message from a
-  // fixed overhead.
-  const bool has_default = std::any_of(compressed.begin(), compressed.end(), [&](const auto& c) {
-    return std::any_of(defaults.begin(), defaults.end(),
-                       [&](const auto& d) { return d.plan == c.plan; });
-  });
-  if (!has_default && !defaults.empty() && settings.max_proposals >= 2) {
-    compressed.back() = defaults.front();
+  // fixed overhead. When none is among the first max_proposals, the best moves to the last
+  // place kept.
+  if (compressed.size() > settings.max_proposals && settings.max_proposals >= 2) {
+    const auto is_default = [&](const auto& c) { return default_plans.contains(c.plan.hash()); };
+    const auto best_default = std::find_if(compressed.begin(), compressed.end(), is_default);
+    const auto last_kept =
+        compressed.begin() + static_cast<std::ptrdiff_t>(settings.max_proposals - 1);
+    if (best_default != compressed.end() && best_default > last_kept) {
+      std::rotate(last_kept, best_default, best_default + 1);
+    }
   }
+  if (compressed.size() > settings.max_proposals) compressed.resize(settings.max_proposals);
   std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
                                   1e3 * model::simulate(p, uncompressed, cost, sim).iteration_s, 0, 0,
                                   uncompressed}};

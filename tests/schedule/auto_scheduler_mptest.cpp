@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <memory>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -275,18 +276,25 @@ TEST(AutoScheduler, BacksOffWhenTheResidualKeepsGrowing) {
   expect_same_on_every_rank(decisions.dump());
 }
 
+// A new scheduler restored from what `first` saved; the plan restore() returns is first's.
+std::unique_ptr<AutoScheduler> resumed_from(const AutoScheduler& first) {
+  auto resumed = std::make_unique<AutoScheduler>(world(), model_tensors(), settings());
+  const auto plan = resumed->restore(first.save());
+  EXPECT_TRUE(plan.has_value());
+  if (plan) {
+    EXPECT_EQ(*plan, first.current_plan());
+  }
+  return resumed;
+}
+
 TEST(AutoScheduler, ASavedDecisionResumesWithoutANewSearch) {
   AutoScheduler first(world(), model_tensors(), settings());
   drive(first, 45, false);
   ASSERT_EQ(first.phase(), "decided");
-  const auto saved = first.save();
-  AutoScheduler resumed(world(), model_tensors(), settings());
-  const auto plan = resumed.restore(saved);
-  ASSERT_TRUE(plan.has_value());
-  EXPECT_EQ(*plan, first.current_plan());
-  EXPECT_EQ(resumed.phase(), "decided");
-  EXPECT_EQ(drive(resumed, 20, false), 0);  // no trials
-  EXPECT_NE(testing::error_text([&] { resumed.restore({{"version", 9}}); }), "no error");
+  const auto resumed = resumed_from(first);
+  EXPECT_EQ(resumed->phase(), "decided");
+  EXPECT_EQ(drive(*resumed, 20, false), 0);  // no trials
+  EXPECT_NE(testing::error_text([&] { resumed->restore({{"version", 9}}); }), "no error");
 }
 
 // A state saved during a trial resumes in that trial's plan (its compression state belongs to
@@ -295,19 +303,15 @@ TEST(AutoScheduler, AStateSavedDuringATrialResumesInItsPlanAndSearchesAgain) {
   AutoScheduler first(world(), model_tensors(), settings());
   drive(first, 6 + 3 + 4, false);  // the warm-up, the uncompressed trial, into the next one
   ASSERT_EQ(first.phase(), "trial");
-  const auto saved = first.save();
-  AutoScheduler resumed(world(), model_tensors(), settings());
-  const auto plan = resumed.restore(saved);
-  ASSERT_TRUE(plan.has_value());
-  EXPECT_EQ(*plan, first.current_plan());
-  drive(resumed, 1, false);
-  EXPECT_EQ(resumed.phase(), "trial");  // searching again, no new warm-up
-  drive(resumed, 40, false);
-  ASSERT_EQ(resumed.phase(), "decided");
-  const auto decisions = resumed.report()["decisions"];
+  const auto resumed = resumed_from(first);
+  drive(*resumed, 1, false);
+  EXPECT_EQ(resumed->phase(), "trial");  // searching again, no new warm-up
+  drive(*resumed, 40, false);
+  ASSERT_EQ(resumed->phase(), "decided");
+  const auto decisions = resumed->report()["decisions"];
   ASSERT_EQ(decisions.size(), 1u);
   EXPECT_NE(decisions[0]["reason"].get<std::string>().find("resumed"), std::string::npos);
-  expect_same_on_every_rank(resumed.current_plan().to_json().dump());
+  expect_same_on_every_rank(resumed->current_plan().to_json().dump());
 }
 
 TEST(AutoScheduler, BadSettingsAreSpecErrors) {
