@@ -71,6 +71,8 @@ class Engine {
   // Waits until every bucket of the step is written back and starts the next step. Tensors
   // not handed over are an Error naming them. Rethrows the first error of any bucket (with
   // its bucket and phase); after an error the engine is broken and every call throws.
+  // It returns, or throws, only once the engine has stopped writing into the gradients
+  // handed over (a collective stuck past the timeout aside): the caller may free them then.
   // A bucket whose mean holds NaN or Inf (an overflow: a loss scaler skips the step) ends the
   // step with its codec and feedback state as before it, on every rank; the step counter
   // still advances.

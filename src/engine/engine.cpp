@@ -54,6 +54,9 @@ struct Engine::Impl {
   void encode_bucket(size_t b);
   void fail(std::exception_ptr error);  // records the first error and wakes every waiter
   void throw_if_failed() const;         // under mutex
+  // synchronize()'s failure: waits until no stage thread works on this step's buffers (the
+  // caller's gradients among them), then throws the engine's error.
+  [[noreturn]] void fail_step(std::unique_lock<std::mutex>& lock);
   // Waits (under `lock`) until `done` or an error or shutdown; false on error or shutdown.
   template <class Pred>
   bool wait_for(std::unique_lock<std::mutex>& lock, Pred done);
@@ -98,6 +101,7 @@ struct Engine::Impl {
   uint64_t cycle = 0;
   bool stopping = false;
   std::exception_ptr error;
+  int working = 0;  // stage threads working outside the mutex, on the buckets' memory
   StepState step_state;
   StepStats stats;
   double next_lr = 0;
@@ -334,6 +338,14 @@ void Engine::Impl::throw_if_failed() const {
   if (error) std::rethrow_exception(error);
 }
 
+// A stage thread that is working finishes its piece (or fails it, at the transport's timeout)
+// and then stops, seeing the error: once synchronize() has thrown, the engine no longer writes
+// into the gradients the caller handed over, which the caller may free or reuse.
+void Engine::Impl::fail_step(std::unique_lock<std::mutex>& lock) {
+  changed.wait_for(lock, options.timeout, [&] { return working == 0; });
+  std::rethrow_exception(error);
+}
+
 template <class Pred>
 bool Engine::Impl::wait_for(std::unique_lock<std::mutex>& lock, Pred done) {
   changed.wait(lock, [&] { return done() || error || stopping; });
@@ -414,9 +426,12 @@ void Engine::Impl::encoder_loop() {
     if (!wait_for(lock, [&] { return !encode_queue.empty(); })) return;
     const size_t b = encode_queue.front();
     encode_queue.pop_front();
+    ++working;
     lock.unlock();
     encode_bucket(b);
     lock.lock();
+    --working;
+    changed.notify_all();  // synchronize() may be waiting for the stages to stop
   }
 }
 
@@ -428,17 +443,22 @@ void Engine::Impl::exchanger_loop() {
     try {
       for (size_t b = 0; b < buckets.size(); ++b) {
         if (!wait_for(lock, [&] { return buckets[b].encoded_step == current; })) return;
+        ++working;
         lock.unlock();
         const auto start = Clock::now();
         buckets[b].route->exchange(step_state, buckets[b].phases);
         const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
         lock.lock();
+        --working;
         exchange_seconds += seconds;
         buckets[b].exchanged_step = current;
         changed.notify_all();
       }
     } catch (...) {
-      if (!lock.owns_lock()) lock.lock();
+      if (!lock.owns_lock()) {
+        lock.lock();
+        --working;
+      }
       if (!error) error = std::current_exception();
       changed.notify_all();
       return;
@@ -454,6 +474,7 @@ void Engine::Impl::decoder_loop() {
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (!wait_for(lock, [&] { return buckets[b].exchanged_step == current; })) return;
       const bool norms = measure_norms;  // read under the lock: set between steps
+      ++working;
       lock.unlock();
       try {
         LiveBucket& bucket = buckets[b];
@@ -470,11 +491,13 @@ void Engine::Impl::decoder_loop() {
         bucket.phases.run("write back", [&] { bucket.give_back(); });
       } catch (...) {
         lock.lock();
+        --working;
         if (!error) error = std::current_exception();
         changed.notify_all();
         return;
       }
       lock.lock();
+      --working;
       buckets[b].decoded_step = current;
       changed.notify_all();
     }
@@ -486,7 +509,7 @@ void Engine::Impl::decoder_loop() {
 
 void Engine::Impl::synchronize() {
   std::unique_lock lock(mutex);
-  throw_if_failed();
+  if (error) fail_step(lock);
   std::vector<std::string> missing;
   for (size_t t = 0; t < slots.size(); ++t) {
     if (!slots[t].ready) missing.push_back(plan.tensors[t].name);
@@ -501,13 +524,13 @@ void Engine::Impl::synchronize() {
         missing.size(), step_state.step, fmt::join(head, ", "), missing.size() > shown ? ", ..." : "")));
     error = e;
     changed.notify_all();
-    std::rethrow_exception(e);
+    fail_step(lock);
   }
   const bool finished = wait_for(lock, [&] {
     return std::all_of(buckets.begin(), buckets.end(),
                        [&](const LiveBucket& b) { return b.decoded_step == cycle; });
   });
-  throw_if_failed();
+  if (error) fail_step(lock);
   if (!finished) throw Error("synchronize: the engine is shutting down");
   settle_step();
 
