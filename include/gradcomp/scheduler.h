@@ -95,6 +95,7 @@ struct AutoCandidate {
   uint64_t first_step = 0;   // the engine step its trial began
   Plan plan;                 // the plan itself
   int round = 1;             // 1: proposed by the model as calibrated; 2: as corrected by round 1
+  double noise_ms = 0;       // measured_ms's uncertainty, from the spread of the trial's steps
 };
 
 // One decision.

@@ -1,6 +1,7 @@
 #include "schedule/agreement.h"
 
 #include <algorithm>
+#include <cmath>
 #include <span>
 
 namespace gradcomp::schedule {
@@ -21,6 +22,16 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+double median_uncertainty(const std::vector<double>& values) {
+  if (values.size() < 2) return 0;
+  const double m = median(values);
+  std::vector<double> deviations;
+  deviations.reserve(values.size());
+  for (double v : values) deviations.push_back(std::fabs(v - m));
+  const double sigma = 1.4826 * median(std::move(deviations));  // the MAD as a normal sigma
+  return 1.2533 * sigma / std::sqrt(static_cast<double>(values.size()));
 }
 
 }  // namespace gradcomp::schedule

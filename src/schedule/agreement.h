@@ -16,4 +16,9 @@ std::vector<double> max_over_ranks(Transport& transport, std::vector<double> min
 // The median of `values` (the mean of the middle two when even); 0 when empty.
 double median(std::vector<double> values);
 
+// How far the median of `values` may lie from the true one: its standard error, from the
+// median absolute deviation (robust to the odd slow step) as 1.2533 * 1.4826 * MAD / sqrt(n),
+// which holds for normal noise. 0 for fewer than two values.
+double median_uncertainty(const std::vector<double>& values);
+
 }  // namespace gradcomp::schedule

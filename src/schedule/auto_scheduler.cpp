@@ -31,8 +31,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // A compressed plan must beat the uncompressed one by more than this share of its step time to
-// be kept: a difference within the noise of a few steps does not justify lossy compression.
+// be kept (and by more than the noise of the trials): a gain too small to see does not
+// justify lossy compression.
 constexpr double kMinGain = 0.03;
+// Two trials' medians differ in fact when they lie more than this many combined uncertainties
+// apart (about 95% confidence for normal noise).
+constexpr double kNoiseSpan = 2.0;
 constexpr int kSaveVersion = 1;
 
 double seconds_since(Clock::time_point start) {
@@ -62,7 +66,8 @@ std::string summarize(const Plan& plan) {
 
 json candidate_json(const AutoCandidate& c) {
   return {{"name", c.name}, {"summary", c.summary}, {"predicted_ms", c.predicted_ms},
-          {"measured_ms", c.measured_ms}, {"first_step", c.first_step}, {"round", c.round},
+          {"measured_ms", c.measured_ms}, {"noise_ms", c.noise_ms}, {"first_step", c.first_step},
+          {"round", c.round},
           {"plan", c.plan.to_json()}};
 }
 
@@ -135,6 +140,7 @@ struct AutoScheduler::Impl {
   std::optional<Plan> next_trial();
   std::optional<Plan> refine();
   std::optional<Plan> decide();
+  double tie_margin(size_t c, size_t fastest) const;  // decide(): see there
   std::optional<Plan> watch(double step_s);
   std::optional<Plan> watch_residuals();
   void prepare_health_if_due();
@@ -229,6 +235,7 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
       if (into + 1 < settings.trial_steps) return std::nullopt;
       const auto agreed = schedule::max_over_ranks(*transport, trial_times);
       search.candidates[trial].measured_ms = 1e3 * schedule::median(agreed);
+      search.candidates[trial].noise_ms = 1e3 * schedule::median_uncertainty(agreed);
       trial_times.clear();
       ++trial;
       if (trial < search.candidates.size()) return next_trial();
@@ -376,26 +383,53 @@ std::optional<Plan> AutoScheduler::Impl::refine() {
   return next_trial();
 }
 
+// How much slower than `fastest` candidate `c` may measure and still count as no slower: the
+// clock cannot tell them apart within their combined noise; for uncompressed (index 0) also
+// within kMinGain, the least gain that is worth a lossy codec.
+double AutoScheduler::Impl::tie_margin(size_t c, size_t fastest) const {
+  const auto& cs = search.candidates;
+  const double noise = kNoiseSpan * std::hypot(cs[c].noise_ms, cs[fastest].noise_ms);
+  return c == 0 ? std::max(noise, kMinGain * cs[0].measured_ms) : noise;
+}
+
+// Keeps the first candidate, in list order, that measured no slower than the fastest: the
+// order is a fixed preference (uncompressed first, then the model's ranking), so runs whose
+// clocks differ only by noise keep the same plan, and a lossy plan must beat uncompressed by
+// more than the noise and kMinGain.
 std::optional<Plan> AutoScheduler::Impl::decide() {
   auto& cs = search.candidates;
   const AutoCandidate& plain = cs.front();
-  size_t best = 0;
+  size_t fastest = 0;
   for (size_t i = 1; i < cs.size(); ++i) {
-    if (cs[i].measured_ms < cs[best].measured_ms) best = i;
+    if (cs[i].measured_ms < cs[fastest].measured_ms) fastest = i;
   }
-  if (best != 0 && cs[best].measured_ms > plain.measured_ms * (1 - kMinGain)) {
+  size_t best = fastest;
+  for (size_t i = 0; i < fastest; ++i) {
+    if (cs[i].measured_ms <= cs[fastest].measured_ms + tie_margin(i, fastest)) {
+      best = i;
+      break;
+    }
+  }
+  const auto ms = [](const AutoCandidate& c) {
+    return c.noise_ms > 0 ? fmt::format("{:.1f} ± {:.1f} ms", c.measured_ms, c.noise_ms)
+                          : fmt::format("{:.1f} ms", c.measured_ms);
+  };
+  if (best == 0 && fastest != 0) {
     search.why = fmt::format(
-        "nothing beat uncompressed ({:.1f} ms) by more than {:.0f}%: the fastest, {} , measured "
-        "{:.1f} ms; running uncompressed",
-        plain.measured_ms, 100 * kMinGain, cs[best].name, cs[best].measured_ms);
-    best = 0;
+        "nothing beat uncompressed ({}) by more than {:.1f} ms ({:.0f}% or the trials' noise, "
+        "the larger): the fastest, {}, measured {}; running uncompressed",
+        ms(plain), tie_margin(0, fastest), 100 * kMinGain, cs[fastest].name, ms(cs[fastest]));
   } else if (best == 0) {
-    search.why = fmt::format("nothing beat uncompressed ({:.1f} ms); running uncompressed",
-                             plain.measured_ms);
+    search.why = fmt::format("nothing beat uncompressed ({}); running uncompressed", ms(plain));
+  } else if (best != fastest) {
+    search.why = fmt::format(
+        "{} against {} uncompressed ({:.2f}x); the fastest, {} ({}), is within the trials' noise "
+        "of it, and the model ranked it first",
+        ms(cs[best]), ms(plain), plain.measured_ms / cs[best].measured_ms, cs[fastest].name,
+        ms(cs[fastest]));
   } else {
-    search.why = fmt::format("fastest measured: {:.1f} ms against {:.1f} ms uncompressed ({:.2f}x)",
-                             cs[best].measured_ms, plain.measured_ms,
-                             plain.measured_ms / cs[best].measured_ms);
+    search.why = fmt::format("fastest measured: {} against {} uncompressed ({:.2f}x)",
+                             ms(cs[best]), ms(plain), plain.measured_ms / cs[best].measured_ms);
   }
   search.kept = best;
   search.step = steps + 1;
@@ -408,8 +442,8 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   phase = Phase::kDecided;
   std::vector<std::string> lines;
   for (const auto& c : cs) {
-    lines.push_back(fmt::format("  {:<52} predicted {:8.1f} ms, measured {:8.1f} ms  [{}]", c.name,
-                                c.predicted_ms, c.measured_ms, c.summary));
+    lines.push_back(fmt::format("  {:<52} predicted {:8.1f} ms, measured {:8.1f} ± {:.1f} ms  [{}]",
+                                c.name, c.predicted_ms, c.measured_ms, c.noise_ms, c.summary));
   }
   mark("auto: decided", search_start, search);
   say(fmt::format("decided at step {}: kept '{}' ({}); search took {:.1f} s\n{}", steps,

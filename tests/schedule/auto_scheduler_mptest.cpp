@@ -217,6 +217,71 @@ TEST(AutoScheduler, NeverKeepsAPlanSlowerThanUncompressed) {
   EXPECT_NE(decision["why"].get<std::string>().find("uncompressed"), std::string::npos);
 }
 
+// A noisy clock: every step is `jitter` ms slower or faster than its plan's time, in turn (the
+// same on every rank), so each trial's median carries an uncertainty of about that size.
+int drive_noisy(AutoScheduler& scheduler, uint64_t steps, double jitter,
+                const std::function<double(const Plan&)>& ms_of) {
+  uint64_t step = 0;
+  return drive_on(scheduler, steps, [&](const Plan& p) {
+    return ms_of(p) + ((step++ % 2 == 0) ? jitter : -jitter);
+  });
+}
+
+bool is_compressed(const Plan& plan) {
+  return std::any_of(plan.buckets.begin(), plan.buckets.end(),
+                     [](const Bucket& b) { return b.option.codec != "none"; });
+}
+
+// Compressed plans measure 8-10% faster than uncompressed, more than kMinGain, but each step
+// is 10 ms off: the clock cannot tell them from uncompressed, so no lossy plan is kept.
+TEST(AutoScheduler, AGainWithinTheTrialsNoiseKeepsUncompressed) {
+  AutoScheduler scheduler(world(), model_tensors(), settings());
+  drive_noisy(scheduler, 45, 10, [](const Plan& p) {
+    return is_compressed(p) ? 90.0 + static_cast<double>(p.hash() % 3) : 100.0;
+  });
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto decision = scheduler.report()["decisions"][0];
+  EXPECT_EQ(decision["kept"].get<size_t>(), 0u) << decision["why"];
+  EXPECT_NE(decision["why"].get<std::string>().find("noise"), std::string::npos) << decision["why"];
+  for (const auto& c : decision["candidates"]) EXPECT_GT(c["noise_ms"].get<double>(), 5) << c["name"];
+  // Without the noise the same gain is kept.
+  AutoScheduler quiet(world(), model_tensors(), settings());
+  drive_noisy(quiet, 45, 0, [](const Plan& p) {
+    return is_compressed(p) ? 90.0 + static_cast<double>(p.hash() % 3) : 100.0;
+  });
+  ASSERT_EQ(quiet.phase(), "decided");
+  EXPECT_NE(quiet.report()["decisions"][0]["kept"].get<size_t>(), 0u);
+}
+
+// Compressed plans that the noisy clock cannot tell apart (they differ by less than the noise):
+// the first of them in the model's ranking is kept, whichever measured fastest, so repeated
+// runs keep the same plan.
+TEST(AutoScheduler, PlansWithinTheNoiseOfEachOtherKeepTheModelsFirst) {
+  AutoSettings s = settings();
+  s.max_proposals = 4;
+  s.link = model::Link{.bytes_per_s = 1.25e9, .latency_s = 50e-6};  // the same proposals always
+  s.codec_costs = model::CodecCosts::shipped();
+  AutoScheduler scheduler(world(), model_tensors(), s);
+  // Plans of fewer buckets are faster: the planner ranks plans of more buckets first here.
+  drive_noisy(scheduler, 60, 8, [](const Plan& p) {
+    return is_compressed(p) ? 60.0 + 0.5 * static_cast<double>(p.buckets.size()) : 100.0;
+  });
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto decision = scheduler.report()["decisions"][0];
+  const auto& cs = decision["candidates"];
+  ASSERT_GE(cs.size(), 3u);
+  size_t fastest = 1;
+  for (size_t i = 1; i < cs.size(); ++i) {
+    if (cs[i]["measured_ms"].get<double>() < cs[fastest]["measured_ms"].get<double>()) fastest = i;
+  }
+  ASSERT_NE(fastest, 1u) << "the test needs a fastest plan other than the model's first"
+                         << trials_text(decision);
+  EXPECT_EQ(decision["kept"].get<size_t>(), 1u) << decision["why"];
+  EXPECT_NE(decision["why"].get<std::string>().find("within the trials' noise"), std::string::npos)
+      << decision["why"];
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
 TEST(AutoScheduler, DecidesAgainWhenTheStepTimeDriftsAndNotOnNoise) {
   AutoScheduler scheduler(world(), model_tensors(), settings());
   drive(scheduler, 45, false);
