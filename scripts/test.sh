@@ -45,7 +45,7 @@ TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j 
   -R '^(Engine|PlanChange|OpQueue|(engine|plan_change)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
 stage "Python front end and the cluster benchmark's parts (pytest)"
-/usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster | tee build/pytest.log
+/usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/layout | tee build/pytest.log
 
 stage "fault injection (pytest), the fuzzers beside it"
 # The fault tests mostly wait (for a stopped rank's timeout): the fuzzers, at the lowest CPU

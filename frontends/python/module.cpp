@@ -20,7 +20,7 @@
 #include "gradcomp/torch/process_group_transport.h"
 #include "gradcomp/torch/sparse_rows.h"
 #include "gradcomp/transport.h"
-#include "route/route.h"
+#include "gradcomp/option.h"
 
 namespace py = pybind11;
 using namespace gradcomp;

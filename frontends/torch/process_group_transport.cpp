@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "gradcomp/error.h"
-#include "transport/op_queue.h"
-#include "transport/roll_call.h"
+#include "gradcomp/op_queue.h"
+#include "gradcomp/roll_call.h"
 
 namespace gradcomp::torch {
 namespace {

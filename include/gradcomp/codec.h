@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "gradcomp/dtype.h"
 #include "gradcomp/frame.h"
 
 namespace gradcomp {
@@ -49,16 +50,9 @@ enum class CodecId : uint8_t {
   kIntQ = 17,
 };
 
-// Element type of a summable payload, so a transport can add payloads element-wise.
-enum class DType : uint8_t { kNone, kF32, kF16, kBF16, kI8, kU8, kI32 };
-// How the frames of one round are combined across ranks.
-enum class ReduceOp : uint8_t { kSum, kMax };
 // How finalize() turns the sum of W decoded frames into the aggregate.
 enum class Aggregation : uint8_t { kMean, kMajorityVote };
 
-size_t dtype_size(DType type);
-// "f32", "f16", "bf16", "i8", "u8", "i32", or "none": for messages.
-const char* dtype_name(DType type);
 
 struct CodecTraits {
   // Payloads of frames encoded on different ranks add element-wise (as payload_type) into a

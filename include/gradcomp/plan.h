@@ -13,6 +13,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "gradcomp/option.h"
+
 namespace gradcomp {
 
 // The newest plan format: version 2 added tensor shapes. A plan is written in the lowest
@@ -35,39 +37,6 @@ struct TensorInfo {
 
   bool operator==(const TensorInfo&) const = default;
 };
-
-// Where a bucket's first encoding runs: on the thread that hands over the bucket's last
-// gradient (no hand-off latency, but it delays the backward pass), or on the engine's encoder
-// thread (overlaps with the backward pass).
-enum class EncodeOn { kEngine, kCaller };
-
-// How one bucket is compressed and routed.
-struct Option {
-  std::string codec = "none";     // codec spec, e.g. "topk:ratio=0.01"
-  std::string feedback = "none";  // worker-side feedback spec, e.g. "ef"
-  // Route spec: "allreduce", "allgather", "twoway" (server_feedback=<spec>),
-  // "hierarchical" (inner=allreduce|allgather|twoway, intra=none|fp16).
-  std::string route = "allreduce";
-  EncodeOn encode_on = EncodeOn::kEngine;
-  // Warm-up: engine steps before this one exchange the bucket uncompressed (the exact float32
-  // mean, a plain allreduce), leaving the codec and feedback untouched; from this step on the
-  // option runs as written. Published recipes (PowerSGD's start_powerSGD_iter) avoid the
-  // accuracy loss of compressing the first steps this way. 0: compress from the first step.
-  uint64_t start_step = 0;
-
-  bool operator==(const Option&) const = default;
-};
-
-// Parses the short form users type, "codec[|feedback[|route[|start=N]]]" (e.g. "fp16",
-// "topk:ratio=0.01|ef", "qsgd||twoway", "topk:ratio=0.01|ef||start=500"). A missing feedback is
-// "none"; a missing route is "allreduce" when the codec's frames can be summed and "allgather"
-// otherwise; start=N sets Option::start_step (default 0). Throws SpecError naming the unknown
-// codec, feedback or route and listing the available ones, or the malformed start field.
-Option parse_option(const std::string& text);
-
-// Whether the option text names its route (a non-empty third field): "qsgd||twoway" does,
-// "qsgd" and "efsignsgd|ef||start=469" do not (parse_option fills in the default route).
-bool option_names_route(const std::string& text);
 
 // A group of tensors fused into one buffer, in the order listed, and sent together.
 struct Bucket {

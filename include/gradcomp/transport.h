@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "gradcomp/codec.h"
+#include "gradcomp/dtype.h"
 
 namespace gradcomp {
 

@@ -46,23 +46,6 @@ constexpr Entry kCodecs[] = {
 
 }  // namespace
 
-size_t dtype_size(DType type) {
-  switch (type) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kF16:
-    case DType::kBF16:
-      return 2;
-    case DType::kI8:
-    case DType::kU8:
-      return 1;
-    case DType::kNone:
-      break;
-  }
-  return 0;
-}
-
 const std::vector<std::string>& codec_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
@@ -133,19 +116,6 @@ void Codec::load_state(std::span<const std::byte> state) {
     throw Error(fmt::format("codec '{}' keeps no state, but a state of {} bytes was given",
                             name(), state.size()));
   }
-}
-
-const char* dtype_name(DType type) {
-  switch (type) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
-    case DType::kI32: return "i32";
-    case DType::kNone: break;
-  }
-  return "none";
 }
 
 namespace {

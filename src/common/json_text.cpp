@@ -1,4 +1,4 @@
-#include "common/json_text.h"
+#include "gradcomp/json_text.h"
 
 #include <fmt/format.h>
 

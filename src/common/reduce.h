@@ -19,7 +19,7 @@
 
 #include "common/half.h"
 #include "common/reduce_simd.h"
-#include "gradcomp/codec.h"
+#include "gradcomp/dtype.h"
 
 namespace gradcomp::reduce {
 

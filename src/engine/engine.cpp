@@ -181,7 +181,7 @@ void Engine::Impl::release_after_failure() {
 
 bool Engine::Impl::hierarchical_plan() const {
   return std::any_of(plan.buckets.begin(), plan.buckets.end(), [](auto& b) {
-    return b.option.route.rfind("hierarchical", 0) == 0;
+    return route_kind(b.option.route) == RouteKind::kHierarchical;
   });
 }
 

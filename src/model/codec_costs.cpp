@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/json_text.h"
+#include "gradcomp/json_text.h"
 #include "gradcomp/error.h"
 #include "gradcomp/model/cost_model.h"
 #include "gradcomp/spec.h"

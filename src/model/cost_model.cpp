@@ -154,7 +154,7 @@ class OptionCache {
 
   std::unique_ptr<RouteModel> build(const Option& option) const;
   std::unique_ptr<RouteModel> build_flat(const Option& option, const std::string& route,
-                                         const std::string& server_feedback) const;
+                                         RouteKind kind, const std::string& server_feedback) const;
 
   CodecCosts costs_;
   Linear pass_, to_half_, from_half_;
@@ -171,33 +171,40 @@ bool is_none(const std::string& spec, std::string_view what) {
 }  // namespace
 
 std::unique_ptr<RouteModel> OptionCache::build_flat(const Option& option, const std::string& route,
+                                                    RouteKind kind,
                                                     const std::string& server_feedback) const {
   auto m = std::make_unique<RouteModel>();
   m->codec = make_codec(option.codec);
   m->traits = m->codec->traits();
   m->feedback = !is_none(make_feedback(option.feedback)->spec(), "feedback");
   route::check_codec_fits(route, *m->codec);
-  if (route == "allreduce" && m->codec->id() == CodecId::kNone && !m->feedback) {
+  if (kind == RouteKind::kAllreduce && m->codec->id() == CodecId::kNone && !m->feedback) {
     m->kind = RouteModel::Kind::kDirect;  // the raw float32 buffer: no codec cost needed
     return m;
   }
   m->cost = costs_.of(m->codec->name());
-  if (route == "allreduce") m->kind = RouteModel::Kind::kAllreduce;
-  if (route == "allgather") m->kind = RouteModel::Kind::kAllgather;
-  if (route == "twoway") {
-    m->kind = RouteModel::Kind::kTwoway;
-    m->server_feedback = !is_none(server_feedback, "feedback");
+  switch (kind) {
+    case RouteKind::kAllreduce: m->kind = RouteModel::Kind::kAllreduce; break;
+    case RouteKind::kAllgather: m->kind = RouteModel::Kind::kAllgather; break;
+    case RouteKind::kTwoway:
+      m->kind = RouteModel::Kind::kTwoway;
+      m->server_feedback = !is_none(server_feedback, "feedback");
+      break;
+    case RouteKind::kHierarchical:
+      throw Error(fmt::format("route '{}' is not a flat route", route));
   }
   return m;
 }
 
 std::unique_ptr<RouteModel> OptionCache::build(const Option& option) const {
   const route::RouteSpec spec = route::parse_route_spec(option);
-  if (spec.name != "hierarchical") return build_flat(option, spec.name, spec.server_feedback);
+  if (spec.kind != RouteKind::kHierarchical) {
+    return build_flat(option, spec.name, spec.kind, spec.server_feedback);
+  }
   auto m = std::make_unique<RouteModel>();
   m->kind = RouteModel::Kind::kHierarchical;
   m->intra_fp16 = spec.intra_fp16;
-  m->inner = build_flat(option, spec.inner, spec.server_feedback);
+  m->inner = build_flat(option, spec.inner, spec.inner_kind, spec.server_feedback);
   return m;
 }
 

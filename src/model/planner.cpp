@@ -18,6 +18,7 @@
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
+#include "route/routes.h"
 
 namespace gradcomp::model {
 namespace {
@@ -369,10 +370,14 @@ std::vector<Option> candidate_options(const PlannerSettings& settings, const Clu
     if (route_given) {
       routes.push_back(parsed.route);
     } else {
-      if (traits.summable) routes.push_back("allreduce");
-      if (traits.rounds == 1 && !lossless) routes.push_back("allgather");
-      if (traits.rounds == 1 && traits.shardable && !lossless && !settings.one_lossy_step &&
-          cluster.workers > 1) {
+      // Every route the codec fits (the route table says), but no gathering or sharding of
+      // uncompressed frames, and two lossy steps only when allowed.
+      if (route::route_fits(RouteKind::kAllreduce, traits)) routes.push_back("allreduce");
+      if (route::route_fits(RouteKind::kAllgather, traits) && !lossless) {
+        routes.push_back("allgather");
+      }
+      if (route::route_fits(RouteKind::kTwoway, traits) && !lossless &&
+          !settings.one_lossy_step && cluster.workers > 1) {
         routes.push_back("twoway");
       }
       if (multi_node) {

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "common/json_text.h"
+#include "gradcomp/json_text.h"
 #include "gradcomp/error.h"
 
 #ifndef GRADCOMP_PROFILES_DIR

@@ -90,17 +90,18 @@ UtilityMethod utility_method(const std::string& codec_spec, double gradient_elem
   m.schedule = schedule;
   m.lambda = lambda;
   const bool feedback = Spec::parse(make_feedback(option.feedback)->spec(), "feedback").name() != "none";
-  if (codec->id() == CodecId::kNone && !feedback && option.route == "allreduce") {
+  const RouteKind kind = route_kind(option.route);
+  if (codec->id() == CodecId::kNone && !feedback && kind == RouteKind::kAllreduce) {
     m.name = "syncSGD";  // DDP itself: the raw gradient, nothing to encode
     return m;
   }
-  if (option.route != "allreduce" && option.route != "allgather") {
+  if (kind != RouteKind::kAllreduce && kind != RouteKind::kAllgather) {
     throw Error(fmt::format("utility model: '{}': route '{}' is not modelled; allowed: "
                             "allreduce, allgather",
                             codec_spec, option.route));
   }
   m.ratio = 32 / traits.bits_per_element;
-  m.collective = option.route == "allreduce" ? Collective::kAllreduce : Collective::kAllgather;
+  m.collective = kind == RouteKind::kAllreduce ? Collective::kAllreduce : Collective::kAllgather;
   m.rounds = m.collective == Collective::kAllreduce ? traits.rounds : 1;
   const CodecCost& cost = codecs.of(codec->name());
   const CodecCost* none = codecs.find("none");

@@ -6,7 +6,6 @@
 
 #include "gradcomp/error.h"
 #include "gradcomp/plan.h"
-#include "route/route.h"
 
 namespace gradcomp {
 namespace {

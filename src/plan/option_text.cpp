@@ -8,7 +8,6 @@
 #include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
 #include "gradcomp/plan.h"
-#include "route/route.h"
 
 namespace gradcomp {
 namespace {

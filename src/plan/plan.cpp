@@ -20,8 +20,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
 #include "gradcomp/feedback.h"
-#include "common/json_text.h"
-#include "route/route.h"
+#include "gradcomp/json_text.h"
 
 namespace gradcomp {
 namespace {

@@ -9,52 +9,31 @@
 #include <cstring>
 
 #include "gradcomp/error.h"
-#include "route/frames.h"
-#include "route/routes.h"
+#include "route/flat_route.h"
 
 namespace gradcomp::route {
 namespace {
 
 constexpr const char* kName = "allreduce";
 
-class AllreduceRoute final : public Route {
+class AllreduceRoute final : public CodedRoute {
  public:
   explicit AllreduceRoute(const RouteConfig& config);
 
   void encode(std::span<float> grad, const StepState& step, const Phases& p) override;
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
-
-  bool stateful() const override { return keeper_.stateful(); }
-  void settle(bool keep, const StepState& step) override { keeper_.settle(keep, step); }
-  double carry(std::span<float> into) const override {
-    feedback_->add_unsent(into);
-    return keeper_.memory_scale();
-  }
-  size_t bytes_sent() const override { return sent_; }
   size_t memory_bytes() const override;
-  std::vector<std::byte> save_state() const override;
-  void load_state(std::span<const std::byte> state) override;
 
  private:
-  Context context(const StepState& step) const {
-    return codec_context(env_, bucket_, step, rank_, world_size_);
-  }
+  Context context(const StepState& step) const { return CodedRoute::context(step, rank_); }
   // Allreduces the payload of `frame` (its first `bytes` bytes) and waits.
   void reduce_payload(std::span<std::byte> frame, size_t bytes, DType type, ReduceOp op,
                       const char* phase, const Phases& p);
   void run_early_rounds(const StepState& step, const Phases& p);
   void reduce_last_round(const Phases& p);
 
-  Transport& world_;
-  RouteEnv env_;
-  size_t bucket_;
-  size_t n_;
-  uint32_t rank_;
-  uint32_t world_size_;
-  std::unique_ptr<Codec> codec_;
-  std::unique_ptr<Feedback> feedback_;
-  StepKeeper keeper_;
+  Codec& codec_;
   CodecTraits traits_;
   bool direct_;  // codec none, feedback none: the bucket itself is allreduced
   std::span<float> bucket_data_;  // the direct path: the engine's bucket buffer of this step
@@ -67,48 +46,35 @@ class AllreduceRoute final : public Route {
   size_t round_bytes_ = 0;
   size_t frame_bytes_ = 0;
   int32_t non_finite_ = 0;  // OR-ed across ranks (as a max) when the payload cannot carry it
-  size_t sent_ = 0;
 };
 
 AllreduceRoute::AllreduceRoute(const RouteConfig& c)
-    : world_(*c.env.world),
-      env_(c.env),
-      bucket_(c.bucket),
-      n_(c.elements),
-      rank_(static_cast<uint32_t>(world_.rank())),
-      world_size_(static_cast<uint32_t>(world_.size())),
-      codec_(make_bucket_codec(c)),
-      feedback_(make_feedback(c.feedback)),
-      keeper_({feedback_.get()}, {codec_.get()}),
-      traits_(codec_->traits()),
-      direct_(codec_->id() == CodecId::kNone && feedback_->spec() == "none") {
-  check_codec_fits(kName, *codec_);
+    : CodedRoute(kName, c),
+      codec_(coder_.codec()),
+      traits_(codec_.traits()),
+      direct_(codec_.id() == CodecId::kNone && coder_.feedback().spec() == "none") {
   if (direct_) return;
-  frame_.resize(codec_->max_frame_bytes(n_));
+  frame_.resize(codec_.max_frame_bytes(n_));
   size_t round_max = 0;
   for (int r = 0; r + 1 < traits_.rounds; ++r) {
-    round_max = std::max(round_max, codec_->max_round_bytes(r, n_));
+    round_max = std::max(round_max, codec_.max_round_bytes(r, n_));
   }
   round_frame_.resize(round_max);
 }
 
 void AllreduceRoute::encode(std::span<float> grad, const StepState& step, const Phases& p) {
-  check_length(kName, bucket_, "gradient", grad.size(), n_);
-  sent_ = 0;
+  start_step(grad);
   p.run("encode", [&] {
     if (direct_) {
       bucket_data_ = grad;
       return;
     }
-    const StepInfo info = keeper_.info(step, world_size_);
     if (traits_.rounds == 1) {  // the whole encoding happens here; grad is read only now
-      const auto x = feedback_->compensate(grad, info);
-      frame_bytes_ = codec_->encode(x, frame_, context(step), feedback_->residual());
-      feedback_->commit();
+      frame_bytes_ = coder_.encode(grad, frame_, context(step), step, world_size_);
       return;
     }
-    x_ = feedback_->compensate(grad, info);
-    round_bytes_ = codec_->encode_round(0, x_, round_frame_, context(step));
+    x_ = coder_.compensate(grad, step, world_size_);
+    round_bytes_ = codec_.encode_round(0, x_, round_frame_, context(step));
   });
 }
 
@@ -123,17 +89,14 @@ void AllreduceRoute::reduce_payload(std::span<std::byte> frame, size_t bytes, DT
 void AllreduceRoute::run_early_rounds(const StepState& step, const Phases& p) {
   const Context ctx = context(step);
   for (int r = 0; r + 1 < traits_.rounds; ++r) {
-    if (r > 0) p.run("encode", [&] { round_bytes_ = codec_->encode_round(r, x_, round_frame_, ctx); });
+    if (r > 0) p.run("encode", [&] { round_bytes_ = codec_.encode_round(r, x_, round_frame_, ctx); });
     const auto phase = r == 0 ? "round 0" : "round";
-    reduce_payload(round_frame_, round_bytes_, DType::kF32, codec_->round_op(r), phase, p);
+    reduce_payload(round_frame_, round_bytes_, DType::kF32, codec_.round_op(r), phase, p);
     const auto frame = std::span(round_frame_).first(round_bytes_);
     finish_summed_header(frame, world_size_, frame_non_finite(frame));
-    p.run("absorb", [&] { codec_->absorb_round(r, frame, ctx); });
+    p.run("absorb", [&] { codec_.absorb_round(r, frame, ctx); });
   }
-  p.run("encode", [&] {
-    frame_bytes_ = codec_->encode(x_, frame_, ctx, feedback_->residual());
-    feedback_->commit();
-  });
+  p.run("encode", [&] { frame_bytes_ = coder_.finish(x_, frame_, ctx); });
 }
 
 void AllreduceRoute::reduce_last_round(const Phases& p) {
@@ -168,12 +131,12 @@ void AllreduceRoute::exchange(const StepState& step, const Phases& p) {
   reduce_last_round(p);
   if (traits_.rounds > 1) {  // e.g. PowerSGD keeps the aggregated Q as its warm start
     const auto frame = std::span<const std::byte>(frame_).first(frame_bytes_);
-    p.run("absorb", [&] { codec_->absorb_round(traits_.rounds - 1, frame, context(step)); });
+    p.run("absorb", [&] { codec_.absorb_round(traits_.rounds - 1, frame, context(step)); });
   }
 }
 
 void AllreduceRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
-  check_length(kName, bucket_, "output", out.size(), n_);
+  check_output(out);
   p.run("decode", [&] {
     if (direct_) {
       // Exactly what decode_accumulate into zeros and finalize give (0 + x turns -0 into +0),
@@ -184,24 +147,13 @@ void AllreduceRoute::decode(std::span<float> out, const StepState& step, const P
       return;
     }
     zero(out);
-    codec_->decode_accumulate(std::span(frame_).first(frame_bytes_), out, context(step));
-    codec_->finalize(out, world_size_);
+    codec_.decode_accumulate(std::span(frame_).first(frame_bytes_), out, context(step));
+    codec_.finalize(out, world_size_);
   });
 }
 
 size_t AllreduceRoute::memory_bytes() const {
-  return round_frame_.size() + frame_.size() + feedback_->memory_bytes();
-}
-
-std::vector<std::byte> AllreduceRoute::save_state() const {
-  return save_parts(kName, {n_, world_size_}, {codec_->save_state(), feedback_->save_state()});
-}
-
-void AllreduceRoute::load_state(std::span<const std::byte> state) {
-  const auto parts = load_parts(kName, state, {n_, world_size_}, 2);
-  codec_->load_state(parts[0]);
-  feedback_->load_state(parts[1]);
-  keeper_.forget();
+  return round_frame_.size() + frame_.size() + coder_.memory_bytes();
 }
 
 }  // namespace

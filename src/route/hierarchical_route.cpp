@@ -84,6 +84,7 @@ HierarchicalRoute::HierarchicalRoute(const RouteConfig& c)
   if (!leader_) return;
   RouteConfig inner = c;
   inner.spec.name = c.spec.inner;
+  inner.spec.kind = c.spec.inner_kind;
   inner.env.world = c.env.leaders;
   inner.env.intra = nullptr;
   inner.env.leaders = nullptr;

@@ -1,4 +1,5 @@
-// make_route, check_route and route_names: parsing and checking Option::route; Phases.
+// The route table, make_route, check_route and route_names: parsing and checking
+// Option::route; Phases.
 #include "route/route.h"
 
 #include <fmt/format.h>
@@ -11,12 +12,6 @@
 #include "route/routes.h"
 
 namespace gradcomp {
-
-const std::vector<std::string>& route_names() {
-  static const std::vector<std::string> names = {"allreduce", "allgather", "twoway",
-                                                 "hierarchical"};
-  return names;
-}
 
 void Phases::wait(const WorkPtr& work, const char* phase, Clock::time_point issued) const {
   // The transport's message says what failed; the prefix says which bucket and phase, the
@@ -38,19 +33,55 @@ void Phases::record(const char* phase, Clock::time_point start, Clock::time_poin
 namespace route {
 namespace {
 
-const std::vector<std::string> kInnerRoutes = {"allreduce", "allgather", "twoway"};
+// Why a codec of traits `t` cannot travel over a route of the kind; empty when it can.
+std::string summed_misfit(const CodecTraits& t) { return t.summable ? "" : "is not summable"; }
+std::string gathered_misfit(const CodecTraits& t) {
+  if (t.rounds <= 1) return {};
+  return fmt::format("has {} rounds (communication between phases needs route 'allreduce')",
+                     t.rounds);
+}
+std::string sharded_misfit(const CodecTraits& t) {
+  if (!t.shardable) return "is not shardable";
+  return t.rounds > 1 ? fmt::format("has {} rounds", t.rounds) : "";
+}
+std::string inner_decides(const CodecTraits&) { return {}; }
+
+// The route table: a row per route, as the codec table has a row per codec. A new route is a
+// file with its factory (routes.h) and a row here.
+struct RouteRow {
+  const char* name;
+  RouteKind kind;
+  std::string (*misfit)(const CodecTraits&);
+  std::unique_ptr<Route> (*make)(const RouteConfig&);
+  bool needs_nodes;  // the engine splits the world into nodes (RouteEnv::intra, leaders)
+};
+
+const RouteRow kRoutes[] = {
+    {"allreduce", RouteKind::kAllreduce, summed_misfit, make_allreduce_route, false},
+    {"allgather", RouteKind::kAllgather, gathered_misfit, make_allgather_route, false},
+    {"twoway", RouteKind::kTwoway, sharded_misfit, make_twoway_route, false},
+    {"hierarchical", RouteKind::kHierarchical, inner_decides, make_hierarchical_route, true},
+};
+
+const RouteRow& row_of(RouteKind kind) {
+  for (const auto& r : kRoutes) {
+    if (r.kind == kind) return r;
+  }
+  throw Error("route table: a route kind without a row");
+}
+
+// The flat routes (those a hierarchical route may run among node leaders), for messages.
+std::vector<std::string> flat_route_names() {
+  std::vector<std::string> names;
+  for (const auto& r : kRoutes) {
+    if (!r.needs_nodes) names.emplace_back(r.name);
+  }
+  return names;
+}
 
 // Why `codec` cannot travel over `route`, or empty when it can.
 std::string misfit(const std::string& route, const CodecTraits& t) {
-  if (route == "allreduce" && !t.summable) return "is not summable";
-  if (route == "allgather" && t.rounds > 1) {
-    return fmt::format("has {} rounds (communication between phases needs route 'allreduce')",
-                       t.rounds);
-  }
-  if (route == "twoway" && (!t.shardable || t.rounds > 1)) {
-    return !t.shardable ? "is not shardable" : fmt::format("has {} rounds", t.rounds);
-  }
-  return {};
+  return row_of(route_kind(route)).misfit(t);
 }
 
 // The codecs (at their default parameters) that fit `route`, for error messages.
@@ -73,10 +104,6 @@ std::string default_server_feedback(const std::string& worker) {
   return name == "ef" || name == "none" ? worker : "ef";
 }
 
-bool is_one_of(const std::string& name, const std::vector<std::string>& names) {
-  return std::find(names.begin(), names.end(), name) != names.end();
-}
-
 // Fails unless `text` is a feedback spec make_feedback accepts.
 void check_feedback(const std::string& text) { make_feedback(text); }
 
@@ -86,15 +113,15 @@ RouteSpec parse_route_spec(const Option& option) {
   Spec spec = Spec::parse(option.route, "route");
   RouteSpec out;
   out.name = spec.name();
-  if (!is_one_of(out.name, route_names())) {
-    throw SpecError(fmt::format("unknown route '{}'; available routes: {}", out.name,
-                                fmt::join(route_names(), ", ")));
-  }
-  if (out.name == "hierarchical") {
-    out.inner = spec.get_choice("inner", "allreduce", kInnerRoutes);
+  out.kind = route_kind(out.name);
+  if (out.kind == RouteKind::kHierarchical) {
+    out.inner = spec.get_choice("inner", "allreduce", flat_route_names());
+    out.inner_kind = route_kind(out.inner);
     out.intra_fp16 = spec.get_choice("intra", "none", {"none", "fp16"}) == "fp16";
   }
-  const bool has_server = out.name == "twoway" || out.inner == "twoway";
+  const auto server_side = RouteKind::kTwoway;
+  const bool has_server = out.kind == server_side ||
+                          (out.kind == RouteKind::kHierarchical && out.inner_kind == server_side);
   if (has_server || spec.has("server_feedback")) {
     if (!has_server) {
       spec.fail(
@@ -124,26 +151,49 @@ std::unique_ptr<Codec> make_bucket_codec(const RouteConfig& config) {
   return codec;
 }
 
+bool route_fits(RouteKind kind, const CodecTraits& traits) {
+  return row_of(kind).misfit(traits).empty();
+}
+
 std::unique_ptr<Route> make_flat_route(const RouteConfig& config) {
   const std::string& name = config.spec.name;
   if (config.env.world == nullptr) {
     throw Error(fmt::format("route '{}' needs a transport (RouteEnv::world is null)", name));
   }
-  if (name == "allreduce") return make_allreduce_route(config);
-  if (name == "allgather") return make_allgather_route(config);
-  if (name == "twoway") return make_twoway_route(config);
-  throw Error(fmt::format("route '{}' is not a flat route; allowed: {}", name,
-                          fmt::join(kInnerRoutes, ", ")));
+  const RouteRow& row = row_of(config.spec.kind);
+  if (row.needs_nodes) {
+    throw Error(fmt::format("route '{}' is not a flat route; allowed: {}", name,
+                            fmt::join(flat_route_names(), ", ")));
+  }
+  return row.make(config);
 }
 
 }  // namespace route
+
+const std::vector<std::string>& route_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& r : route::kRoutes) v.emplace_back(r.name);
+    return v;
+  }();
+  return names;
+}
+
+RouteKind route_kind(const std::string& route) {
+  const std::string name = Spec::parse(route, "route").name();
+  for (const auto& r : route::kRoutes) {
+    if (name == r.name) return r.kind;
+  }
+  throw SpecError(fmt::format("unknown route '{}'; available routes: {}", name,
+                              fmt::join(route_names(), ", ")));
+}
 
 void check_route(const Option& option) {
   const route::RouteSpec spec = route::parse_route_spec(option);
   const auto codec = make_codec(option.codec);
   route::check_feedback(option.feedback);
   if (!spec.server_feedback.empty()) route::check_feedback(spec.server_feedback);
-  route::check_codec_fits(spec.name == "hierarchical" ? spec.inner : spec.name, *codec);
+  route::check_codec_fits(spec.kind == RouteKind::kHierarchical ? spec.inner : spec.name, *codec);
 }
 
 namespace {
@@ -158,8 +208,8 @@ std::unique_ptr<Route> make_option_route(const Option& option, size_t bucket, si
                             .elements = elements,
                             .layout = {layout.begin(), layout.end()},
                             .env = env};
-  if (config.spec.name == "hierarchical") return route::make_hierarchical_route(config);
-  return route::make_flat_route(config);
+  const auto& row = route::row_of(config.spec.kind);
+  return row.needs_nodes ? row.make(config) : route::make_flat_route(config);
 }
 
 }  // namespace

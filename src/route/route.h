@@ -27,7 +27,7 @@
 
 #include "gradcomp/codec.h"
 #include "gradcomp/feedback.h"
-#include "gradcomp/plan.h"
+#include "gradcomp/option.h"
 #include "gradcomp/timeline.h"
 #include "gradcomp/transport.h"
 
@@ -126,9 +126,5 @@ class Route {
 // that compress each tensor on its own use it.
 std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
                                   const RouteEnv& env, std::span<const TensorShape> layout = {});
-// The route names make_route accepts.
-const std::vector<std::string>& route_names();
-// Checks an option without building it (plan validation): the same errors as make_route.
-void check_route(const Option& option);
 
 }  // namespace gradcomp

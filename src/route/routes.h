@@ -17,8 +17,10 @@ namespace gradcomp::route {
 // "hierarchical:inner=allreduce|allgather|twoway,intra=none|fp16[,server_feedback=<name>]".
 struct RouteSpec {
   std::string name;
+  RouteKind kind = RouteKind::kAllreduce;
   std::string server_feedback;    // twoway: the server-side feedback spec
   std::string inner = "allreduce";  // hierarchical: the route among node leaders
+  RouteKind inner_kind = RouteKind::kAllreduce;
   bool intra_fp16 = false;          // hierarchical: reduce inside the node as float16
 };
 
@@ -42,6 +44,9 @@ RouteSpec parse_route_spec(const Option& option);
 // Throws Error when `codec` cannot travel over route `name` (not for hierarchical: pass its
 // inner route).
 void check_codec_fits(const std::string& name, const Codec& codec);
+// Whether codecs of `traits` can travel over a flat route of `kind` (for hierarchical, its
+// inner route decides).
+bool route_fits(RouteKind kind, const CodecTraits& traits);
 
 std::unique_ptr<Route> make_allreduce_route(const RouteConfig& config);
 std::unique_ptr<Route> make_allgather_route(const RouteConfig& config);

@@ -14,15 +14,14 @@
 #include <numeric>
 
 #include "gradcomp/error.h"
-#include "route/frames.h"
-#include "route/routes.h"
+#include "route/flat_route.h"
 
 namespace gradcomp::route {
 namespace {
 
 constexpr const char* kName = "twoway";
 
-class TwowayRoute final : public Route {
+class TwowayRoute final : public FlatRoute {
  public:
   explicit TwowayRoute(const RouteConfig& config);
 
@@ -30,10 +29,13 @@ class TwowayRoute final : public Route {
   void exchange(const StepState& step, const Phases& p) override;
   void decode(std::span<float> out, const StepState& step, const Phases& p) override;
 
-  bool stateful() const override { return keeper_.stateful(); }
-  void settle(bool keep, const StepState& step) override { keeper_.settle(keep, step); }
+  bool stateful() const override { return worker_.stateful() || server_.stateful(); }
+  // Both sides: the step is kept or rolled back whole.
+  void settle(bool keep, const StepState& step) override {
+    worker_.settle(keep, step);
+    server_.settle(keep, step);
+  }
   double carry(std::span<float> into) const override;
-  size_t bytes_sent() const override { return sent_; }
   size_t memory_bytes() const override;
   std::vector<std::byte> save_state() const override;
   void load_state(std::span<const std::byte> state) override;
@@ -42,23 +44,14 @@ class TwowayRoute final : public Route {
   // Worker frames of shard s are keyed by (bucket, s, worker), the server's by (bucket, s,
   // server); `rank` is the encoding rank, used again to decode.
   Context context(const StepState& step, uint32_t shard, bool server, uint32_t rank) const {
-    return codec_context(env_, shard_key(bucket_, shard, server), step, rank, world_size_);
+    return FlatRoute::context(step, shard_key(bucket_, shard, server), rank);
   }
   void send_shards(const Phases& p);
   void serve(const StepState& step, const Phases& p);
   void gather_results(const Phases& p);
 
-  Transport& world_;
-  RouteEnv env_;
-  size_t bucket_;
-  size_t n_;
-  uint32_t rank_;
-  uint32_t world_size_;
-  std::unique_ptr<Codec> codec_;         // worker side
-  std::unique_ptr<Codec> server_codec_;  // server side (its own object: codecs may keep state)
-  std::unique_ptr<Feedback> feedback_;
-  std::unique_ptr<Feedback> server_feedback_;
-  StepKeeper keeper_;  // both feedbacks and both codecs: the step is kept or rolled back whole
+  Coder worker_;
+  Coder server_;  // its own codec object: codecs may keep state
   std::vector<Range> shards_;
   std::vector<size_t> max_frames_;  // the largest frame of each shard
   size_t my_max_frame_;             // ... of this rank's shard
@@ -76,29 +69,22 @@ class TwowayRoute final : public Route {
   std::vector<uint64_t> result_sizes_;    // every server's frame size
   std::vector<size_t> result_counts_;
   Buffer<std::byte> results_;        // every server's frame, shard order
-  size_t sent_ = 0;
 };
 
 TwowayRoute::TwowayRoute(const RouteConfig& c)
-    : world_(*c.env.world),
-      env_(c.env),
-      bucket_(c.bucket),
-      n_(c.elements),
-      rank_(static_cast<uint32_t>(world_.rank())),
-      world_size_(static_cast<uint32_t>(world_.size())),
-      codec_(make_codec(c.codec)),
-      server_codec_(make_codec(c.codec)),
-      feedback_(make_feedback(c.feedback)),
-      server_feedback_(make_feedback(c.spec.server_feedback.empty() ? c.feedback
-                                                                    : c.spec.server_feedback)),
-      keeper_({feedback_.get(), server_feedback_.get()}, {codec_.get(), server_codec_.get()}) {
-  check_codec_fits(kName, *codec_);
+    : FlatRoute(kName, c),
+      worker_(make_codec(c.codec), make_feedback(c.feedback)),
+      server_(make_codec(c.codec), make_feedback(c.spec.server_feedback.empty()
+                                                     ? c.feedback
+                                                     : c.spec.server_feedback)) {
+  const Codec& codec = worker_.codec();
+  check_codec_fits(kName, codec);
   for (uint32_t s = 0; s < world_size_; ++s) {
     shards_.push_back(shard_range(n_, s, world_size_));
-    max_frames_.push_back(codec_->max_frame_bytes(shards_.back().size()));
+    max_frames_.push_back(codec.max_frame_bytes(shards_.back().size()));
   }
   my_max_frame_ = max_frames_[rank_];
-  fixed_ = codec_->traits().fixed_frame_size;
+  fixed_ = codec.traits().fixed_frame_size;
   const size_t all_frames = std::accumulate(max_frames_.begin(), max_frames_.end(), size_t{0});
   sent_frames_.resize(all_frames);
   send_sizes_.resize(world_size_);
@@ -114,24 +100,26 @@ TwowayRoute::TwowayRoute(const RouteConfig& c)
   results_.resize(all_frames);
 }
 
+// The whole bucket is compensated once; each shard is encoded on its own, its residual going
+// into the matching slice of the feedback's residual.
 void TwowayRoute::encode(std::span<float> grad, const StepState& step, const Phases& p) {
-  check_length(kName, bucket_, "gradient", grad.size(), n_);
-  sent_ = 0;
+  start_step(grad);
   p.run("encode", [&] {
-    const auto x = feedback_->compensate(grad, keeper_.info(step, world_size_));
-    const auto residual = feedback_->residual();
+    Codec& codec = worker_.codec();
+    const auto x = worker_.compensate(grad, step, world_size_);
+    const auto residual = worker_.feedback().residual();
     size_t at = 0;
     for (uint32_t s = 0; s < world_size_; ++s) {
       const Range r = shards_[s];
       const auto shard_residual = residual.empty() ? residual : residual.subspan(r.begin, r.size());
       const size_t bytes =
-          codec_->encode(x.subspan(r.begin, r.size()), std::span(sent_frames_).subspan(at),
-                         context(step, s, false, rank_), shard_residual);
-      send_counts_[s] = fixed_ ? checked_fixed_size(*codec_, bytes, max_frames_[s]) : bytes;
+          codec.encode(x.subspan(r.begin, r.size()), std::span(sent_frames_).subspan(at),
+                       context(step, s, false, rank_), shard_residual);
+      send_counts_[s] = fixed_ ? checked_fixed_size(codec, bytes, max_frames_[s]) : bytes;
       send_sizes_[s] = bytes;
       at += bytes;
     }
-    feedback_->commit();
+    worker_.feedback().commit();
   });
 }
 
@@ -159,16 +147,15 @@ void TwowayRoute::serve(const StepState& step, const Phases& p) {
     zero(shard_sum_);
     size_t at = 0;
     for (uint32_t r = 0; r < world_size_; ++r) {
-      codec_->decode_accumulate(std::span(shard_frames_).subspan(at, recv_counts_[r]), shard_sum_,
-                                context(step, rank_, false, r));
+        worker_.codec().decode_accumulate(std::span(shard_frames_).subspan(at, recv_counts_[r]),
+                                        shard_sum_, context(step, rank_, false, r));
       at += recv_counts_[r];
     }
-    codec_->finalize(shard_sum_, world_size_);
-    const auto x = server_feedback_->compensate(shard_sum_, keeper_.info(step, world_size_));
-    server_size_[0] = server_codec_->encode(x, server_frame_, context(step, rank_, true, rank_),
-                                            server_feedback_->residual());
-    server_feedback_->commit();
-    if (fixed_) checked_fixed_size(*server_codec_, server_size_[0], my_max_frame_);
+    worker_.codec().finalize(shard_sum_, world_size_);
+    server_size_[0] =
+        server_.encode(shard_sum_, server_frame_, context(step, rank_, true, rank_), step,
+                       world_size_);
+    if (fixed_) checked_fixed_size(server_.codec(), server_size_[0], my_max_frame_);
   });
 }
 
@@ -199,13 +186,13 @@ void TwowayRoute::exchange(const StepState& step, const Phases& p) {
 }
 
 void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
-  check_length(kName, bucket_, "output", out.size(), n_);
+  check_output(out);
   p.run("decode", [&] {
     zero(out);
     size_t at = 0;
     for (uint32_t s = 0; s < world_size_; ++s) {
       const Range r = shards_[s];
-      server_codec_->decode_accumulate(std::span(results_).subspan(at, result_counts_[s]),
+      server_.codec().decode_accumulate(std::span(results_).subspan(at, result_counts_[s]),
                                        out.subspan(r.begin, r.size()), context(step, s, true, s));
       at += result_counts_[s];
     }
@@ -215,34 +202,33 @@ void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phas
 // The worker's residual, and this rank's server residual: it is in units of the shard's mean,
 // so it enters this rank's next gradient W times, to count once in the mean over W ranks.
 double TwowayRoute::carry(std::span<float> into) const {
-  feedback_->add_unsent(into);
+  worker_.feedback().add_unsent(into);
   const Range mine = shards_[rank_];
   Buffer<float> server(mine.size(), 0.0f);
-  server_feedback_->add_unsent(server);
+  server_.feedback().add_unsent(server);
   const auto w = static_cast<float>(world_size_);
   for (size_t i = 0; i < server.size(); ++i) into[mine.begin + i] += w * server[i];
-  return keeper_.memory_scale();
+  // Both sides keep steps alike; a side without state has no scale to tell.
+  return worker_.stateful() ? worker_.memory_scale() : server_.memory_scale();
 }
 
 size_t TwowayRoute::memory_bytes() const {
   return sent_frames_.size() + shard_frames_.size() + shard_sum_.size() * sizeof(float) +
-         server_frame_.size() + results_.size() + feedback_->memory_bytes() +
-         server_feedback_->memory_bytes();
+         server_frame_.size() + results_.size() + worker_.memory_bytes() + server_.memory_bytes();
 }
 
+// Parts: worker codec, server codec, worker feedback, server feedback (the order of the
+// first checkpoints).
 std::vector<std::byte> TwowayRoute::save_state() const {
-  return save_parts(kName, {n_, world_size_},
-                    {codec_->save_state(), server_codec_->save_state(), feedback_->save_state(),
-                     server_feedback_->save_state()});
+  auto worker = worker_.save_state();
+  auto server = server_.save_state();
+  return save_parts(kName, shape(), {worker[0], server[0], worker[1], server[1]});
 }
 
 void TwowayRoute::load_state(std::span<const std::byte> state) {
-  const auto parts = load_parts(kName, state, {n_, world_size_}, 4);
-  codec_->load_state(parts[0]);
-  server_codec_->load_state(parts[1]);
-  feedback_->load_state(parts[2]);
-  server_feedback_->load_state(parts[3]);
-  keeper_.forget();
+  const auto parts = load_parts(kName, state, shape(), 4);
+  worker_.load_state(parts[0], parts[2]);
+  server_.load_state(parts[1], parts[3]);
 }
 
 }  // namespace

@@ -42,8 +42,8 @@
 #include "transport/backends.h"
 #include "common/reduce.h"
 #include "transport/local_address.h"
-#include "transport/op_queue.h"
-#include "transport/roll_call.h"
+#include "gradcomp/op_queue.h"
+#include "gradcomp/roll_call.h"
 #include "transport/tcp_store.h"
 
 namespace gradcomp {

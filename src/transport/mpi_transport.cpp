@@ -14,7 +14,7 @@
 #include "gradcomp/error.h"
 #include "transport/backends.h"
 #include "transport/mpi_runtime.h"
-#include "transport/op_queue.h"
+#include "gradcomp/op_queue.h"
 
 namespace gradcomp {
 namespace {

@@ -1,4 +1,4 @@
-#include "transport/op_queue.h"
+#include "gradcomp/op_queue.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "transport/roll_call.h"
+#include "gradcomp/roll_call.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

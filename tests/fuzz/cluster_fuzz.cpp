@@ -3,7 +3,7 @@
 // pass validate() and be readable again from its own to_json.
 #include <nlohmann/json.hpp>
 
-#include "common/json_text.h"
+#include "gradcomp/json_text.h"
 #include "fuzz_input.h"
 #include "gradcomp/model/cluster.h"
 

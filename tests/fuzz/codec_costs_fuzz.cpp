@@ -3,7 +3,7 @@
 // gradcomp::Error or costs; costs from_json accepts must read back from their own to_json.
 #include <nlohmann/json.hpp>
 
-#include "common/json_text.h"
+#include "gradcomp/json_text.h"
 #include "fuzz_input.h"
 #include "gradcomp/model/cost_model.h"
 

@@ -3,7 +3,7 @@
 // readable again from its own to_json (the planner saves and reloads profiles).
 #include <nlohmann/json.hpp>
 
-#include "common/json_text.h"
+#include "gradcomp/json_text.h"
 #include "fuzz_input.h"
 #include "gradcomp/model/profile.h"
 

@@ -12,7 +12,7 @@
 #include "gradcomp/error.h"
 #include "support/codec_testing.h"
 #include "support/single_rank.h"
-#include "transport/op_queue.h"
+#include "gradcomp/op_queue.h"
 
 namespace gradcomp::testing {
 namespace {
@@ -100,6 +100,27 @@ TEST(Route, BadParametersSayWhatIsAllowed) {
                   {"server_feedback", "two-way route"});
   expect_contains(check_error<SpecError>({.route = "hierarchical:server_feedback=ef"}),
                   {"server_feedback", "inner=twoway"});
+}
+
+// The route table answers every question about a route by its kind: its name, whether a
+// codec fits (the same answer as the check of a plan), and a route spec's kind whatever its
+// parameters.
+TEST(Route, TheTableKnowsEveryRouteByKind) {
+  EXPECT_EQ(route_kind("allreduce"), RouteKind::kAllreduce);
+  EXPECT_EQ(route_kind("allgather"), RouteKind::kAllgather);
+  EXPECT_EQ(route_kind("twoway:server_feedback=ef"), RouteKind::kTwoway);
+  EXPECT_EQ(route_kind("hierarchical:inner=twoway,intra=fp16"), RouteKind::kHierarchical);
+  EXPECT_NE(error_text([] { route_kind("ring"); }).find("unknown route 'ring'; available routes: "
+                                                         "allreduce, allgather, twoway, hierarchical"),
+            std::string::npos);
+  for (const auto& codec : codec_names()) {
+    if (codec == "threshold") continue;  // needs its tau
+    const auto traits = make_codec(codec)->traits();
+    for (const char* route : {"allreduce", "allgather", "twoway"}) {
+      const bool checked = check_error<Error>({.codec = codec, .route = route}) == "no error";
+      EXPECT_EQ(route::route_fits(route_kind(route), traits), checked) << codec << " " << route;
+    }
+  }
 }
 
 TEST(Route, BadCodecOrFeedbackIsASpecError) {

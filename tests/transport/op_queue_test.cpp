@@ -1,7 +1,7 @@
 // OpQueue, the communication thread both backends share: operations run in issue order, a
 // failure breaks the queue for everything after it, and queuing reuses Works nobody holds and
 // keeps each operation in place (what it captured is released once it ran).
-#include "transport/op_queue.h"
+#include "gradcomp/op_queue.h"
 
 #include <gtest/gtest.h>
 

@@ -17,7 +17,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/random.h"
 #include "gradcomp/timeline.h"
-#include "route/route.h"
+#include "gradcomp/option.h"
 
 namespace gradcomp::tools {
 namespace {

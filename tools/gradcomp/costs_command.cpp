@@ -8,7 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "common/json_text.h"
+#include "gradcomp/json_text.h"
 #include "gradcomp/error.h"
 #include "model_commands.h"
 #include "model_options.h"

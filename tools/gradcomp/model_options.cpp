@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "common/json_text.h"
+#include "gradcomp/json_text.h"
 #include "cli_checks.h"
 #include "gradcomp/error.h"
 

@@ -1,0 +1,62 @@
+// Option: how one bucket of a plan is compressed and how it travels (codec, feedback, route,
+// warm-up), and the short form users type for it. The plan (plan.h) holds one per bucket; the
+// routes (routes.h) build themselves from one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gradcomp {
+
+// Where a bucket's first encoding runs: on the thread that hands over the bucket's last
+// gradient (no hand-off latency, but it delays the backward pass), or on the engine's encoder
+// thread (overlaps with the backward pass).
+enum class EncodeOn { kEngine, kCaller };
+
+// How one bucket is compressed and routed.
+struct Option {
+  std::string codec = "none";     // codec spec, e.g. "topk:ratio=0.01"
+  std::string feedback = "none";  // worker-side feedback spec, e.g. "ef"
+  // Route spec: "allreduce", "allgather", "twoway" (server_feedback=<spec>),
+  // "hierarchical" (inner=allreduce|allgather|twoway, intra=none|fp16).
+  std::string route = "allreduce";
+  EncodeOn encode_on = EncodeOn::kEngine;
+  // Warm-up: engine steps before this one exchange the bucket uncompressed (the exact float32
+  // mean, a plain allreduce), leaving the codec and feedback untouched; from this step on the
+  // option runs as written. Published recipes (PowerSGD's start_powerSGD_iter) avoid the
+  // accuracy loss of compressing the first steps this way. 0: compress from the first step.
+  uint64_t start_step = 0;
+
+  bool operator==(const Option&) const = default;
+};
+
+// Parses the short form users type, "codec[|feedback[|route[|start=N]]]" (e.g. "fp16",
+// "topk:ratio=0.01|ef", "qsgd||twoway", "topk:ratio=0.01|ef||start=500"). A missing feedback is
+// "none"; a missing route is "allreduce" when the codec's frames can be summed and "allgather"
+// otherwise; start=N sets Option::start_step (default 0). Throws SpecError naming the unknown
+// codec, feedback or route and listing the available ones, or the malformed start field.
+Option parse_option(const std::string& text);
+
+// Whether the option text names its route (a non-empty third field): "qsgd||twoway" does,
+// "qsgd" and "efsignsgd|ef||start=469" do not (parse_option fills in the default route).
+bool option_names_route(const std::string& text);
+
+// The patterns a bucket may travel by (the route layer's table, src/route/route.cpp).
+enum class RouteKind {
+  kAllreduce,     // summable frames, summed by the transport
+  kAllgather,     // any single-round codec: every rank decodes every frame
+  kTwoway,        // shards to co-located servers and back, compressed both ways
+  kHierarchical,  // inside the node first, then an inner route among node leaders
+};
+
+// The route names an option may name, in the table's order.
+const std::vector<std::string>& route_names();
+// The kind of route a route spec names ("twoway", "hierarchical:inner=allgather", ...; its
+// parameters are not checked here); SpecError listing the route names when it names none.
+RouteKind route_kind(const std::string& route);
+// Checks an option as the route that would carry it does (plan validation): SpecError on an
+// unknown or malformed codec, feedback or route, Error when the codec cannot travel that way.
+void check_route(const Option& option);
+
+}  // namespace gradcomp

@@ -1,0 +1,55 @@
+// One compression side of a route: a codec, the feedback that compensates its input and keeps
+// what it did not send, and the rollback of both (StepKeeper). A route holds one (worker side);
+// the two-way route a second one for its server side.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "gradcomp/codec.h"
+#include "gradcomp/feedback.h"
+#include "route/frames.h"
+
+namespace gradcomp::route {
+
+class Coder {
+ public:
+  Coder(std::unique_ptr<Codec> codec, std::unique_ptr<Feedback> feedback);
+
+  Codec& codec() const { return *codec_; }
+  Feedback& feedback() const { return *feedback_; }
+
+  // The feedback's compensated input of this step (`world` ranks take part in the mean).
+  std::span<const float> compensate(std::span<const float> grad, const StepState& step,
+                                    uint32_t world) const {
+    return feedback_->compensate(grad, keeper_.info(step, world));
+  }
+  // The last encoding of a step: `x` (from compensate) into `frame` with the residual fused,
+  // then the feedback commits. Returns the frame's bytes.
+  size_t finish(std::span<const float> x, std::span<std::byte> frame, const Context& ctx) const;
+  // compensate + finish: a single-round encoding of the whole input.
+  size_t encode(std::span<const float> grad, std::span<std::byte> frame, const Context& ctx,
+                const StepState& step, uint32_t world) const {
+    return finish(compensate(grad, step, world), frame, ctx);
+  }
+
+  bool stateful() const { return keeper_.stateful(); }
+  void settle(bool keep, const StepState& step) { keeper_.settle(keep, step); }
+  // The loss scale of the memory (StepKeeper::memory_scale).
+  double memory_scale() const { return keeper_.memory_scale(); }
+  size_t memory_bytes() const { return feedback_->memory_bytes(); }
+
+  // Codec state, then feedback state: the two parts of a route's saved state.
+  std::vector<std::vector<std::byte>> save_state() const;
+  void load_state(std::span<const std::byte> codec, std::span<const std::byte> feedback);
+
+ private:
+  std::unique_ptr<Codec> codec_;
+  std::unique_ptr<Feedback> feedback_;
+  StepKeeper keeper_;
+};
+
+}  // namespace gradcomp::route

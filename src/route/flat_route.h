@@ -1,0 +1,86 @@
+// The base of the flat routes (one transport, every rank alike: allreduce, allgather, twoway):
+// what each of them holds and checks, so a route's file holds only its own pattern. CodedRoute
+// adds the one coder (codec + feedback) of a route that compresses the whole bucket once, and
+// its state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "route/coder.h"
+#include "route/frames.h"
+#include "route/routes.h"
+
+namespace gradcomp::route {
+
+class FlatRoute : public Route {
+ public:
+  size_t bytes_sent() const override { return sent_; }
+
+ protected:
+  FlatRoute(const char* name, const RouteConfig& config)
+      : name_(name),
+        world_(*config.env.world),
+        env_(config.env),
+        bucket_(config.bucket),
+        n_(config.elements),
+        rank_(static_cast<uint32_t>(world_.rank())),
+        world_size_(static_cast<uint32_t>(world_.size())) {}
+
+  // The Context of a codec call: `key` is the bucket (or a stream of it, shard_key), `rank`
+  // the encoding rank (decoding uses the encoder's, so shared randomness matches).
+  Context context(const StepState& step, uint64_t key, uint32_t rank) const {
+    return codec_context(env_, key, step, rank, world_size_);
+  }
+  // encode()'s first lines: the gradient has the bucket's length; a new step's bytes count.
+  void start_step(std::span<const float> grad) {
+    check_length(name_, bucket_, "gradient", grad.size(), n_);
+    sent_ = 0;
+  }
+  void check_output(std::span<const float> out) const {
+    check_length(name_, bucket_, "output", out.size(), n_);
+  }
+  StateShape shape() const { return {n_, world_size_}; }
+
+  const char* name_;
+  Transport& world_;
+  RouteEnv env_;
+  size_t bucket_;
+  size_t n_;
+  uint32_t rank_;
+  uint32_t world_size_;
+  size_t sent_ = 0;  // bytes this rank sent in the current step
+};
+
+class CodedRoute : public FlatRoute {
+ public:
+  bool stateful() const override { return coder_.stateful(); }
+  void settle(bool keep, const StepState& step) override { coder_.settle(keep, step); }
+  double carry(std::span<float> into) const override {
+    coder_.feedback().add_unsent(into);
+    return coder_.memory_scale();
+  }
+  std::vector<std::byte> save_state() const override {
+    return save_parts(name_, shape(), coder_.save_state());
+  }
+  void load_state(std::span<const std::byte> state) override {
+    const auto parts = load_parts(name_, state, shape(), 2);
+    coder_.load_state(parts[0], parts[1]);
+  }
+
+ protected:
+  // The codec knows the bucket's layout (make_bucket_codec); it must fit the route.
+  CodedRoute(const char* name, const RouteConfig& config)
+      : FlatRoute(name, config), coder_(make_bucket_codec(config), make_feedback(config.feedback)) {
+    check_codec_fits(name, coder_.codec());
+  }
+  Context context(const StepState& step, uint32_t rank) const {
+    return FlatRoute::context(step, bucket_, rank);
+  }
+
+  Coder coder_;
+};
+
+}  // namespace gradcomp::route
