@@ -80,7 +80,8 @@ class ProcessGroupTransport final : public Transport {
   std::unique_ptr<Transport> split(int, int) override {
     throw Error(
         "torch.distributed transport: a process group cannot be split from gradcomp; the "
-        "hierarchical route needs gradcomp's own transport (transport='gloo' or 'mpi')");
+        "routes over nodes (hierarchical, sharded) need gradcomp's own transport "
+        "(transport='gloo' or 'mpi')");
   }
 
  protected:

@@ -48,6 +48,8 @@ enum class RouteKind {
   kAllgather,     // any single-round codec: every rank decodes every frame
   kTwoway,        // shards to co-located servers and back, compressed both ways
   kHierarchical,  // inside the node first, then an inner route among node leaders
+  kSharded,       // reduce-scatter inside the node, an inner route per shard across nodes,
+                  // allgather inside the node
 };
 
 // The route names an option may name, in the table's order.
@@ -55,6 +57,9 @@ const std::vector<std::string>& route_names();
 // The kind of route a route spec names ("twoway", "hierarchical:inner=allgather", ...; its
 // parameters are not checked here); SpecError listing the route names when it names none.
 RouteKind route_kind(const std::string& route);
+// Whether a route spec's route runs over nodes (hierarchical, sharded): the engine then splits
+// the world into nodes, and the spec takes an inner route (inner=, intra=).
+bool route_needs_nodes(const std::string& route);
 // Checks an option as the route that would carry it does (plan validation): SpecError on an
 // unknown or malformed codec, feedback or route, Error when the codec cannot travel that way.
 void check_route(const Option& option);

@@ -62,9 +62,9 @@ struct Engine::Impl {
   bool wait_for(std::unique_lock<std::mutex>& lock, Pred done);
   void open_timeline(const std::string& path);
   void attach_timeline();  // points every bucket's Phases at the current timeline
-  bool hierarchical_plan() const;  // some bucket's route is hierarchical
+  bool plan_needs_nodes() const;  // some bucket's route needs nodes (route_needs_nodes)
   void check_plans_agree();  // the collective check of the constructor and of set_plan
-  void make_routes(bool hierarchical);
+  void make_routes(bool with_nodes);
   void name_lanes();
   // set_plan: adds what the routes hold and have not delivered to `carried`, by tensor.
   void carry_out();
@@ -77,7 +77,7 @@ struct Engine::Impl {
   std::shared_ptr<Transport> transport;
   Plan plan;
   EngineOptions options;
-  std::unique_ptr<Transport> intra, leaders;  // hierarchical routes only
+  Nodes nodes;  // routes that need nodes only
   std::unique_ptr<Timeline> timeline;
   std::vector<LiveBucket> buckets;
   bool settles_steps = false;  // some route keeps state: every step is kept or taken back whole
@@ -130,7 +130,7 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
   // First of all collectives, so that ranks with different plans fail here with a message
   // naming the difference, before they could issue different collectives (the node split).
   check_plans_agree();
-  make_routes(hierarchical_plan());
+  make_routes(plan_needs_nodes());
   const std::string path = options.timeline.empty() ? timeline_from_environment()
                                                     : options.timeline;
   if (!path.empty()) open_timeline(path);
@@ -179,32 +179,31 @@ void Engine::Impl::release_after_failure() {
   }
 }
 
-bool Engine::Impl::hierarchical_plan() const {
+bool Engine::Impl::plan_needs_nodes() const {
   return std::any_of(plan.buckets.begin(), plan.buckets.end(), [](auto& b) {
-    return route_kind(b.option.route) == RouteKind::kHierarchical;
+    return route_needs_nodes(b.option.route);
   });
 }
 
 void Engine::Impl::check_plans_agree() {
-  const bool hierarchical = hierarchical_plan();
-  if (hierarchical && options.local_size <= 0) {
+  const bool with_nodes = plan_needs_nodes();
+  if (with_nodes && options.local_size <= 0) {
     options.local_size = launch_info_from_environment().local_size;
   }
   check_consistency(*transport, plan,
-                    {options.seed, static_cast<uint64_t>(hierarchical ? options.local_size : 0)},
+                    {options.seed, static_cast<uint64_t>(with_nodes ? options.local_size : 0)},
                     transport->timeout());
 }
 
-void Engine::Impl::make_routes(bool hierarchical) {
+void Engine::Impl::make_routes(bool with_nodes) {
   RouteEnv env{.world = transport.get(), .seed = options.seed, .threads = options.codec_threads};
-  if (hierarchical && !intra) {  // the node split outlives plan changes
-    auto nodes = split_nodes(*transport, options.local_size);
-    intra = std::move(nodes.intra);
-    leaders = std::move(nodes.leaders);
+  if (with_nodes && !nodes.intra) {  // the node split outlives plan changes
+    nodes = split_nodes(*transport, options.local_size);
   }
-  if (hierarchical) {
-    env.intra = intra.get();
-    env.leaders = leaders.get();
+  if (with_nodes) {
+    env.intra = nodes.intra.get();
+    env.leaders = nodes.leaders();
+    env.cross = nodes.cross.get();
   }
   slots.assign(plan.tensors.size(), TensorSlot{});
   buckets.reserve(plan.buckets.size());
@@ -290,7 +289,7 @@ void Engine::Impl::set_plan(Plan next) {
   settles_steps = false;
   try {
     check_plans_agree();
-    make_routes(hierarchical_plan());
+    make_routes(plan_needs_nodes());
   } catch (...) {
     std::swap(plan, next);
     buckets = std::move(old_buckets);

@@ -18,7 +18,7 @@ Nodes split_nodes(Transport& world, int local_size) {
   const int rank = world.rank();
   Nodes nodes;
   nodes.intra = world.split(rank / local_size, rank);
-  nodes.leaders = world.split(rank % local_size == 0 ? 0 : -1, rank);
+  nodes.cross = world.split(rank % local_size, rank);
   return nodes;
 }
 

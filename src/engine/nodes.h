@@ -1,4 +1,5 @@
-// The node structure the hierarchical route needs: one transport per node, one of node leaders.
+// The node structure the routes that need nodes use: one transport per node, and one across the
+// nodes per local index (that of local rank 0 is the node leaders').
 #pragma once
 
 #include <memory>
@@ -9,8 +10,10 @@
 namespace gradcomp {
 
 struct Nodes {
-  std::unique_ptr<Transport> intra;    // this node's ranks; intra rank 0 is the leader
-  std::unique_ptr<Transport> leaders;  // the leaders of all nodes; nullptr on other ranks
+  std::unique_ptr<Transport> intra;  // this node's ranks; intra rank 0 is the leader
+  std::unique_ptr<Transport> cross;  // the ranks of this local index on every node
+  // The node leaders' transport (the hierarchical route's): `cross` on leaders, else nullptr.
+  Transport* leaders() const { return intra->rank() == 0 ? cross.get() : nullptr; }
 };
 
 // Groups consecutive ranks into nodes of `local_size` ranks (0: from the launcher's

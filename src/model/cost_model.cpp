@@ -105,15 +105,15 @@ namespace detail {
 // What the cost of a route depends on, from an Option: the codec object (frame sizes), its
 // traits and costs, the route's shape. Immutable once built.
 struct RouteModel {
-  enum class Kind { kDirect, kAllreduce, kAllgather, kTwoway, kHierarchical };
+  enum class Kind { kDirect, kAllreduce, kAllgather, kTwoway, kHierarchical, kSharded };
   Kind kind = Kind::kDirect;
   std::unique_ptr<Codec> codec;
   CodecTraits traits;
   CodecCost cost;
   bool feedback = false;         // worker side
   bool server_feedback = false;  // twoway
-  bool intra_fp16 = false;       // hierarchical
-  std::unique_ptr<RouteModel> inner;  // hierarchical: the route among node leaders
+  bool intra_fp16 = false;       // hierarchical, sharded
+  std::unique_ptr<RouteModel> inner;  // hierarchical, sharded: the route across nodes
 };
 
 class OptionCache {
@@ -191,6 +191,7 @@ std::unique_ptr<RouteModel> OptionCache::build_flat(const Option& option, const 
       m->server_feedback = !is_none(server_feedback, "feedback");
       break;
     case RouteKind::kHierarchical:
+    case RouteKind::kSharded:
       throw Error(fmt::format("route '{}' is not a flat route", route));
   }
   return m;
@@ -198,11 +199,12 @@ std::unique_ptr<RouteModel> OptionCache::build_flat(const Option& option, const 
 
 std::unique_ptr<RouteModel> OptionCache::build(const Option& option) const {
   const route::RouteSpec spec = route::parse_route_spec(option);
-  if (spec.kind != RouteKind::kHierarchical) {
+  if (!route_needs_nodes(spec.name)) {
     return build_flat(option, spec.name, spec.kind, spec.server_feedback);
   }
   auto m = std::make_unique<RouteModel>();
-  m->kind = RouteModel::Kind::kHierarchical;
+  m->kind = spec.kind == RouteKind::kSharded ? RouteModel::Kind::kSharded
+                                             : RouteModel::Kind::kHierarchical;
   m->intra_fp16 = spec.intra_fp16;
   m->inner = build_flat(option, spec.inner, spec.inner_kind, spec.server_feedback);
   return m;
@@ -334,10 +336,41 @@ EndCosts hierarchical_route(const RouteModel& m, const Cluster& c, const OptionC
   return {m.intra_fp16 ? cache.to_half().at(n) : 0, pass.at(n)};
 }
 
+// Every rank of a node at work: a reduce-scatter inside the node, the inner route on one shard
+// (n / L elements) among the ranks of one local index, the L of a node sharing its NIC, then an
+// allgather inside the node.
+template <class Sink>
+EndCosts sharded_route(const RouteModel& m, const Cluster& c, const OptionCache& cache, double n,
+                       Sink& sink) {
+  const int local = c.per_node;
+  const double shard = n / local;
+  const double wire = (m.intra_fp16 ? 2 : 4) * n;
+  if (local > 1) {
+    sink("intra reduce-scatter", CostModel::alltoall(c.intra, local, wire),
+         wire * (local - 1) / local);
+  }
+  const Linear pass = cache.pass();
+  sink("node mean", (m.intra_fp16 ? cache.from_half() : pass).at(n), 0);
+  Link shared = c.inter;  // the node's NIC, shared by its L concurrent inner routes
+  shared.bytes_per_s /= local;
+  const Group cross{c.nodes(), 1, shared, shared};
+  NullSink none;
+  const EndCosts inner = flat_route(*m.inner, cross, pass, shard, none);
+  sink("encode", inner.encode_s, 0);
+  flat_route(*m.inner, cross, pass, shard, sink);
+  sink("decode", inner.decode_s, 0);
+  if (local > 1) {
+    sink("intra allgather", CostModel::ring_allgather(c.intra, local, 4 * shard),
+         4 * shard * (local - 1));
+  }
+  return {m.intra_fp16 ? cache.to_half().at(n) : 0, pass.at(n)};
+}
+
 template <class Sink>
 EndCosts route_cost(const RouteModel& m, const Cluster& c, const OptionCache& cache, double n,
                     Sink& sink) {
   if (m.kind == RouteModel::Kind::kHierarchical) return hierarchical_route(m, c, cache, n, sink);
+  if (m.kind == RouteModel::Kind::kSharded) return sharded_route(m, c, cache, n, sink);
   return flat_route(m, world_group(c), cache.pass(), n, sink);
 }
 

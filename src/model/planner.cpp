@@ -380,10 +380,11 @@ std::vector<Option> candidate_options(const PlannerSettings& settings, const Clu
           !settings.one_lossy_step && cluster.workers > 1) {
         routes.push_back("twoway");
       }
-      if (multi_node) {
+      if (multi_node) {  // each flat route also inside a route over nodes, either kind
         for (const auto& r : std::vector<std::string>(routes)) {
           if (r == "twoway" && settings.one_lossy_step) continue;
           routes.push_back("hierarchical:inner=" + r);
+          routes.push_back("sharded:inner=" + r);
         }
       }
     }

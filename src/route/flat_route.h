@@ -25,6 +25,7 @@ class FlatRoute : public Route {
         world_(*config.env.world),
         env_(config.env),
         bucket_(config.bucket),
+        key_(config.key),
         n_(config.elements),
         rank_(static_cast<uint32_t>(world_.rank())),
         world_size_(static_cast<uint32_t>(world_.size())) {}
@@ -48,6 +49,7 @@ class FlatRoute : public Route {
   Transport& world_;
   RouteEnv env_;
   size_t bucket_;
+  uint64_t key_;  // the randomness key (RouteConfig::key)
   size_t n_;
   uint32_t rank_;
   uint32_t world_size_;
@@ -77,7 +79,7 @@ class CodedRoute : public FlatRoute {
     check_codec_fits(name, coder_.codec());
   }
   Context context(const StepState& step, uint32_t rank) const {
-    return FlatRoute::context(step, bucket_, rank);
+    return FlatRoute::context(step, key_, rank);
   }
 
   Coder coder_;

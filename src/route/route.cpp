@@ -61,6 +61,7 @@ const RouteRow kRoutes[] = {
     {"allgather", RouteKind::kAllgather, gathered_misfit, make_allgather_route, false},
     {"twoway", RouteKind::kTwoway, sharded_misfit, make_twoway_route, false},
     {"hierarchical", RouteKind::kHierarchical, inner_decides, make_hierarchical_route, true},
+    {"sharded", RouteKind::kSharded, inner_decides, make_sharded_route, true},
 };
 
 const RouteRow& row_of(RouteKind kind) {
@@ -114,19 +115,19 @@ RouteSpec parse_route_spec(const Option& option) {
   RouteSpec out;
   out.name = spec.name();
   out.kind = route_kind(out.name);
-  if (out.kind == RouteKind::kHierarchical) {
+  const bool nodes = row_of(out.kind).needs_nodes;
+  if (nodes) {
     out.inner = spec.get_choice("inner", "allreduce", flat_route_names());
     out.inner_kind = route_kind(out.inner);
     out.intra_fp16 = spec.get_choice("intra", "none", {"none", "fp16"}) == "fp16";
   }
   const auto server_side = RouteKind::kTwoway;
-  const bool has_server = out.kind == server_side ||
-                          (out.kind == RouteKind::kHierarchical && out.inner_kind == server_side);
+  const bool has_server = out.kind == server_side || (nodes && out.inner_kind == server_side);
   if (has_server || spec.has("server_feedback")) {
     if (!has_server) {
       spec.fail(
           "parameter 'server_feedback' needs a two-way route (route 'twoway', or "
-          "'hierarchical' with inner=twoway)");
+          "'hierarchical' or 'sharded' with inner=twoway)");
     }
     // Feedback names only: a spec's values cannot hold commas, so parameters of the server
     // feedback would be cut.
@@ -188,12 +189,16 @@ RouteKind route_kind(const std::string& route) {
                               fmt::join(route_names(), ", ")));
 }
 
+bool route_needs_nodes(const std::string& route) {
+  return route::row_of(route_kind(route)).needs_nodes;
+}
+
 void check_route(const Option& option) {
   const route::RouteSpec spec = route::parse_route_spec(option);
   const auto codec = make_codec(option.codec);
   route::check_feedback(option.feedback);
   if (!spec.server_feedback.empty()) route::check_feedback(spec.server_feedback);
-  route::check_codec_fits(spec.kind == RouteKind::kHierarchical ? spec.inner : spec.name, *codec);
+  route::check_codec_fits(route::row_of(spec.kind).needs_nodes ? spec.inner : spec.name, *codec);
 }
 
 namespace {
@@ -205,6 +210,7 @@ std::unique_ptr<Route> make_option_route(const Option& option, size_t bucket, si
                             .feedback = option.feedback,
                             .spec = route::parse_route_spec(option),
                             .bucket = bucket,
+                            .key = bucket,
                             .elements = elements,
                             .layout = {layout.begin(), layout.end()},
                             .env = env};

@@ -5,6 +5,8 @@
 //                 reduces its shard, applies server-side feedback, re-encodes, allgatherv
 //   hierarchical  reduce inside the node (none or fp16), an inner route among node leaders,
 //                 broadcast back inside the node
+//   sharded       reduce-scatter inside the node, an inner route per shard across nodes (every
+//                 rank runs one), allgather inside the node
 // A route object belongs to one bucket and keeps its codec, feedback and buffers across steps
 // (buffers are sized once, so memory does not grow). The engine drives it in three stages,
 // each on its own thread, so buckets pipeline:
@@ -36,8 +38,9 @@ namespace gradcomp {
 // The transports a route may use.
 struct RouteEnv {
   Transport* world = nullptr;
-  Transport* intra = nullptr;    // hierarchical: the ranks of this node (rank 0 is the leader)
+  Transport* intra = nullptr;    // over nodes: the ranks of this node (rank 0 is the leader)
   Transport* leaders = nullptr;  // hierarchical: one rank per node; nullptr on non-leaders
+  Transport* cross = nullptr;    // sharded: this local rank's peers, one per node (same index)
   uint64_t seed = 0;             // the job's seed: Context::seed of every codec call
   int threads = 1;               // threads a codec call may use
 };

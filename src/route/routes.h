@@ -14,14 +14,15 @@
 namespace gradcomp::route {
 
 // Option::route after parsing: "allreduce", "allgather", "twoway:server_feedback=<name>",
-// "hierarchical:inner=allreduce|allgather|twoway,intra=none|fp16[,server_feedback=<name>]".
+// "hierarchical:inner=allreduce|allgather|twoway,intra=none|fp16[,server_feedback=<name>]",
+// and "sharded:" with the same parameters.
 struct RouteSpec {
   std::string name;
   RouteKind kind = RouteKind::kAllreduce;
   std::string server_feedback;    // twoway: the server-side feedback spec
-  std::string inner = "allreduce";  // hierarchical: the route among node leaders
+  std::string inner = "allreduce";  // over nodes: the route across nodes
   RouteKind inner_kind = RouteKind::kAllreduce;
-  bool intra_fp16 = false;          // hierarchical: reduce inside the node as float16
+  bool intra_fp16 = false;          // over nodes: reduce inside the node as float16
 };
 
 // Everything a route class needs to build itself.
@@ -30,6 +31,9 @@ struct RouteConfig {
   std::string feedback;  // worker-side feedback spec
   RouteSpec spec;
   size_t bucket = 0;
+  // The randomness key of the route's codec calls (Context::bucket): the bucket, or one
+  // stream of it (shard_key) when the bucket is cut into shards that travel on their own.
+  uint64_t key = 0;
   size_t elements = 0;
   std::vector<TensorShape> layout;  // the bucket's tensors (empty: not known)
   RouteEnv env;
@@ -52,6 +56,7 @@ std::unique_ptr<Route> make_allreduce_route(const RouteConfig& config);
 std::unique_ptr<Route> make_allgather_route(const RouteConfig& config);
 std::unique_ptr<Route> make_twoway_route(const RouteConfig& config);
 std::unique_ptr<Route> make_hierarchical_route(const RouteConfig& config);
+std::unique_ptr<Route> make_sharded_route(const RouteConfig& config);
 // Option::start_step: `plain` (codec none, feedback none, allreduce) before start_step, then
 // `main`, the option's route.
 std::unique_ptr<Route> make_warmup_route(std::unique_ptr<Route> plain, std::unique_ptr<Route> main,

@@ -44,7 +44,7 @@ class TwowayRoute final : public FlatRoute {
   // Worker frames of shard s are keyed by (bucket, s, worker), the server's by (bucket, s,
   // server); `rank` is the encoding rank, used again to decode.
   Context context(const StepState& step, uint32_t shard, bool server, uint32_t rank) const {
-    return FlatRoute::context(step, shard_key(bucket_, shard, server), rank);
+    return FlatRoute::context(step, shard_key(key_, shard, server), rank);
   }
   void send_shards(const Phases& p);
   void serve(const StepState& step, const Phases& p);

@@ -93,9 +93,9 @@ TEST_P(EngineRoutes, BitIdenticalAcrossRanksAndCompressed) {
       for (float x : v) ASSERT_TRUE(std::isfinite(x));
     }
   }
-  // (The hierarchical route sends the whole bucket inside the node; only its leaders compress.)
-  const bool hierarchical = GetParam().option.route.rfind("hierarchical", 0) == 0;
-  if (GetParam().option.codec != "none" && !hierarchical) {
+  // (Routes over nodes send the whole bucket inside the node: they compress across nodes.)
+  const bool nodes = route_needs_nodes(GetParam().option.route);
+  if (GetParam().option.codec != "none" && !nodes) {
     EXPECT_LT(engine.last_step().bytes_sent, engine.last_step().uncompressed_bytes);
   }
 }
@@ -120,6 +120,11 @@ INSTANTIATE_TEST_SUITE_P(
         RouteCase{"powersgd_hierarchical_from_step_2",
                   {.codec = "powersgd", .feedback = "ef", .route = "hierarchical:inner=allreduce",
                    .start_step = 2}},
+        RouteCase{"randomk_sharded",
+                  {.codec = "randomk:ratio=0.1", .route = "sharded:inner=allreduce"}},
+        RouteCase{"topk_sharded_twoway",
+                  {.codec = "topk:ratio=0.1", .feedback = "ef",
+                   .route = "sharded:inner=twoway,intra=fp16"}},
         RouteCase{"dgc_allgather_from_step_2",
                   {.codec = "dgc:ratio=0.01,stage_steps=1", .feedback = "dgc",
                    .route = "allgather", .start_step = 2}}),

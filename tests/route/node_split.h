@@ -9,7 +9,7 @@
 namespace gradcomp::testing {
 
 struct Nodes {
-  std::unique_ptr<Transport> intra, leaders;
+  std::unique_ptr<Transport> intra, leaders, cross;  // cross: this local index on every node
 };
 
 inline const Nodes& nodes() {
@@ -18,6 +18,7 @@ inline const Nodes& nodes() {
     const int rank = world()->rank();
     out.intra = world()->split(rank / 2, rank);
     out.leaders = world()->split(rank % 2 == 0 ? 0 : -1, rank);
+    out.cross = world()->split(rank % 2, rank);
     return out;
   }();
   return n;

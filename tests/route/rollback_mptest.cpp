@@ -38,9 +38,10 @@ uint32_t my_rank() { return static_cast<uint32_t>(world()->rank()); }
 
 RouteEnv env_for(const Option& option) {
   RouteEnv env{.world = world().get(), .seed = kSeed, .threads = 1};
-  if (option.route.rfind("hierarchical", 0) == 0) {
+  if (route_needs_nodes(option.route)) {
     env.intra = nodes().intra.get();
     env.leaders = nodes().leaders.get();
+    env.cross = nodes().cross.get();
   }
   return env;
 }
@@ -102,7 +103,8 @@ std::vector<Option> every_codec_on_every_route(const std::string& feedback) {
     const std::string codec = name == "threshold" ? "threshold:tau=0.5" : name;
     for (const char* route : {"allreduce", "allgather", "twoway", "hierarchical:inner=allreduce",
                               "hierarchical:inner=allgather,intra=fp16",
-                              "hierarchical:inner=twoway"}) {
+                              "hierarchical:inner=twoway", "sharded:inner=allreduce",
+                              "sharded:inner=allgather,intra=fp16", "sharded:inner=twoway"}) {
       const Option option{.codec = codec, .feedback = feedback, .route = route};
       if (fits(option)) options.push_back(option);
     }
@@ -180,6 +182,8 @@ std::vector<Option> rollback_cases() {
                    .route = "hierarchical:inner=allgather"});
   cases.push_back({.codec = "powersgd", .feedback = "ef", .route = "hierarchical:inner=allreduce"});
   cases.push_back({.codec = "qsgd", .feedback = "ef", .route = "hierarchical:inner=twoway"});
+  cases.push_back({.codec = "topk:ratio=0.1", .feedback = "ef", .route = "sharded:inner=allgather"});
+  cases.push_back({.codec = "powersgd", .feedback = "ef", .route = "sharded:inner=allreduce"});
   return cases;
 }
 

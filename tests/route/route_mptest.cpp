@@ -62,6 +62,7 @@ RouteEnv node_env() {
   RouteEnv env = flat_env();
   env.intra = nodes().intra.get();
   env.leaders = nodes().leaders.get();
+  env.cross = nodes().cross.get();
   return env;
 }
 
@@ -155,17 +156,23 @@ class Reference {
     const std::string server = spec.has("server_feedback")
                                    ? spec.get_choice("server_feedback", "", feedback_names())
                                    : "";
-    if (spec.name() == "hierarchical") {
+    if (spec.name() == "hierarchical" || spec.name() == "sharded") {
       const std::string inner = spec.get_choice("inner", "allreduce", {"allreduce", "allgather", "twoway"});
       const bool fp16 = spec.get_choice("intra", "none", {"none", "fp16"}) == "fp16";
-      hier_ = std::make_unique<HierarchicalReference>(inner, fp16, option, server, kBucket, n,
+      if (spec.name() == "sharded") {
+        sharded_ = std::make_unique<ShardedReference>(inner, fp16, option, server, kBucket, n,
                                                       world_size(), 2, kSeed);
+      } else {
+        hier_ = std::make_unique<HierarchicalReference>(inner, fp16, option, server, kBucket, n,
+                                                        world_size(), 2, kSeed);
+      }
     } else {
       flat_ = std::make_unique<FlatReference>(spec.name(), option, server, kBucket, n,
                                               world_size(), kSeed);
     }
   }
   std::vector<float> step(const std::vector<std::vector<float>>& in, const StepState& s) {
+    if (sharded_) return sharded_->step(in, s);
     return flat_ ? flat_->step(in, s) : hier_->step(in, s);
   }
   FlatReference& flat() { return *flat_; }
@@ -173,9 +180,10 @@ class Reference {
  private:
   std::unique_ptr<FlatReference> flat_;
   std::unique_ptr<HierarchicalReference> hier_;
+  std::unique_ptr<ShardedReference> sharded_;
 };
 
-bool is_hierarchical(const Case& c) { return c.route.rfind("hierarchical", 0) == 0; }
+bool is_hierarchical(const Case& c) { return route_needs_nodes(c.route); }
 
 RouteEnv env_for(const Case& c) { return is_hierarchical(c) ? node_env() : flat_env(); }
 
@@ -287,6 +295,33 @@ TEST(RouteMp, HierarchicalMatchesTheReference) {
   run_cases(cases);
 }
 
+TEST(RouteMp, ShardedMatchesTheReference) {
+  std::vector<Case> cases;
+  for (const std::string intra : {"none", "fp16"}) {
+    const std::string r = "sharded:inner=allreduce,intra=" + intra;
+    cases.push_back({r, "none", "none"});
+    cases.push_back({r, "randomk:ratio=0.1", "ef"});
+    cases.push_back({r, "powersgd", "ef"});
+  }
+  cases.push_back({"sharded:inner=allgather", "topk:ratio=0.1", "ef"});
+  cases.push_back({"sharded:inner=allgather", "qsgd", "none"});
+  cases.push_back({"sharded:inner=twoway", "topk:ratio=0.1", "ef"});
+  cases.push_back({"sharded:inner=twoway,intra=fp16", "efsignsgd", "ef"});
+  run_cases(cases);
+}
+
+// Inside a node of L ranks each rank sends (L - 1) / L of the bucket in the reduce-scatter and
+// as much in the allgather: 2 (L - 1) / L in all, against the leader route's allreduce plus
+// broadcast; the rest of what it sends is its shard's inner route.
+TEST(RouteMp, ShardedSendsTwoShardsOfTheBucketInsideTheNode) {
+  const size_t n = 100000;  // even shards of nodes of 2
+  const auto route = make_route({.route = "sharded:inner=allreduce"}, kBucket, n, node_env());
+  run_step(*route, all_inputs(n, 0, 3)[my_rank()], step_state(0));
+  const size_t intra = 2 * (n / 2) * sizeof(float);  // L = 2: one shard out, one shard back
+  const size_t cross = (n / 2) * sizeof(float);  // the inner allreduce counts its shard
+  EXPECT_EQ(route->bytes_sent(), intra + cross);
+}
+
 TEST(RouteMp, NonFiniteInputReachesEveryRank) {
   // Rank 0's gradient holds a NaN and an Inf. randomk and intq carry them only in the frame's
   // flag, which the allreduce route must OR across ranks; the others carry them in the payload.
@@ -322,6 +357,8 @@ TEST(RouteMp, SaveAndLoadMidRunContinueIdentically) {
       {"twoway", "topk:ratio=0.1", "ef"},
       {"hierarchical:inner=twoway", "topk:ratio=0.1", "ef"},
       {"hierarchical:inner=allreduce", "powersgd", "ef"},
+      {"sharded:inner=twoway", "topk:ratio=0.1", "ef"},
+      {"sharded:inner=allreduce", "powersgd", "ef"},
   };
   const size_t n = 1001;
   for (const auto& c : cases) {

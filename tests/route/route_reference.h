@@ -204,4 +204,52 @@ class HierarchicalReference {
   FlatReference inner_;
 };
 
+// The sharded route over nodes of `local` consecutive ranks: shard l of every node's mean (the
+// sum of its ranks' shard in local-rank order, float16 inputs with fp16, times 1 / local) goes
+// through its own flat route across nodes, keyed by the shard's stream.
+class ShardedReference {
+ public:
+  ShardedReference(const std::string& inner, bool fp16, const Option& option,
+                   const std::string& server_feedback, size_t bucket, size_t n, uint32_t world,
+                   uint32_t local, uint64_t seed)
+      : fp16_(fp16), n_(n), world_(world), local_(local) {
+    for (uint32_t l = 0; l < local; ++l) {
+      shards_.push_back(route::shard_range(n, l, local));
+      inner_.push_back(std::make_unique<FlatReference>(inner, option, server_feedback,
+                                                       route::shard_key(bucket, l, false),
+                                                       shards_[l].size(), world / local, seed));
+    }
+  }
+
+  std::vector<float> step(const std::vector<std::vector<float>>& inputs, const StepState& s) {
+    std::vector<float> out(n_);
+    const float inv = 1.0f / static_cast<float>(local_);
+    for (uint32_t l = 0; l < local_; ++l) {
+      const route::Range r = shards_[l];
+      std::vector<std::vector<float>> means;
+      for (uint32_t node = 0; node < world_ / local_; ++node) {
+        std::vector<float> mean(r.size());
+        for (size_t i = 0; i < r.size(); ++i) {
+          float sum = value(inputs[node * local_][r.begin + i]);
+          for (uint32_t j = 1; j < local_; ++j) sum += value(inputs[node * local_ + j][r.begin + i]);
+          mean[i] = sum * inv;
+        }
+        means.push_back(std::move(mean));
+      }
+      const auto result = inner_[l]->step(means, s);
+      std::copy(result.begin(), result.end(), out.begin() + static_cast<std::ptrdiff_t>(r.begin));
+    }
+    return out;
+  }
+
+ private:
+  float value(float x) const { return fp16_ ? half_to_float(float_to_half(x)) : x; }
+
+  bool fp16_;
+  size_t n_;
+  uint32_t world_, local_;
+  std::vector<route::Range> shards_;
+  std::vector<std::unique_ptr<FlatReference>> inner_;
+};
+
 }  // namespace gradcomp::testing

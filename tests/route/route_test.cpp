@@ -55,7 +55,7 @@ void expect_contains(const std::string& text, const std::vector<std::string>& ne
 
 TEST(Route, NamesInDocumentationOrder) {
   EXPECT_EQ(route_names(),
-            (std::vector<std::string>{"allreduce", "allgather", "twoway", "hierarchical"}));
+            (std::vector<std::string>{"allreduce", "allgather", "twoway", "hierarchical", "sharded"}));
 }
 
 TEST(Route, ValidOptionsPass) {
@@ -111,7 +111,7 @@ TEST(Route, TheTableKnowsEveryRouteByKind) {
   EXPECT_EQ(route_kind("twoway:server_feedback=ef"), RouteKind::kTwoway);
   EXPECT_EQ(route_kind("hierarchical:inner=twoway,intra=fp16"), RouteKind::kHierarchical);
   EXPECT_NE(error_text([] { route_kind("ring"); }).find("unknown route 'ring'; available routes: "
-                                                         "allreduce, allgather, twoway, hierarchical"),
+                                                         "allreduce, allgather, twoway, hierarchical, sharded"),
             std::string::npos);
   for (const auto& codec : codec_names()) {
     if (codec == "threshold") continue;  // needs its tau

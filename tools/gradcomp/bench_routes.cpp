@@ -183,7 +183,9 @@ std::vector<std::string> default_route_cases() {
           "efsignsgd|ef|allgather",       "qsgd|none|allgather",
           "topk:ratio=0.01|ef|twoway",    "efsignsgd|ef|twoway",
           "qsgd|none|twoway",             "fp16|none|hierarchical:inner=allreduce",
-          "topk:ratio=0.01|ef|hierarchical:inner=allgather,intra=fp16"};
+          "topk:ratio=0.01|ef|hierarchical:inner=allgather,intra=fp16",
+          "fp16|none|sharded:inner=allreduce",
+          "topk:ratio=0.01|ef|sharded:inner=allgather,intra=fp16"};
 }
 
 namespace {
