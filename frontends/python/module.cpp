@@ -286,6 +286,22 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("tensors"), py::arg("compression"), py::arg("bucket_bytes"),
       py::arg("min_compress_elements"));
+  m.def(
+      "bucketed_plan",
+      [](const std::vector<std::vector<std::tuple<std::string, size_t, std::vector<size_t>>>>& buckets,
+         const std::string& compression, size_t min_compress_elements) {
+        std::vector<std::vector<TensorInfo>> infos(buckets.size());
+        for (size_t b = 0; b < buckets.size(); ++b) {
+          for (const auto& [name, n, shape] : buckets[b]) infos[b].push_back({name, n, shape});
+        }
+        DefaultPlanSettings settings;
+        settings.min_compress_elements = min_compress_elements;
+        settings.compressed = parse_option(compression);
+        return make_bucketed_plan(infos, settings).to_json().dump();
+      },
+      py::arg("buckets"), py::arg("compression"), py::arg("min_compress_elements"),
+      "The plan of given buckets (per bucket: (name, elements, shape) of its tensors), each "
+      "compressed when it holds at least min_compress_elements elements (make_bucketed_plan).");
   m.def("validate_plan", [](const std::string& json) {
     return Plan::parse(json).to_json().dump();  // the error says where (parse position, field)
   });

@@ -93,4 +93,12 @@ struct Plan {
 // buckets; buckets ordered by when their last tensor becomes ready (backward order).
 Plan make_default_plan(std::vector<TensorInfo> tensors, const DefaultPlanSettings& settings = {});
 
+// The plan of buckets made elsewhere (DDP's, for the communication hook): bucket b fuses the
+// tensors of buckets[b] in the order given, and travels with settings.compressed (and its
+// start_step) when it holds at least settings.min_compress_elements elements, else as an
+// uncompressed allreduce, as in the default plan (bucket_bytes is not used). Throws as
+// make_default_plan does, and Error on an empty bucket.
+Plan make_bucketed_plan(const std::vector<std::vector<TensorInfo>>& buckets,
+                        const DefaultPlanSettings& settings = {});
+
 }  // namespace gradcomp

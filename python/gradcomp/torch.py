@@ -662,29 +662,17 @@ class CommHook:
         """The plan for DDP buckets of these layouts (per bucket, the shapes of its gradients):
         one gradcomp bucket per DDP bucket, holding the bucket as one tensor, or its gradients
         one by one, with their shapes, for a codec that compresses each tensor on its own."""
-        codec, feedback, route, start_step = _C.parse_option(
-            "none" if self._auto_settings else self.compression)
-        tensors, buckets = [], []
+        buckets = []
         for i, shapes in enumerate(layout):
             if shapes == _SPARSE:
                 continue  # exchanged as rows, outside the engine
-            n = sum(math.prod(s) for s in shapes)
-            first = len(tensors)
             if self._per_tensor:
-                tensors += [{"name": f"ddp_bucket.{i}.{j}", "elements": math.prod(s),
-                             "shape": list(s)} for j, s in enumerate(shapes)]
+                buckets.append([(f"ddp_bucket.{i}.{j}", math.prod(s), list(s))
+                                for j, s in enumerate(shapes)])
             else:
-                tensors.append({"name": f"ddp_bucket.{i}", "elements": n})
-            big = n >= self.min_compress_elements
-            buckets.append({"tensors": list(range(first, len(tensors))),
-                            "codec": codec if big else "none",
-                            "feedback": feedback if big else "none",
-                            "route": route if big else "allreduce", "encode_on": "engine"})
-            if big and start_step:  # "...|start=N": compressed from the engine's step N
-                buckets[-1]["start_step"] = start_step
-        version = 2 if self._per_tensor else 1  # shapes came with version 2
-        return {"format": "gradcomp-plan", "version": version, "tensors": tensors,
-                "buckets": buckets}
+                buckets.append([(f"ddp_bucket.{i}", sum(math.prod(s) for s in shapes), [])])
+        compression = "none" if self._auto_settings else self.compression
+        return json.loads(_C.bucketed_plan(buckets, compression, self.min_compress_elements))
 
     def __call__(self, state, bucket):
         """DDP calls this for each bucket during backward. An error (a dead peer, a bad

@@ -1,4 +1,5 @@
-// make_default_plan: DDP-style fusion buckets, with large tensors compressed and small ones not.
+// make_default_plan: DDP-style fusion buckets, with large tensors compressed and small ones not;
+// make_bucketed_plan: buckets made elsewhere (DDP's), compressed by the same rules.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -44,11 +45,7 @@ class BucketFiller {
   size_t elements_ = 0;
 };
 
-void check_settings(const DefaultPlanSettings& settings) {
-  if (settings.bucket_bytes == 0) {
-    throw Error("default plan: bucket_bytes must be > 0 (the size limit of a fusion bucket in "
-                "bytes; DDP uses 25 MB)");
-  }
+void check_compressed(const DefaultPlanSettings& settings) {
   try {
     check_route(settings.compressed);
   } catch (const SpecError& e) {
@@ -56,6 +53,21 @@ void check_settings(const DefaultPlanSettings& settings) {
   } catch (const Error& e) {
     throw Error(fmt::format("default plan: settings.compressed: {}", e.what()));
   }
+}
+
+void check_settings(const DefaultPlanSettings& settings) {
+  if (settings.bucket_bytes == 0) {
+    throw Error("default plan: bucket_bytes must be > 0 (the size limit of a fusion bucket in "
+                "bytes; DDP uses 25 MB)");
+  }
+  check_compressed(settings);
+}
+
+// The option of the buckets of large tensors.
+Option compressed_option(const DefaultPlanSettings& settings) {
+  Option compressed = settings.compressed;
+  if (settings.start_step != 0) compressed.start_step = settings.start_step;
+  return compressed;
 }
 
 }  // namespace
@@ -67,9 +79,8 @@ Plan make_default_plan(std::vector<TensorInfo> tensors, const DefaultPlanSetting
 
   // Small tensors (biases, norms) gain little from compression and would pay its fixed costs
   // (headers, scales, a second pass), so they travel uncompressed over a plain allreduce.
-  const Option uncompressed{.codec = "none", .feedback = "none", .route = "allreduce"};
-  Option compressed = settings.compressed;
-  if (settings.start_step != 0) compressed.start_step = settings.start_step;
+  const Option uncompressed{};  // codec none, feedback none, allreduce
+  const Option compressed = compressed_option(settings);
   BucketFiller large(compressed, settings.bucket_bytes, plan.buckets);
   BucketFiller small(uncompressed, settings.bucket_bytes, plan.buckets);
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
@@ -85,6 +96,29 @@ Plan make_default_plan(std::vector<TensorInfo> tensors, const DefaultPlanSetting
   std::sort(plan.buckets.begin(), plan.buckets.end(),
             [](const Bucket& a, const Bucket& b) { return a.tensors.back() < b.tensors.back(); });
   plan.validate();  // duplicate or empty names
+  return plan;
+}
+
+Plan make_bucketed_plan(const std::vector<std::vector<TensorInfo>>& buckets,
+                        const DefaultPlanSettings& settings) {
+  check_compressed(settings);
+  const Option compressed = compressed_option(settings);
+  Plan plan;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (buckets[b].empty()) {
+      throw Error(fmt::format("bucketed plan: bucket {} holds no tensor", b));
+    }
+    Bucket bucket;
+    size_t elements = 0;
+    for (const TensorInfo& t : buckets[b]) {
+      bucket.tensors.push_back(plan.tensors.size());
+      plan.tensors.push_back(t);
+      elements += t.elements;
+    }
+    bucket.option = elements >= settings.min_compress_elements ? compressed : Option{};
+    plan.buckets.push_back(std::move(bucket));
+  }
+  plan.validate();
   return plan;
 }
 

@@ -166,5 +166,31 @@ TEST(DefaultPlan, SettingsAndTensorErrors) {
             "tensors[1]: the name 'w' is already used by tensors[0]; tensor names must be unique");
 }
 
+// The DDP hook's plan: DDP's buckets as given, each compressed by the default plan's rule (its
+// elements against min_compress_elements), the option's warm-up on compressed buckets only.
+TEST(BucketedPlan, KeepsTheGivenBucketsAndCompressesTheLargeOnes) {
+  DefaultPlanSettings s;
+  s.min_compress_elements = 1000;
+  s.compressed = parse_option("powersgd:rank=2|ef||start=5");
+  const Plan plan = make_bucketed_plan(
+      {{{"b0.0", 600, {20, 30}}, {"b0.1", 600, {600}}}, {{"b1.0", 999, {999}}}, {{"b2", 10000}}},
+      s);
+  ASSERT_EQ(plan.tensors.size(), 4u);
+  EXPECT_EQ(plan.tensors[0].shape, (std::vector<size_t>{20, 30}));
+  ASSERT_EQ(plan.buckets.size(), 3u);
+  EXPECT_EQ(plan.buckets[0].tensors, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(plan.buckets[0].option.codec, "powersgd:rank=2");  // 1200 elements in all
+  EXPECT_EQ(plan.buckets[0].option.start_step, 5u);
+  EXPECT_EQ(plan.buckets[1].option, Option{});  // 999 < 1000: uncompressed, no warm-up
+  EXPECT_EQ(plan.buckets[2].tensors, (std::vector<size_t>{3}));
+  EXPECT_EQ(plan.buckets[2].option.feedback, "ef");
+  EXPECT_NE(error_text([&] { make_bucketed_plan({{{"a", 1}}, {}}, s); }).find("bucket 1 holds no tensor"),
+            std::string::npos);
+  s.compressed.route = "allreduce";
+  s.compressed.codec = "topk";  // not summable
+  EXPECT_EQ(error_text([&] { make_bucketed_plan({{{"a", 1}}}, s); }).find("default plan: settings.compressed: "),
+            0u);
+}
+
 }  // namespace
 }  // namespace gradcomp

@@ -3,6 +3,7 @@ measures in the job, every rank alike; its report says what it tried and why it 
 kept; a checkpoint taken after the decision resumes bit-exactly without a new search; bad
 arguments are clear errors."""
 import json
+import math
 import subprocess
 
 import pytest
@@ -40,7 +41,18 @@ def test_the_report_says_what_was_tried_and_why(runs):
     assert len(candidates) >= 2, "the planner proposed no compressed plan"
     assert all(c["measured_ms"] > 0 and c["predicted_ms"] > 0 for c in candidates)
     kept = candidates[decision["kept"]]
-    assert kept["measured_ms"] == min(c["measured_ms"] for c in candidates) or decision["kept"] == 0
+    # The first candidate the clock cannot tell from the fastest (within twice their combined
+    # noise; uncompressed also within 3%) is kept: docs/auto.md, "Decision".
+    fastest = min(candidates, key=lambda c: c["measured_ms"])
+
+    def ties(i):
+        c = candidates[i]
+        margin = 2 * math.hypot(c["noise_ms"], fastest["noise_ms"])
+        if i == 0:
+            margin = max(margin, 0.03 * c["measured_ms"])
+        return c["measured_ms"] <= fastest["measured_ms"] + margin + 1e-9
+
+    assert decision["kept"] == next(i for i in range(len(candidates)) if ties(i)), decision["why"]
     assert decision["why"]
     assert decision["link"]["bytes_per_s"] > 0
     # Warm-up (6 steps) uncompressed; the plan in force from the decision on is the kept one.
