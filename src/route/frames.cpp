@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/byte_io.h"
+#include "common/half.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp::route {
@@ -43,6 +44,12 @@ void StepKeeper::settle(bool keep, const StepState& step) {
   }
   for (Feedback* f : feedbacks_) f->discard();
   for (Codec* c : codecs_) c->discard();
+}
+
+void encode_half(std::span<const float> x, std::span<uint16_t> out, const Phases& p) {
+  p.run("encode", [&] {
+    for (size_t i = 0; i < x.size(); ++i) out[i] = float_to_half(x[i]);
+  });
 }
 
 bool all_finite(std::span<const float> x) {

@@ -82,24 +82,14 @@ HierarchicalRoute::HierarchicalRoute(const RouteConfig& c)
       fp16_(c.spec.intra_fp16) {
   if (fp16_) half_.resize(n_);
   if (!leader_) return;
-  RouteConfig inner = c;
-  inner.spec.name = c.spec.inner;
-  inner.spec.kind = c.spec.inner_kind;
-  inner.env.world = c.env.leaders;
-  inner.env.intra = nullptr;
-  inner.env.leaders = nullptr;
-  inner_ = make_flat_route(inner);
+  inner_ = make_flat_route(inner_route_config(c, c.env.leaders));
 }
 
 void HierarchicalRoute::encode(std::span<float> grad, const StepState&, const Phases& p) {
   check_length(kName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   sum_ = grad;  // the engine leaves the bucket to the route until decode (route.h)
-  if (fp16_) {
-    p.run("encode", [&] {
-      for (size_t i = 0; i < n_; ++i) half_[i] = float_to_half(grad[i]);
-    });
-  }
+  if (fp16_) encode_half(grad, half_, p);
 }
 
 void HierarchicalRoute::reduce_in_node(const Phases& p) {

@@ -156,6 +156,14 @@ bool route_fits(RouteKind kind, const CodecTraits& traits) {
   return row_of(kind).misfit(traits).empty();
 }
 
+RouteConfig inner_route_config(const RouteConfig& config, Transport* across) {
+  RouteConfig inner = config;
+  inner.spec.name = config.spec.inner;
+  inner.spec.kind = config.spec.inner_kind;
+  inner.env = RouteEnv{.world = across, .seed = config.env.seed, .threads = config.env.threads};
+  return inner;
+}
+
 std::unique_ptr<Route> make_flat_route(const RouteConfig& config) {
   const std::string& name = config.spec.name;
   if (config.env.world == nullptr) {

@@ -61,6 +61,9 @@ std::unique_ptr<Route> make_sharded_route(const RouteConfig& config);
 // `main`, the option's route.
 std::unique_ptr<Route> make_warmup_route(std::unique_ptr<Route> plain, std::unique_ptr<Route> main,
                                          uint64_t start_step);
+// The configuration of the flat route (config.spec.inner) a route over nodes runs across them,
+// over the transport `across`; the node transports are not passed on.
+RouteConfig inner_route_config(const RouteConfig& config, Transport* across);
 // The route among leaders (or the whole route when not hierarchical) by name.
 std::unique_ptr<Route> make_flat_route(const RouteConfig& config);
 

@@ -93,16 +93,10 @@ ShardedRoute::ShardedRoute(const RouteConfig& c)
   if (fp16_) half_.resize(n_);
   received_.resize(mine_.size() * wire_ * local_size_);
   shard_.resize(mine_.size());
-  RouteConfig inner = c;
-  inner.spec.name = c.spec.inner;
-  inner.spec.kind = c.spec.inner_kind;
+  RouteConfig inner = inner_route_config(c, c.env.cross);
   inner.key = shard_key(c.key, local_rank_, false);  // each shard draws its own randomness
   inner.elements = mine_.size();
   inner.layout.clear();  // the tensors' shapes are the bucket's, not the shard's
-  inner.env.world = c.env.cross;
-  inner.env.intra = nullptr;
-  inner.env.leaders = nullptr;
-  inner.env.cross = nullptr;
   inner_ = make_flat_route(inner);
 }
 
@@ -110,11 +104,7 @@ void ShardedRoute::encode(std::span<float> grad, const StepState&, const Phases&
   check_length(kName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   sum_ = grad;  // the engine leaves the bucket to the route until decode (route.h)
-  if (fp16_) {
-    p.run("encode", [&] {
-      for (size_t i = 0; i < n_; ++i) half_[i] = float_to_half(grad[i]);
-    });
-  }
+  if (fp16_) encode_half(grad, half_, p);
 }
 
 void ShardedRoute::scatter_reduce(const Phases& p) {
