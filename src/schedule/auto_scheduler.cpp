@@ -67,8 +67,7 @@ std::string summarize(const Plan& plan) {
 json candidate_json(const AutoCandidate& c) {
   return {{"name", c.name}, {"summary", c.summary}, {"predicted_ms", c.predicted_ms},
           {"measured_ms", c.measured_ms}, {"noise_ms", c.noise_ms}, {"first_step", c.first_step},
-          {"round", c.round},
-          {"plan", c.plan.to_json()}};
+          {"round", c.round}, {"plan", c.plan.to_json()}};
 }
 
 // Mean |predicted - measured| / measured over the candidates of `round`; -1 when it has none.

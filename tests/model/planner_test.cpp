@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
@@ -209,6 +210,28 @@ TEST(Planner, OneLossyStepExcludesTwoWayAndHierarchicalTwoWay) {
     twoway = twoway || o.route.find("twoway") != std::string::npos;
   }
   EXPECT_TRUE(twoway);
+}
+
+// Over nodes the planner offers both routes, but not the sharded one to a codec that compresses
+// each tensor on its own: its shards cut through the tensors.
+TEST(Planner, ShardsOverNodesOnlyCodecsThatIgnoreTheLayout) {
+  Cluster cluster;
+  cluster.workers = 16;
+  cluster.per_node = 4;
+  PlannerSettings settings;
+  const auto routes = [&](const char* codec) {
+    settings.codecs = {codec};
+    std::set<std::string> out;
+    for (const auto& o : candidate_options(settings, cluster)) {
+      if (o.codec != "none") out.insert(o.route);
+    }
+    return out;
+  };
+  EXPECT_TRUE(routes("topk:ratio=0.01|ef").contains("sharded:inner=allgather"));
+  EXPECT_TRUE(routes("topk:ratio=0.01|ef").contains("hierarchical:inner=allgather"));
+  const auto powersgd = routes("powersgd:rank=4|ef");
+  EXPECT_TRUE(powersgd.contains("hierarchical:inner=allreduce"));
+  for (const auto& r : powersgd) EXPECT_EQ(r.rfind("sharded", 0), std::string::npos) << r;
 }
 
 TEST(Planner, AWarmUpWithoutARouteKeepsEveryRouteAndItsStart) {
