@@ -75,13 +75,14 @@ done
 
 # Espresso: 64 V100s, 8 per machine; NVLink + 100 Gbit/s or PCIe + 25 Gbit/s; each model with
 # the compressor of its Figure 12/13 run. GC with GPU: Espresso's comm type 4 shape (compressed
-# allgather among nodes), V100 costs on the compute stream; GC with CPU: BytePS-Compress's shape
+# allgather among nodes), V100 costs on the compute stream, by the leader route and by the sharded
+# route (each local rank compresses its shard: Espresso's own shape); GC with CPU: BytePS-Compress's shape
 # (fp16 inside the node, compressed push/pull with server re-compression), our CPU costs over
 # BytePS's 4 OpenMP threads; Espresso: our planner with V100 costs.
 while read -r model codec intra inter; do
   NET=(--workers 64 --per-node 8 --intra "$intra" --inter "$inter" --lambda $LAMBDA)
   run "espresso-$model-gpu" simulate --profile $model "${NET[@]}" --costs $GPU --encode-on caller \
-      --codecs "none;$codec|ef|hierarchical:inner=allgather"
+      --codecs "none;$codec|ef|hierarchical:inner=allgather;$codec|ef|sharded:inner=allgather"
   run "espresso-$model-cpu" simulate --profile $model "${NET[@]}" --cost-scale 0.25 \
       --codecs "$codec|ef|hierarchical:inner=twoway,intra=fp16;$codec|ef|twoway"
   plan_both "espresso-$model-plan" $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef"

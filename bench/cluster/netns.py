@@ -387,20 +387,26 @@ class Cluster:
                 _kill(pid)
         self._procs = [p for p in self._procs if p not in procs]
 
-    def run(self, argv_for_rank, env_for_rank, timeout, log_dir, grace=20.0):
-        """Runs one worker per host and waits for all; returns the wall seconds.
+    def run(self, argv_for_rank, env_for_rank, timeout, log_dir, grace=20.0, ranks_per_host=1):
+        """Runs ranks_per_host workers per host and waits for all; returns the wall seconds.
 
-        Raises WorkerError if a worker fails (after giving the others `grace`
+        Rank r runs on host r // ranks_per_host (ranks of one host talk through its own
+        loopback, unlimited: a node's fast link; between hosts through the rate-limited
+        links). Raises WorkerError if a worker fails (after giving the others `grace`
         seconds to finish) or if the job runs longer than `timeout`. Either way
         no worker process is left afterwards.
         """
+        if not isinstance(ranks_per_host, int) or ranks_per_host < 1:
+            raise ClusterError(f"ranks per host must be a whole number >= 1, not {ranks_per_host!r}")
+        ranks = self.hosts * ranks_per_host
         os.makedirs(log_dir, exist_ok=True)
-        logs = [os.path.join(log_dir, f"rank{r}.log") for r in range(self.hosts)]
+        logs = [os.path.join(log_dir, f"rank{r}.log") for r in range(ranks)]
         procs = []
         start = time.monotonic()
         try:
-            for r in range(self.hosts):
-                procs.append(self.spawn(r, argv_for_rank(r), env_for_rank(r), logs[r]))
+            for r in range(ranks):
+                procs.append(self.spawn(r // ranks_per_host, argv_for_rank(r), env_for_rank(r),
+                                        logs[r]))
             failed, running = _wait(procs, start + timeout, grace)
             seconds = time.monotonic() - start
         finally:

@@ -250,6 +250,19 @@ def test_run_returns_wall_time(run_id, tmp_path):
 
 
 @needs_root
+def test_run_places_ranks_per_host_on_their_hosts(run_id, tmp_path):
+    with netns.Cluster(2, 1e9, run_id=run_id) as c:
+        c.run(lambda r: [PYTHON, "-c", "import os; print(os.readlink('/proc/self/ns/net'))"],
+              lambda r: dict(os.environ), timeout=20, log_dir=tmp_path, ranks_per_host=2)
+    spaces = [(tmp_path / f"rank{r}.log").read_text().strip() for r in range(4)]
+    assert spaces[0] == spaces[1] and spaces[2] == spaces[3]  # ranks 0, 1 on host 0; 2, 3 on 1
+    assert spaces[0] != spaces[2] and spaces[0].startswith("net:[")
+    with pytest.raises(netns.ClusterError, match="ranks per host"):
+        netns.Cluster(2, 1e9, run_id=run_id).run(lambda r: [], lambda r: {}, 1, tmp_path,
+                                                  ranks_per_host=0)
+
+
+@needs_root
 def test_run_reports_a_failing_worker_and_kills_the_rest(run_id, tmp_path):
     def argv(rank):
         if rank == 1:

@@ -1,0 +1,104 @@
+"""`gradcomp bench routes` on an emulated cluster of multi-rank nodes.
+
+H hosts (network namespaces, netns.py) with L ranks each: the ranks of one host talk through
+that host's own loopback (unlimited: a node's fast link), the hosts through rate-limited links
+(tbf, both ways: the slow link between nodes). Every rank runs `gradcomp bench routes` over
+the Gloo transport with the local size L, so the node routes (hierarchical, sharded) group the
+ranks as the hosts do. Rank 0's table is printed; --json keeps it; each host's bytes sent on
+its link over the whole run are printed after it.
+
+    /usr/bin/python3 bench/cluster/routes.py --hosts 2 --ranks-per-host 2 --rate 1gbit --sizes 22
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import netns  # noqa: E402
+
+GRADCOMP = ROOT / "build" / "bin" / "gradcomp"
+PORT = 29611
+
+# The leader route and the sharded route side by side, uncompressed, cast to fp16 and
+# compressed between nodes, next to the flat ring of every rank.
+DEFAULT_CASES = [
+    "none|none|allreduce",
+    "none|none|hierarchical",
+    "none|none|sharded:inner=allreduce",
+    "fp16|none|hierarchical:inner=allreduce,intra=fp16",
+    "fp16|none|sharded:inner=allreduce,intra=fp16",
+    "topk:ratio=0.01|ef|hierarchical:inner=allgather",
+    "topk:ratio=0.01|ef|sharded:inner=allgather",
+]
+
+
+def rank_env(cluster, rank, ranks_per_host, store, timeout):
+    host = rank // ranks_per_host
+    return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(cluster.hosts * ranks_per_host),
+                LOCAL_RANK=str(rank % ranks_per_host), LOCAL_WORLD_SIZE=str(ranks_per_host),
+                GRADCOMP_STORE=f"file:{store}", GRADCOMP_GLOO_ADDR=cluster.address(host),
+                GRADCOMP_TIMEOUT=str(int(timeout)))
+
+
+def run(args):
+    if not GRADCOMP.exists():
+        raise netns.ClusterError(f"{GRADCOMP} is missing; build it first (cmake --build build)")
+    rate = netns.parse_rate(args.rate)
+    json_path = Path(args.json).resolve() if args.json else None
+    argv = [str(GRADCOMP), "bench", "routes", "--transport", "gloo", "--local-size",
+            str(args.ranks_per_host), "--sizes", args.sizes, "--repeats", str(args.repeats),
+            "--cases", ";".join(args.cases)]
+    with tempfile.TemporaryDirectory(prefix="gcroutes-") as tmp, \
+            netns.Cluster(args.hosts, rate) as cluster:
+        measured = cluster.measure_rate()
+        print(f"{args.hosts} hosts x {args.ranks_per_host} ranks; links {netns.format_rate(rate)} "
+              f"each way (measured {netns.format_rate(round(measured, -5))}); inside a host: "
+              "loopback", flush=True)
+        store = Path(tmp) / "store"
+        store.mkdir()
+        sent_before = [cluster.tx_bytes(i) for i in range(args.hosts)]
+        argv_for = lambda r: argv + (["--json", str(json_path)] if r == 0 and json_path else [])
+        seconds = cluster.run(argv_for, lambda r: rank_env(cluster, r, args.ranks_per_host, store,
+                                                           args.timeout),
+                              args.timeout, tmp, ranks_per_host=args.ranks_per_host)
+        sent = [cluster.tx_bytes(i) - sent_before[i] for i in range(args.hosts)]
+        print((Path(tmp) / "rank0.log").read_text(), end="")
+    print(f"{seconds:.1f} s; bytes sent on each host's link over the whole run: "
+          + ", ".join(f"host {i} {b / 1e6:.1f} MB" for i, b in enumerate(sent)))
+    if json_path:
+        result = json.loads(json_path.read_text())
+        result["cluster"] = {"hosts": args.hosts, "ranks_per_host": args.ranks_per_host,
+                             "rate_bps": rate, "measured_bps": measured, "link_bytes_sent": sent}
+        json_path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--ranks-per-host", type=int, default=2)
+    parser.add_argument("--rate", default="1gbit", help="link rate between hosts, tc units")
+    parser.add_argument("--sizes", default="22", help="log2 of the bucket sizes, e.g. 20,22")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--cases", type=lambda t: [c for c in t.split(";") if c],
+                        default=DEFAULT_CASES, help="'codec|feedback|route' cases, ';'-separated")
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--json", help="write rank 0's results (and the cluster) to this file")
+    args = parser.parse_args(argv)
+    try:
+        if args.hosts < 2 or args.ranks_per_host < 1:
+            raise netns.ClusterError("need at least 2 hosts and 1 rank per host")
+        netns.check_environment()
+        run(args)
+    except netns.ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
