@@ -82,6 +82,9 @@ def parse_args(argv=None):
     p.add_argument("--transport", default="auto", choices=["auto", "gloo", "mpi", "torch"],
                    help="auto: MPI under mpirun, else Gloo; torch: a torch.distributed gloo "
                         "process group (default: auto)")
+    p.add_argument("--local-size", type=int, default=0,
+                   help="ranks per node for the node routes (hierarchical, sharded); "
+                        "0: from the launcher (LOCAL_WORLD_SIZE or mpirun)")
     p.add_argument("--min-compress-elements", type=int, default=16384,
                    help="smaller tensors travel uncompressed (16384)")
     p.add_argument("--bucket-mb", type=float, default=25.0,
@@ -321,7 +324,7 @@ def make_optimizer(args, model, comm, total_steps):
                                 weight_decay=args.weight_decay)
     optimizer = gct.DistributedOptimizer(
         inner, model.named_parameters(), compression=args.compression,
-        transport=comm.transport, seed=args.seed,
+        transport=comm.transport, seed=args.seed, local_size=args.local_size,
         min_compress_elements=args.min_compress_elements, bucket_mb=args.bucket_mb,
         timeline=args.timeline, auto=args.auto)
     return optimizer, inner

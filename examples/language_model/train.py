@@ -76,6 +76,9 @@ def parse_args(argv=None):
                    help="model initialisation, batches and the codecs' randomness (0)")
     p.add_argument("--transport", default="auto", choices=["auto", "gloo", "mpi", "torch"],
                    help="as in examples/fashion_mnist/train.py (auto)")
+    p.add_argument("--local-size", type=int, default=0,
+                   help="ranks per node for the node routes (hierarchical, sharded); "
+                        "0: from the launcher (LOCAL_WORLD_SIZE or mpirun)")
     p.add_argument("--min-compress-elements", type=int, default=16384,
                    help="smaller tensors travel uncompressed (16384)")
     p.add_argument("--data", default=corpus.DEFAULT_DIR,
@@ -211,7 +214,7 @@ def make_distributed(args, model, comm):
     inner = make_optimizer(args, model)
     optimizer = gct.DistributedOptimizer(
         inner, model.named_parameters(), compression=args.compression,
-        transport=comm.transport, seed=args.seed,
+        transport=comm.transport, seed=args.seed, local_size=args.local_size,
         min_compress_elements=args.min_compress_elements)
     return optimizer, inner
 

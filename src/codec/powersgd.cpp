@@ -20,7 +20,7 @@
 // the matrices one after another (powersgd_view.h). Header aux is 0. Both payloads are
 // summable as float32.
 //
-// State (save_state): "PSGS", u32 version 2, u8 has_q, then when has_q: u64 n, u64 matrices,
+// State (save_state, common/state_io.h): "PSGS", u32 version 2, u8 has_q, then when has_q: u64 n, u64 matrices,
 // per matrix u64 rows, u64 cols, u64 rank, then every matrix's warm-start Q (rank * cols
 // float32, column-major). The fused view writes and reads version 1 (the same without the
 // count), as it always did. round 0 keeps a copy
@@ -34,6 +34,7 @@
 
 #include "codec/factories.h"
 #include "common/buffer.h"
+#include "common/state_io.h"
 #include "codec/powersgd_matrix.h"
 #include "codec/powersgd_view.h"
 #include "gradcomp/error.h"
@@ -47,44 +48,8 @@ using powersgd::View;
 
 constexpr size_t kMaxRank = 1024;  // the rank parameter's upper bound
 
-constexpr uint32_t kStateMagic = 0x53475350;  // "PSGS"
-constexpr uint32_t kStateVersion = 2;
-
-// Appends raw bytes (resize + memcpy: vector::insert of byte ranges trips GCC 12's
-// -Wstringop-overflow false positive).
-void put(std::vector<std::byte>& out, const void* data, size_t bytes) {
-  const size_t at = out.size();
-  out.resize(at + bytes);
-  if (bytes > 0) std::memcpy(out.data() + at, data, bytes);
-}
-
-// Reads fixed-size fields from a state blob, refusing to run past its end.
-class StateReader {
- public:
-  explicit StateReader(std::span<const std::byte> in) : in_(in) {}
-  template <typename T>
-  T get() {
-    T v;
-    take(&v, sizeof v);
-    return v;
-  }
-  void take(void* out, size_t bytes) {
-    if (bytes > in_.size() - pos_) {
-      throw Error(
-          fmt::format("codec 'powersgd': state truncated: needs {} more bytes at offset "
-                      "{}, {} left",
-                      bytes, pos_, in_.size() - pos_));
-    }
-    // A Q of 0 elements (a zero-length bucket) has a null data(): memcpy must not see it.
-    if (bytes > 0) std::memcpy(out, in_.data() + pos_, bytes);
-    pos_ += bytes;
-  }
-  size_t left() const { return in_.size() - pos_; }
-
- private:
-  std::span<const std::byte> in_;
-  size_t pos_ = 0;
-};
+// Version 1: the fused view (one matrix of the whole bucket, no count); 2: a matrix per tensor.
+constexpr StateKind kState{"PSGS", 1, 2};
 
 // The residual must be empty, the input itself (in place), or a separate array of the same
 // length: a partial overlap would be overwritten before it is read.
@@ -168,7 +133,7 @@ class PowerSgdCodec final : public Codec {
   // call for n) and shared: every round of every step asks, and must not allocate.
   std::shared_ptr<const View> view(size_t n) const;
   // The fused view keeps version 1, byte for byte as before per-tensor matrices.
-  uint32_t state_version() const { return layout_view_ ? kStateVersion : 1; }
+  uint32_t state_version() const { return layout_view_ ? 2 : 1; }
   void check_round(int round, int last, const char* what) const;
   void ensure_q(const View& v, const Context& ctx);
   void draw_q_column(size_t block, size_t k, const Context& ctx);
@@ -424,23 +389,16 @@ void PowerSgdCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
 }
 
 std::vector<std::byte> PowerSgdCodec::save_state() const {
-  std::vector<std::byte> out;
-  put(out, &kStateMagic, 4);
-  const uint32_t version = state_version();
-  put(out, &version, 4);
-  const uint8_t has = has_q_ ? 1 : 0;
-  put(out, &has, 1);
-  if (!has_q_) return out;
-  const uint64_t n = q_view_.n, blocks = q_view_.blocks.size();
-  put(out, &n, 8);
-  if (layout_view_) put(out, &blocks, 8);  // version 1 (the fused view) has no count
+  StateWriter out(kState, state_version());
+  out.put(static_cast<uint8_t>(has_q_));
+  if (!has_q_) return std::move(out).finish();
+  out.put(static_cast<uint64_t>(q_view_.n));
+  if (layout_view_) out.put(static_cast<uint64_t>(q_view_.blocks.size()));  // not in version 1
   for (const powersgd::Block& b : q_view_.blocks) {
-    for (uint64_t v : {uint64_t{b.shape.rows}, uint64_t{b.shape.cols}, uint64_t{b.shape.rank}}) {
-      put(out, &v, 8);
-    }
+    out.put(uint64_t{b.shape.rows}).put(uint64_t{b.shape.cols}).put(uint64_t{b.shape.rank});
   }
-  put(out, q_.data(), 4 * q_.size());
-  return out;
+  out.floats(q_);
+  return std::move(out).finish();
 }
 
 void PowerSgdCodec::discard() {
@@ -459,7 +417,7 @@ void PowerSgdCodec::discard() {
 void PowerSgdCodec::read_q_blocks(StateReader& in, uint32_t version, uint64_t n) {
   const auto held = view(n);
   const View& v = *held;
-  const uint64_t blocks = version == 1 ? 1 : in.get<uint64_t>();
+  const uint64_t blocks = version == 1 ? 1 : in.get<uint64_t>("the matrix count");
   const auto mismatch = [&](const std::string& what) {
     return Error(fmt::format("codec 'powersgd': state for {} elements {}; this codec ({}) "
                              "views {} elements as {} matri{} ({} float32 values of Q)",
@@ -469,8 +427,9 @@ void PowerSgdCodec::read_q_blocks(StateReader& in, uint32_t version, uint64_t n)
   if (blocks != v.blocks.size()) throw mismatch(fmt::format("holds {} matrices", blocks));
   for (size_t b = 0; b < v.blocks.size(); ++b) {
     const Shape& s = v.blocks[b].shape;
-    const uint64_t rows = in.get<uint64_t>(), cols = in.get<uint64_t>(),
-                   rank = in.get<uint64_t>();
+    const auto rows = in.get<uint64_t>("a matrix's rows");
+    const auto cols = in.get<uint64_t>("a matrix's columns");
+    const auto rank = in.get<uint64_t>("a matrix's rank");
     if (rows != s.rows || cols != s.cols || rank != s.rank) {
       throw mismatch(fmt::format("holds matrix {} as {} x {} at rank {}, not {} x {} at rank {}",
                                  b, rows, cols, rank, s.rows, s.cols, s.rank));
@@ -480,7 +439,7 @@ void PowerSgdCodec::read_q_blocks(StateReader& in, uint32_t version, uint64_t n)
     throw mismatch(fmt::format("has {} bytes of values", in.left()));
   }
   Buffer<float> q(v.q_values);
-  in.take(q.data(), 4 * q.size());
+  in.floats(q, "the values of Q");
   q_ = std::move(q);
   q_view_ = v;
   has_q_ = true;
@@ -488,25 +447,21 @@ void PowerSgdCodec::read_q_blocks(StateReader& in, uint32_t version, uint64_t n)
 
 void PowerSgdCodec::load_state(std::span<const std::byte> state) {
   saved_.open = false;  // the loaded state is not a step to take back
-  StateReader in(state);
-  const auto magic = in.get<uint32_t>();
-  const auto version = in.get<uint32_t>();
-  if (magic != kStateMagic || version != state_version()) {
-    throw Error(
-        fmt::format("codec 'powersgd': not a powersgd state for this codec (magic 0x{:08x}, "
-                    "version {}; expected 0x{:08x}, version {}: 1 for one matrix of the whole "
-                    "bucket, 2 for a matrix per tensor)",
-                    magic, version, kStateMagic, state_version()));
+  StateReader in("codec 'powersgd': cannot load state", state, kState);
+  if (in.version() != state_version()) {
+    in.fail(fmt::format("it is of version {}; expected version {} for this codec (1 for one "
+                        "matrix of the whole bucket, 2 for a matrix per tensor)",
+                        in.version(), state_version()));
   }
-  const auto has = in.get<uint8_t>();
-  if (has > 1) throw Error("codec 'powersgd': state corrupted: has_q flag is neither 0 nor 1");
+  const auto has = in.get<uint8_t>("the has-Q flag");
+  if (has > 1) in.fail(fmt::format("the has-Q flag is {}, neither 0 nor 1", has));
   if (has == 0) {
-    if (in.left() != 0) throw Error("codec 'powersgd': state has trailing bytes");
+    in.expect_end("the has-Q flag");
     has_q_ = false;
     q_.clear();
     return;
   }
-  read_q_blocks(in, version, in.get<uint64_t>());
+  read_q_blocks(in, in.version(), in.get<uint64_t>("the length"));
 }
 
 }  // namespace

@@ -8,23 +8,21 @@
 // the non-finite flag instead and the decoder adds NaN everywhere. docs/wire-format.md (signum).
 //
 // Payload: ceil(n/8) bytes of sign bits of m, LSB-first, bit = 1 when m < 0.
-// State (save_state): "SGNM", u32 version 1, u64 n, then n float32 values of m; no bytes
+// State (save_state, common/state_io.h): "SGNM", u32 version 1, u64 n, then n float32 values of m; no bytes
 // before the first encode. encode() writes the new m into a second buffer and swaps, so the old
 // one stays for discard() (a swap back; 2n floats, no pass over the data).
-#include <cstring>
-
 #include "codec/casts_frame.h"
 #include "codec/factories.h"
 #include "common/buffer.h"
+#include "common/state_io.h"
 #include "codec/sign_bits.h"
 
 namespace gradcomp {
 namespace {
 
 constexpr const char* kName = "signum";
-constexpr uint32_t kStateMagic = 0x4d4e4753;  // "SGNM" read as little-endian u32
+constexpr StateKind kState{"SGNM"};
 constexpr uint32_t kStateVersion = 1;
-constexpr size_t kStateHeaderBytes = 16;
 
 class SignumCodec final : public Codec {
  public:
@@ -80,13 +78,9 @@ class SignumCodec final : public Codec {
 
   std::vector<std::byte> save_state() const override {
     if (!has_momentum_) return {};
-    std::vector<std::byte> state(kStateHeaderBytes + 4 * momentum_.size());
-    const uint64_t count = momentum_.size();
-    std::memcpy(state.data(), &kStateMagic, 4);
-    std::memcpy(state.data() + 4, &kStateVersion, 4);
-    std::memcpy(state.data() + 8, &count, 8);
-    if (count != 0) std::memcpy(state.data() + kStateHeaderBytes, momentum_.data(), 4 * count);
-    return state;
+    StateWriter out(kState, kStateVersion);
+    out.put(static_cast<uint64_t>(momentum_.size())).floats(momentum_);
+    return std::move(out).finish();
   }
 
   void load_state(std::span<const std::byte> state) override {
@@ -96,9 +90,17 @@ class SignumCodec final : public Codec {
       has_momentum_ = false;
       return;
     }
-    const uint64_t count = check_state(state);
-    momentum_.resize(count);
-    if (count != 0) std::memcpy(momentum_.data(), state.data() + kStateHeaderBytes, 4 * count);
+    StateReader in(fmt::format("codec '{}': cannot load state", kName), state, kState);
+    const auto count = in.get<uint64_t>("the momentum's length");
+    const size_t body = in.left();
+    if (body % 4 != 0 || count != body / 4) {
+      in.fail(fmt::format("it announces {} momentum values but holds {} bytes after its header; "
+                          "expected 4 per value",
+                          count, body));
+    }
+    Buffer<float> momentum(count);
+    in.floats(momentum, "the momentum");
+    momentum_ = std::move(momentum);
     has_momentum_ = true;
   }
 
@@ -131,34 +133,6 @@ class SignumCodec final : public Codec {
       has_momentum_ = true;
     }
     next_.resize(n);  // allocated once; every element is written before it is read
-  }
-
-  // Validates a saved state and returns its element count.
-  static uint64_t check_state(std::span<const std::byte> state) {
-    if (state.size() < kStateHeaderBytes) {
-      throw Error(fmt::format("codec '{}': state of {} bytes is shorter than its {}-byte header",
-                              kName, state.size(), kStateHeaderBytes));
-    }
-    uint32_t magic, version;
-    uint64_t count;
-    std::memcpy(&magic, state.data(), 4);
-    std::memcpy(&version, state.data() + 4, 4);
-    std::memcpy(&count, state.data() + 8, 8);
-    if (magic != kStateMagic) {
-      throw Error(fmt::format("codec '{}': state magic 0x{:08x} is not \"SGNM\" (0x{:08x})", kName,
-                              magic, kStateMagic));
-    }
-    if (version != kStateVersion) {
-      throw Error(fmt::format("codec '{}': state version {} is not supported; allowed: {}", kName,
-                              version, kStateVersion));
-    }
-    const size_t body = state.size() - kStateHeaderBytes;
-    if (body % 4 != 0 || count != body / 4) {
-      throw Error(fmt::format("codec '{}': state announces {} momentum values but holds {} bytes "
-                              "after its header; expected 4 per value",
-                              kName, count, body));
-    }
-    return count;
   }
 
   double beta_;

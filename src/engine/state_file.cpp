@@ -12,46 +12,33 @@
 
 #include <fmt/format.h>
 
-#include "common/byte_io.h"
+#include "common/state_io.h"
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
 
 namespace gradcomp {
 namespace {
 
-constexpr char kMagic[4] = {'G', 'C', 'E', 'N'};
 constexpr uint32_t kVersion = 4;
 constexpr uint32_t kVersionWithoutCarried = 3;
 constexpr uint32_t kVersionWithoutChecksum = 2;
+constexpr StateKind kState{"GCEN", kVersionWithoutChecksum, kVersion};
 
 }  // namespace
 
 std::vector<std::byte> write_engine_state(const StateOwner& owner, const EngineState& state) {
   const StepState& step = state.step_state;
-  std::vector<std::byte> out;
-  put_bytes(out, kMagic, sizeof(kMagic));
-  put(out, kVersion);
-  put(out, owner.plan_hash);
-  put(out, owner.seed);
-  put(out, owner.rank);
-  put(out, owner.world_size);
-  put(out, step.step);
-  put(out, step.lr);
-  put(out, step.prev_lr);
-  put(out, static_cast<uint64_t>(state.routes.size()));
-  for (const auto& r : state.routes) {
-    put(out, static_cast<uint64_t>(r.size()));
-    put_bytes(out, r.data(), r.size());
-  }
-  put(out, static_cast<uint64_t>(state.carried.size()));
+  StateWriter out(kState, kVersion);
+  out.put(owner.plan_hash).put(owner.seed).put(owner.rank).put(owner.world_size);
+  out.put(step.step).put(step.lr).put(step.prev_lr);
+  out.put(static_cast<uint64_t>(state.routes.size()));
+  for (const auto& r : state.routes) out.blob(r);
+  out.put(static_cast<uint64_t>(state.carried.size()));
   for (const CarriedMemory& c : state.carried) {
-    put(out, c.tensor);
-    put(out, c.scale);
-    put(out, static_cast<uint64_t>(c.values.size()));
-    put_bytes(out, c.values.data(), c.values.size() * sizeof(float));
+    out.put(c.tensor).put(c.scale).put(static_cast<uint64_t>(c.values.size())).floats(c.values);
   }
-  put(out, crc32(out));
-  return out;
+  out.put(crc32(out.written()));
+  return std::move(out).finish();
 }
 
 namespace {
@@ -69,7 +56,7 @@ std::span<const std::byte> checked_body(std::span<const std::byte> bytes) {
   return body;
 }
 
-std::vector<CarriedMemory> read_carried(ByteReader& in, std::span<const size_t> tensor_elements) {
+std::vector<CarriedMemory> read_carried(StateReader& in, std::span<const size_t> tensor_elements) {
   std::vector<CarriedMemory> carried;
   const auto count = in.get<uint64_t>("carried count");
   for (uint64_t i = 0; i < count; ++i) {
@@ -77,23 +64,23 @@ std::vector<CarriedMemory> read_carried(ByteReader& in, std::span<const size_t> 
     c.tensor = in.get<uint64_t>("carried tensor");
     if (c.tensor >= tensor_elements.size() ||
         (!carried.empty() && c.tensor <= carried.back().tensor)) {
-      throw Error(fmt::format("engine state carries memory of tensor {}: not a tensor of the "
-                              "plan ({} tensors) in increasing order", c.tensor,
-                              tensor_elements.size()));
+      in.fail(fmt::format("it carries memory of tensor {}: not a tensor of the plan ({} "
+                          "tensors) in increasing order",
+                          c.tensor, tensor_elements.size()));
     }
     c.scale = in.get<double>("carried scale");
     if (!(c.scale >= 0) || !std::isfinite(c.scale)) {
-      throw Error(fmt::format("engine state: the carried memory of tensor {} has loss scale {}; "
-                              "a scale is finite and at least 0", c.tensor, c.scale));
+      in.fail(fmt::format("the carried memory of tensor {} has loss scale {}; a scale is finite "
+                          "and at least 0",
+                          c.tensor, c.scale));
     }
     const auto n = in.get<uint64_t>("carried element count");
     if (n != tensor_elements[c.tensor]) {
-      throw Error(fmt::format("engine state carries {} elements for tensor {}, which has {}", n,
-                              c.tensor, tensor_elements[c.tensor]));
+      in.fail(fmt::format("it carries {} elements for tensor {}, which has {}", n, c.tensor,
+                          tensor_elements[c.tensor]));
     }
-    const auto values = in.take(n * sizeof(float), "carried values");
     c.values.resize(n);
-    std::memcpy(c.values.data(), values.data(), values.size());
+    in.floats(c.values, "carried values");
     carried.push_back(std::move(c));
   }
   return carried;
@@ -103,19 +90,11 @@ std::vector<CarriedMemory> read_carried(ByteReader& in, std::span<const size_t> 
 
 EngineState read_engine_state(std::span<const std::byte> bytes, const StateOwner& owner,
                               size_t buckets, std::span<const size_t> tensor_elements) {
-  ByteReader in("engine state", bytes);
-  if (bytes.size() < 4 || std::memcmp(in.take(4, "magic").data(), kMagic, 4) != 0) {
-    throw Error("engine state: not a gradcomp engine state (no GCEN magic)");
-  }
-  const auto version = in.get<uint32_t>("version");
-  if (version < kVersionWithoutChecksum || version > kVersion) {
-    throw Error(fmt::format("engine state version {} is not supported; this gradcomp reads {} "
-                            "to {}", version, kVersionWithoutChecksum, kVersion));
-  }
-  if (version >= kVersionWithoutCarried) {
-    in = ByteReader("engine state", checked_body(bytes));
-    in.take(8, "magic and version");
-  }
+  // Versions from 3 on end with the checksum of every byte before it: checked first, so a
+  // flipped byte reads as what it is, not as whatever field it landed in.
+  const uint32_t version = StateReader("engine state", bytes, kState).version();
+  StateReader in("engine state",
+                 version >= kVersionWithoutCarried ? checked_body(bytes) : bytes, kState);
   if (const auto hash = in.get<uint64_t>("plan hash"); hash != owner.plan_hash) {
     throw Error(fmt::format("engine state belongs to another plan (hash {:016x}, this engine's "
                             "plan is {:016x}); load it into an engine with the same plan",
@@ -141,15 +120,14 @@ EngineState read_engine_state(std::span<const std::byte> bytes, const StateOwner
   state.step_state.prev_lr = in.get<double>("prev_lr");
   const auto count = in.get<uint64_t>("bucket count");
   if (count != buckets) {
-    throw Error(fmt::format("engine state has {} buckets; the plan has {}", count, buckets));
+    in.fail(fmt::format("it has {} buckets; the plan has {}", count, buckets));
   }
   for (size_t b = 0; b < count; ++b) {
-    const auto n = in.get<uint64_t>("route state length");
-    auto s = in.take(n, "route state");
+    const auto s = in.blob("a route state");
     state.routes.emplace_back(s.begin(), s.end());
   }
   if (version == kVersion) state.carried = read_carried(in, tensor_elements);
-  if (in.left() != 0) throw Error("engine state has trailing bytes after the last bucket");
+  in.expect_end(version == kVersion ? "the carried memory" : "the last bucket");
   return state;
 }
 

@@ -21,11 +21,11 @@
 // there for discard() (a swap back): five buffers of n floats instead of three.
 // Parameters: momentum in [0, 1) (default 0.9), clip >= 0 (default 0 = off), nesterov (false),
 // masking (true; spelt out in the spec only when false, so existing specs keep their text).
-// State: u and v (format in state_io.h); r and the spares are scratch.
+// State: u and v (format in memory.h); r and the spares are scratch.
 #include <cmath>
 
 #include "feedback/factories.h"
-#include "feedback/state_io.h"
+#include "feedback/memory.h"
 #include "gradcomp/spec.h"
 
 namespace gradcomp {

@@ -10,11 +10,11 @@
 // residual() aliases the vector to compress and the codec overwrites it with the new e, while
 // the spare still holds the old e for discard() (a swap back, no pass over the data).
 // Parameters: decay in [0, 1] (default 1), lr_correction (default false).
-// State: the buffer e (format in state_io.h); the spare is not state.
+// State: the buffer e (format in memory.h); the spare is not state.
 #include <cmath>
 
 #include "feedback/factories.h"
-#include "feedback/state_io.h"
+#include "feedback/memory.h"
 #include "gradcomp/spec.h"
 
 namespace gradcomp {

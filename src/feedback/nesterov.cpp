@@ -10,11 +10,11 @@
 // stay for discard() (a swap back, no pass over the data).
 // The optimizer must then run without its own momentum (it is applied here).
 // Parameters: momentum mu in [0, 1) (default 0.9), ef (default false).
-// State: m, and e when ef=true (format in state_io.h); the spares are not state.
+// State: m, and e when ef=true (format in memory.h); the spares are not state.
 #include <cmath>
 
 #include "feedback/factories.h"
-#include "feedback/state_io.h"
+#include "feedback/memory.h"
 #include "gradcomp/spec.h"
 
 namespace gradcomp {

@@ -5,14 +5,14 @@
 #include <algorithm>
 #include <cstring>
 
-#include "common/byte_io.h"
+#include "common/state_io.h"
 #include "common/half.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp::route {
 namespace {
 
-constexpr uint32_t kStateMagic = 0x53524347;  // "GCRS" read as little-endian u32
+constexpr StateKind kState{"GCRS"};
 constexpr uint32_t kStateVersion = 1;
 
 }  // namespace
@@ -124,57 +124,35 @@ void check_length(const char* route, size_t bucket, const char* what, size_t siz
 
 std::vector<std::byte> save_parts(std::string_view route, const StateShape& shape,
                                   const std::vector<std::vector<std::byte>>& parts) {
-  std::vector<std::byte> out;
-  put(out, kStateMagic);
-  put(out, kStateVersion);
-  put(out, fnv1a32(route));
-  put(out, static_cast<uint64_t>(shape.elements));
-  put(out, shape.world);
-  put(out, static_cast<uint32_t>(parts.size()));
-  for (const auto& part : parts) {
-    put(out, static_cast<uint64_t>(part.size()));
-    put_bytes(out, part.data(), part.size());
-  }
-  return out;
+  StateWriter out(kState, kStateVersion);
+  out.put(fnv1a32(route)).put(static_cast<uint64_t>(shape.elements)).put(shape.world);
+  out.put(static_cast<uint32_t>(parts.size()));
+  for (const auto& part : parts) out.blob(part);
+  return std::move(out).finish();
 }
 
 std::vector<std::span<const std::byte>> load_parts(std::string_view route,
                                                    std::span<const std::byte> state,
                                                    const StateShape& shape,
                                                    size_t expected_parts) {
-  ByteReader in(fmt::format("route '{}' state", route), state);
-  if (in.get<uint32_t>("the magic") != kStateMagic) {
-    throw Error(fmt::format("route '{}' state: not a route state (bad magic)", route));
-  }
-  const auto version = in.get<uint32_t>("the version");
-  if (version != kStateVersion) {
-    throw Error(fmt::format("route '{}' state: version {} is not supported; allowed: {}", route,
-                            version, kStateVersion));
-  }
-  if (in.get<uint32_t>("the route") != fnv1a32(route)) {
-    throw Error(fmt::format("route '{}' state: saved by a different route", route));
-  }
+  StateReader in(fmt::format("route '{}' state", route), state, kState);
+  if (in.get<uint32_t>("the route") != fnv1a32(route)) in.fail("saved by a different route");
   const auto elements = in.get<uint64_t>("the element count");
   const auto world = in.get<uint32_t>("the world size");
   if (elements != shape.elements || world != shape.world) {
-    throw Error(fmt::format("route '{}' state: saved for a bucket of {} elements over {} ranks; "
-                            "this bucket has {} elements over {} ranks",
-                            route, elements, world, shape.elements, shape.world));
+    in.fail(fmt::format("saved for a bucket of {} elements over {} ranks; this bucket has {} "
+                        "elements over {} ranks",
+                        elements, world, shape.elements, shape.world));
   }
   const auto count = in.get<uint32_t>("the part count");
   if (count != expected_parts) {
-    throw Error(fmt::format("route '{}' state: {} parts, this route keeps {} (codec and feedback "
-                            "states): saved with a different option or world size",
-                            route, count, expected_parts));
+    in.fail(fmt::format("{} parts, this route keeps {} (codec and feedback states): saved with "
+                        "a different option or world size",
+                        count, expected_parts));
   }
   std::vector<std::span<const std::byte>> parts;
-  for (uint32_t i = 0; i < count; ++i) {
-    const auto bytes = in.get<uint64_t>("a part length");
-    parts.push_back(in.take(bytes, "a part"));
-  }
-  if (in.left() != 0) {
-    throw Error(fmt::format("route '{}' state: {} bytes after the last part", route, in.left()));
-  }
+  for (uint32_t i = 0; i < count; ++i) parts.push_back(in.blob("a part"));
+  in.expect_end("the last part");
   return parts;
 }
 

@@ -121,7 +121,7 @@ TEST(Signum, StateRoundTripsAndIsValidated) {
       EXPECT_NE(std::string(e.what()).find("signum"), std::string::npos) << e.what();
     }
   };
-  expect_error(std::vector(state.begin(), state.begin() + 10), "shorter than");
+  expect_error(std::vector(state.begin(), state.begin() + 10), "truncated");
   auto magic = state;
   magic[0] = std::byte{'X'};
   expect_error(magic, "magic");

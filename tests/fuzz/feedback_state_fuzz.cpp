@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   fuzz::expect_round_trip(state, feedback->save_state());
-  // The gradient length the memory holds: the header's n when sized (state_io.h, offset 10).
+  // The gradient length the memory holds: the header's n when sized (feedback/memory.h, offset 10).
   uint64_t n = 0;
   if (state.size() >= 18 && state[9] == std::byte{1}) std::memcpy(&n, state.data() + 10, 8);
   if (n > fuzz::kMaxStepElements) return 0;

@@ -241,7 +241,7 @@ TEST(Route, StateIsCheckedOnLoad) {
   expect_contains(error_text([&] { make_route(option, 0, 100, one.env())->load_state(truncated); }),
                   {"route 'allgather' state"});
   expect_contains(error_text([&] { make_route(option, 0, 100, one.env())->load_state({}); }),
-                  {"the magic needs 4 bytes, only 0 are left"});
+                  {"not a \"GCRS\" state", "only 0 bytes"});
 }
 
 TEST(Route, MemoryDoesNotGrowAcrossSteps) {

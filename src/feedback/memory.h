@@ -1,8 +1,7 @@
 // The memory of a feedback (its float buffers) and their checkpoint format, shared by the
 // feedback kinds.
 //
-// State format, little-endian (x86 and the other targets are little-endian; fields are copied
-// with memcpy):
+// State format (read and written by common/state_io.h; little-endian):
 //   offset size field
 //   0      4    magic "GCFS"
 //   4      4    version (1)
@@ -26,6 +25,7 @@
 #include <vector>
 
 #include "common/buffer.h"
+#include "common/state_io.h"
 #include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
 
@@ -33,9 +33,8 @@ namespace gradcomp::feedback {
 
 enum class FeedbackKind : uint8_t { kNone = 1, kErrorFeedback = 2, kDgc = 3, kNesterov = 4 };
 
-inline constexpr uint32_t kStateMagic = 0x53464347;  // "GCFS"
+inline constexpr StateKind kState{"GCFS"};
 inline constexpr uint32_t kStateVersion = 1;
-inline constexpr size_t kStateHeaderBytes = 22;
 
 // Buffers of one gradient length, sized on first use.
 class Memory {
@@ -78,94 +77,48 @@ class Memory {
   }
 
   std::vector<std::byte> save(const std::vector<const Buffer<float>*>& arrays) const {
-    size_t total = kStateHeaderBytes;
-    for (const auto* a : arrays) total += sized_ ? 4 * a->size() : 0;
-    std::vector<std::byte> out(total);
-    const auto kind = static_cast<uint8_t>(kind_);
-    const uint8_t sized = sized_ ? 1 : 0;
-    const uint64_t n = n_;
-    const auto count = static_cast<uint32_t>(arrays.size());
-    std::memcpy(out.data(), &kStateMagic, 4);
-    std::memcpy(out.data() + 4, &kStateVersion, 4);
-    std::memcpy(out.data() + 8, &kind, 1);
-    std::memcpy(out.data() + 9, &sized, 1);
-    std::memcpy(out.data() + 10, &n, 8);
-    std::memcpy(out.data() + 18, &count, 4);
-    if (!sized_) return out;
-    std::byte* p = out.data() + kStateHeaderBytes;
-    for (const auto* a : arrays) {
-      if (!a->empty()) std::memcpy(p, a->data(), 4 * a->size());
-      p += 4 * a->size();
+    StateWriter out(kState, kStateVersion);
+    out.put(static_cast<uint8_t>(kind_)).put(static_cast<uint8_t>(sized_));
+    out.put(static_cast<uint64_t>(n_)).put(static_cast<uint32_t>(arrays.size()));
+    if (sized_) {
+      for (const auto* a : arrays) out.floats(*a);
     }
-    return out;
+    return std::move(out).finish();
   }
 
   // Restores the arrays (all of them, or none on an error); `scratch` buffers (the spares of
   // discard(), a residual) are sized to match and zeroed, as fit() would.
   void load(std::span<const std::byte> state, const std::vector<Buffer<float>*>& arrays,
             const std::vector<Buffer<float>*>& scratch = {}) {
-    const Header h = read_header(state);
-    check_header(h, arrays.size());
-    const size_t body = state.size() - kStateHeaderBytes;
-    // Compared by division, so that no n from a corrupted state can overflow.
-    const bool fits = h.sized ? h.count != 0 && body % (4 * h.count) == 0 &&
-                                    body / (4 * h.count) == h.n
-                              : body == 0 && h.n == 0;
-    if (!fits) fail(fmt::format("{} bytes of arrays for n = {} and {} arrays", body, h.n, h.count));
-    const std::byte* p = state.data() + kStateHeaderBytes;
-    for (auto* a : arrays) {
-      a->assign(h.n, 0.0f);
-      if (h.n > 0) std::memcpy(a->data(), p, 4 * h.n);
-      p += 4 * h.n;
+    StateReader in(fmt::format("feedback '{}': cannot load state", name_), state, kState);
+    const auto kind = in.get<uint8_t>("the kind");
+    const auto sized = in.get<uint8_t>("the sized flag");
+    const auto n = in.get<uint64_t>("the length");
+    const auto count = in.get<uint32_t>("the array count");
+    if (kind != static_cast<uint8_t>(kind_)) {
+      in.fail(fmt::format("it is the state of feedback kind {}, not of this kind ({})", kind,
+                          static_cast<int>(kind_)));
     }
-    for (auto* b : scratch) b->assign(h.n, 0.0f);
-    sized_ = h.sized;
-    n_ = h.n;
+    if (sized > 1) in.fail(fmt::format("sized flag {} is neither 0 nor 1", sized));
+    if (count != arrays.size()) {
+      in.fail(fmt::format("{} arrays, this configuration keeps {}", count, arrays.size()));
+    }
+    // Compared by division, so that no n from a corrupted state can overflow.
+    const size_t body = in.left();
+    const bool fits = sized != 0 ? count != 0 && body % (4 * count) == 0 && body / (4 * count) == n
+                                 : body == 0 && n == 0;
+    if (!fits) in.fail(fmt::format("{} bytes of arrays for n = {} and {} arrays", body, n, count));
+    for (auto* a : arrays) {
+      a->assign(n, 0.0f);
+      in.floats(*a, "an array");
+    }
+    for (auto* b : scratch) b->assign(n, 0.0f);
+    sized_ = sized != 0;
+    n_ = n;
     step_open_ = false;  // the loaded memory is not a step to take back
   }
 
  private:
-  struct Header {
-    uint32_t magic, version, count;
-    uint8_t kind, sized;
-    uint64_t n;
-  };
-
-  Header read_header(std::span<const std::byte> state) const {
-    if (state.size() < kStateHeaderBytes) {
-      fail(fmt::format("{} bytes, the header needs {}", state.size(), kStateHeaderBytes));
-    }
-    Header h;
-    std::memcpy(&h.magic, state.data(), 4);
-    std::memcpy(&h.version, state.data() + 4, 4);
-    std::memcpy(&h.kind, state.data() + 8, 1);
-    std::memcpy(&h.sized, state.data() + 9, 1);
-    std::memcpy(&h.n, state.data() + 10, 8);
-    std::memcpy(&h.count, state.data() + 18, 4);
-    return h;
-  }
-
-  void check_header(const Header& h, size_t arrays) const {
-    if (h.magic != kStateMagic) {
-      fail(fmt::format("magic 0x{:08x}, expected 0x{:08x} (\"GCFS\")", h.magic, kStateMagic));
-    }
-    if (h.version != kStateVersion) {
-      fail(fmt::format("version {}, this build reads version {}", h.version, kStateVersion));
-    }
-    if (h.kind != static_cast<uint8_t>(kind_)) {
-      fail(fmt::format("it is the state of feedback kind {}, not of this kind ({})", h.kind,
-                       static_cast<int>(kind_)));
-    }
-    if (h.sized > 1) fail(fmt::format("sized flag {} is neither 0 nor 1", h.sized));
-    if (h.count != arrays) {
-      fail(fmt::format("{} arrays, this configuration keeps {}", h.count, arrays));
-    }
-  }
-
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(fmt::format("feedback '{}': cannot load state: {}", name_, what));
-  }
-
   std::string name_;
   FeedbackKind kind_;
   bool sized_ = false;
