@@ -377,6 +377,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("verbose", &AutoSettings::verbose)
       .def_readwrite("bucket_bytes", &AutoSettings::bucket_bytes)
       .def_readwrite("min_compress_elements", &AutoSettings::min_compress_elements)
+      .def_readwrite("local_size", &AutoSettings::local_size)
       .def("validate", &AutoSettings::validate);
 
   // compression="auto" for front ends that drive an Engine themselves (the DDP hook): times

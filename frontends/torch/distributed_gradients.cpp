@@ -562,6 +562,7 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
     AutoSettings settings = *options.auto_settings;
     settings.bucket_bytes = options.bucket_bytes;
     settings.min_compress_elements = options.min_compress_elements;
+    settings.local_size = options.engine.local_size;  // the nodes the engine will run
     s.scheduler = std::make_unique<AutoScheduler>(s.transport, plan.tensors, std::move(settings));
     // Read between steps, under the lock, while the engine is idle (end_step).
     s.scheduler->set_health_source({[shared = &s] { shared->engine->measure_mean_norms(); },

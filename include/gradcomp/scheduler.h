@@ -75,6 +75,14 @@ struct AutoSettings {
   // bench codecs`. Unset (the default): measured live, at every search.
   std::optional<model::Link> link;
   std::optional<model::CodecCosts> codec_costs;
+  // Ranks per node (0: from the launcher, LOCAL_WORLD_SIZE or mpirun, as the engine reads
+  // it; front ends pass the engine's own). When the world is several nodes of several ranks,
+  // calibration fits the link inside a node and the link between nodes apart (`link` above
+  // then stands for the one between nodes, `intra_link` for the one inside) and the plans may
+  // take the routes over nodes (hierarchical, sharded). Needs a transport that can split
+  // (gradcomp's own); on one that cannot, one flat link is calibrated and said so.
+  int local_size = 0;
+  std::optional<model::Link> intra_link;
   size_t bucket_bytes = 25u << 20;         // the uncompressed plan's buckets
   size_t min_compress_elements = 16384;    // smaller tensors stay uncompressed
   bool verbose = true;          // rank 0 prints each decision (stderr)
@@ -107,7 +115,9 @@ struct AutoDecision {
   std::string why;               // "fastest measured", "nothing beat uncompressed: ..."
   double search_steps = 0;       // steps spent in trials
   double search_seconds = 0;     // wall time of calibration and trials
-  model::Link link;              // the calibrated link
+  model::Link link;              // the calibrated link (between nodes, when there are nodes)
+  int per_node = 1;              // ranks per node the plans were made for
+  model::Link intra_link;        // the link inside a node (per_node > 1)
   double decision_ms = 0;        // the planner's time for the proposals
   // Mean |predicted - measured| / measured over the trials: as predicted, and as the model
   // corrected by these trials predicts them (what the next search starts from).

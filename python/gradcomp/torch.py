@@ -633,6 +633,7 @@ class CommHook:
         self._auto = None
         if self._auto_settings is not None:
             self._auto_settings.min_compress_elements = int(min_compress_elements)
+            self._auto_settings.local_size = int(local_size)  # the nodes the engine will run
         _C.parse_option("none" if self._auto_settings else compression)
         self.__name__ = self.__qualname__ = "gradcomp_comm_hook"  # DDP logs a hook's name
         self.compression = compression

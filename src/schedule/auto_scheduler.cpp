@@ -17,6 +17,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
+#include "engine/nodes.h"
 #include "schedule/agreement.h"
 #include "schedule/calibration.h"
 #include "schedule/model_correction.h"
@@ -115,6 +116,11 @@ void AutoSettings::validate() const {
   if (check_every < 1 || drift_checks < 1 || residual_checks < 1) {
     throw SpecError("auto: check_every, drift_checks and residual_checks must be at least 1");
   }
+  if (local_size < 0 || local_size > (1 << 20)) {
+    throw SpecError(fmt::format("auto: local_size is {}; ranks per node, or 0 for the "
+                                "launcher's",
+                                local_size));
+  }
   if (!(residual_growth > 1 && residual_growth < 1e6)) {
     throw SpecError(fmt::format("auto: residual_growth is {}; a factor above 1", residual_growth));
   }
@@ -151,6 +157,8 @@ struct AutoScheduler::Impl {
   void learn_from_trials();
   void say(const std::string& text) const;
   std::optional<Plan> switch_to(const Plan& plan);
+  int node_size();    // ranks per node of the plans: 1 unless the world is nodes of several
+  void calibrate();   // link(s) and codecs, into cluster, link, codec_costs
 
   std::shared_ptr<Transport> transport;
   std::vector<TensorInfo> tensors;
@@ -185,6 +193,8 @@ struct AutoScheduler::Impl {
   std::vector<uint64_t> rising;                 // consecutive checks each ratio rose
   std::set<std::string> excluded_codecs;        // backed off from: left out of later searches
   bool search_on_resume = false;  // restored from a state saved during a trial
+  std::optional<Nodes> nodes;     // split at the first search that finds several nodes
+  bool flat_only = false;         // the transport cannot split: one flat link
 };
 
 // Bits per element a plan sends, averaged over its elements (32 uncompressed): more is gentler.
@@ -265,17 +275,11 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
     return switch_to(uncompressed);
   }
   if (!measured_profile) measured_profile = profile.agreed(*transport);
-  link = settings.link ? schedule::LinkFit{*settings.link, {}}
-                       : schedule::calibrate_link(*transport);
-  codec_costs = settings.codec_costs ? *settings.codec_costs
-                                     : schedule::calibrate_codecs(*transport, allowed_candidates());
+  calibrate();
   const model::CodecCosts& codecs = *codec_costs;
-  cluster = model::Cluster{};
-  cluster.workers = transport->size();
-  cluster.per_node = 1;
-  cluster.inter = link.link;
-  cluster.intra = link.link;
-  search.link = link.link;
+  search.link = cluster.inter;
+  search.per_node = cluster.per_node;
+  search.intra_link = cluster.intra;
   // The previous search's trials corrected the model (identity before the first).
   const model::CostModel cost(correction.applied(cluster), codecs);
   const auto planning = Clock::now();
@@ -285,10 +289,56 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   refined = false;
   trial_times.clear();
   phase = Phase::kTrial;
-  say(fmt::format("{} (step {}): link {:.0f} us, {} measured; trying {} plans for {} steps each",
+  const std::string nodes_text =
+      cluster.per_node == 1
+          ? std::string()
+          : fmt::format(" between {} nodes, {:.0f} us, {} inside a node of {}",
+                        cluster.workers / cluster.per_node, 1e6 * cluster.intra.latency_s,
+                        model::format_rate(cluster.intra.bytes_per_s), cluster.per_node);
+  say(fmt::format("{} (step {}): link {:.0f} us, {}{}; trying {} plans for {} steps each",
                   reason, steps, 1e6 * link.link.latency_s, model::format_rate(link.link.bytes_per_s),
-                  search.candidates.size(), settings.trial_steps));
+                  nodes_text, search.candidates.size(), settings.trial_steps));
   return next_trial();
+}
+
+int AutoScheduler::Impl::node_size() {
+  if (flat_only) return 1;
+  const int local = settings.local_size > 0 ? settings.local_size
+                                            : launch_info_from_environment().local_size;
+  const int world = transport->size();
+  if (local < 2 || world % local != 0 || world / local < 2) return 1;
+  if (!nodes) {
+    try {
+      nodes = split_nodes(*transport, local);
+    } catch (const Error& e) {  // every rank's transport fails alike (split is not supported)
+      flat_only = true;
+      say(fmt::format("{} nodes of {} ranks, but no node routes: {}; calibrating one flat link",
+                      world / local, local, e.what()));
+      return 1;
+    }
+  }
+  return local;
+}
+
+// The links (given, or measured here: inside and between nodes apart when there are nodes)
+// and the codecs' costs, all agreed over the ranks.
+void AutoScheduler::Impl::calibrate() {
+  cluster = model::Cluster{};
+  cluster.workers = transport->size();
+  cluster.per_node = node_size();
+  if (cluster.per_node == 1) {
+    link = settings.link ? schedule::LinkFit{*settings.link, {}}
+                         : schedule::calibrate_link(*transport);
+    cluster.inter = cluster.intra = link.link;
+  } else {
+    schedule::NodeLinkFit fit;
+    if (!settings.link || !settings.intra_link) fit = schedule::calibrate_node_links(*transport, *nodes);
+    link = settings.link ? schedule::LinkFit{*settings.link, {}} : fit.inter;
+    cluster.inter = link.link;
+    cluster.intra = settings.intra_link ? *settings.intra_link : fit.intra.link;
+  }
+  codec_costs = settings.codec_costs ? *settings.codec_costs
+                                     : schedule::calibrate_codecs(*transport, allowed_candidates());
 }
 
 std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
@@ -613,7 +663,10 @@ json AutoScheduler::report() const {
                                           {"corrected", d.model_error_after},
                                           {"refined", d.model_error_refined}}},
                          {"link", {{"bytes_per_s", d.link.bytes_per_s},
-                                   {"latency_s", d.link.latency_s}}}});
+                                   {"latency_s", d.link.latency_s}}},
+                         {"per_node", d.per_node},
+                         {"intra_link", {{"bytes_per_s", d.intra_link.bytes_per_s},
+                                         {"latency_s", d.intra_link.latency_s}}}});
   }
   json probes = json::array();
   for (const auto& p : s.link.probes) probes.push_back({{"bytes", p.bytes}, {"seconds", p.seconds}});

@@ -93,6 +93,10 @@ std::array<double, 3> time_codec(const std::string& spec, size_t n) {
 
 }  // namespace
 
+// The probe sizes, in floats.
+constexpr size_t kProbeFloats[] = {size_t{1} << 10, size_t{1} << 14, size_t{1} << 18,
+                                   size_t{1} << 20};
+
 LinkFit calibrate_link(Transport& transport, int repeats) {
   LinkFit fit;
   const int p = transport.size();
@@ -101,7 +105,7 @@ LinkFit calibrate_link(Transport& transport, int repeats) {
     return fit;
   }
   std::vector<double> mine;
-  for (size_t floats : {size_t{1} << 10, size_t{1} << 14, size_t{1} << 18, size_t{1} << 20}) {
+  for (size_t floats : kProbeFloats) {
     std::vector<float> buffer(floats, 1.0f);
     transport.barrier()->wait(transport.timeout());  // every rank starts together
     mine.push_back(fastest(repeats, [&] {
@@ -112,6 +116,33 @@ LinkFit calibrate_link(Transport& transport, int repeats) {
   const auto agreed = max_over_ranks(transport, mine);
   for (size_t i = 0; i < agreed.size(); ++i) fit.probes[i].seconds = agreed[i];
   fit.link = fit_ring_link(fit.probes, p);
+  return fit;
+}
+
+NodeLinkFit calibrate_node_links(Transport& world, const Nodes& nodes, int repeats) {
+  NodeLinkFit fit;
+  fit.intra = calibrate_link(*nodes.intra, repeats);
+  // Only the leaders probe between nodes, so each node's link carries one stream. The other
+  // ranks wait in the agreement below until the leaders join it.
+  if (Transport* leaders = nodes.leaders()) fit.inter = calibrate_link(*leaders, repeats);
+  // Every node agreed on its own fits; the world agrees on the slowest node's inside and on
+  // the leaders' between (the others contribute zeros).
+  std::vector<double> mine;
+  for (const auto& probe : fit.intra.probes) mine.push_back(probe.seconds);
+  for (size_t i = 0; i < std::size(kProbeFloats); ++i) {
+    mine.push_back(fit.inter.probes.empty() ? 0.0 : fit.inter.probes[i].seconds);
+  }
+  const auto agreed = max_over_ranks(world, mine);
+  const int local = nodes.intra->size();
+  const int node_count = world.size() / local;
+  fit.inter.probes.clear();
+  for (size_t i = 0; i < std::size(kProbeFloats); ++i) {
+    const double bytes = 4.0 * static_cast<double>(kProbeFloats[i]);
+    fit.intra.probes[i] = {bytes, agreed[i]};
+    fit.inter.probes.push_back({bytes, agreed[std::size(kProbeFloats) + i]});
+  }
+  fit.intra.link = fit_ring_link(fit.intra.probes, local);
+  fit.inter.link = fit_ring_link(fit.inter.probes, node_count);
   return fit;
 }
 

@@ -124,6 +124,25 @@ def ddp_runs(module_runner):
     return straight, resumed
 
 
+def test_nodes_are_calibrated_apart_and_their_routes_run(run_workers):
+    """4 ranks in nodes of 2: the link inside a node and the one between nodes are fitted
+    apart, a candidate on the sharded route gets trials through the engine, and every rank ends
+    with the same parameters."""
+    job = run_workers("auto_mode.py", "--local-size", 2, "--candidates",
+                      "topk:ratio=0.01|ef|sharded:inner=allgather", world=4).check()
+    decision = job.report(0)["report"]["decisions"][0]
+    assert decision["per_node"] == 2
+    assert decision["intra_link"]["bytes_per_s"] > 0 and decision["link"]["bytes_per_s"] > 0
+    routes = {b["route"] for c in decision["candidates"] for b in c["plan"]["buckets"]}
+    assert "sharded:inner=allgather" in routes, routes
+    assert all(math.isfinite(c["measured_ms"]) and c["measured_ms"] > 0
+               for c in decision["candidates"])
+    first = job.load("params", 0)
+    for rank in range(1, 4):
+        assert all(torch.equal(a, b) for a, b in zip(first, job.load("params", rank))), \
+            f"rank {rank} differs"
+
+
 def test_the_ddp_hook_decides_too_every_rank_alike(ddp_runs):
     straight, _ = ddp_runs
     report = straight.report(0)["report"]

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradcomp/error.h"
+#include "gradcomp/option.h"
 #include "gradcomp/scheduler.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
@@ -192,6 +193,58 @@ TEST(AutoScheduler, ItsOwnTrialsCorrectTheModelWithinTheFirstSearch) {
   EXPECT_LT(decision["model_error"]["refined"].get<double>(),
             decision["model_error"]["uncorrected"].get<double>())
       << trials_text(decision);
+  expect_same_on_every_rank(decision["candidates"].dump());
+}
+
+// Whether this world splits into nodes of 2 ranks (4 ranks: 2 nodes; 2 ranks: one node).
+bool nodes_of_two() { return world()->size() % 2 == 0 && world()->size() / 2 >= 2; }
+
+TEST(AutoScheduler, CalibratesTheLinksInsideAndBetweenNodesApart) {
+  AutoSettings s = settings();
+  s.local_size = 2;
+  AutoScheduler scheduler(world(), model_tensors(), s);
+  drive(scheduler, 45, false);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto report = scheduler.report();
+  const auto& decision = report["decisions"][0];
+  const int per_node = nodes_of_two() ? 2 : 1;
+  EXPECT_EQ(decision["per_node"].get<int>(), per_node);
+  EXPECT_EQ(report["cluster"]["per_node"].get<int>(), per_node);
+  EXPECT_GT(decision["link"]["bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(decision["intra_link"]["bytes_per_s"].get<double>(), 0);
+  // Both links were measured (probes of the link between nodes are kept for the report).
+  EXPECT_EQ(report["link_probes"].size(), 4u);
+  expect_same_on_every_rank(decision["link"].dump() + decision["intra_link"].dump());
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
+// Nodes with a fast link inside and a slow one between them: the proposals take the routes
+// over nodes, which the flat calibration never offered. (With 2 ranks, one node: none.)
+TEST(AutoScheduler, ProposesTheRoutesOverNodesWhereTheLinkBetweenThemIsSlow) {
+  AutoSettings s = message_bound_settings();
+  s.candidates = {"topk:ratio=0.01|ef", "fp16"};
+  s.max_proposals = 3;
+  s.local_size = 2;
+  s.link = model::Link{.bytes_per_s = 12.5e6, .latency_s = 100e-6};  // 100 Mbit/s
+  s.intra_link = model::Link{.bytes_per_s = 50e9, .latency_s = 5e-6};
+  AutoScheduler scheduler(world(), large_tensors(), s);
+  drive(scheduler, 45, false);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto decision = scheduler.report()["decisions"][0];
+  size_t over_nodes = 0;
+  for (const auto& c : decision["candidates"]) {
+    for (const auto& b : Plan::from_json(c["plan"]).buckets) {
+      if (route_needs_nodes(b.option.route)) ++over_nodes;
+    }
+  }
+  if (nodes_of_two()) {
+    EXPECT_GT(over_nodes, 0u) << trials_text(decision);
+    EXPECT_EQ(decision["per_node"].get<int>(), 2);
+    EXPECT_DOUBLE_EQ(decision["intra_link"]["bytes_per_s"].get<double>(), 50e9);
+  } else {
+    EXPECT_EQ(over_nodes, 0u) << trials_text(decision);
+    EXPECT_EQ(decision["per_node"].get<int>(), 1);
+  }
   expect_same_on_every_rank(decision["candidates"].dump());
 }
 
@@ -389,6 +442,11 @@ TEST(AutoScheduler, BadSettingsAreSpecErrors) {
   s.candidates = {"nosuchcodec"};
   EXPECT_NE(testing::error_text([&] { AutoScheduler a(world(), model_tensors(), s); })
                 .find("nosuchcodec"),
+            std::string::npos);
+  s = settings();
+  s.local_size = -2;
+  EXPECT_NE(testing::error_text([&] { AutoScheduler a(world(), model_tensors(), s); })
+                .find("local_size is -2"),
             std::string::npos);
 }
 

@@ -1,7 +1,8 @@
 """compression="auto" on the shared small model under SGD: the scheduler warms up, tries its
 proposals and keeps one while training goes on. Records the parameters at the end, the
 report, and (with --save-at) a checkpoint taken after the decision, from which --load resumes
-in new processes; --errors records the refusals of bad arguments."""
+in new processes; --errors records the refusals of bad arguments; --local-size groups the ranks
+into nodes, --candidates names the options."""
 import torch
 
 import common
@@ -14,10 +15,12 @@ AUTO = {"warmup_steps": 6, "profile_steps": 3, "trial_steps": 3, "max_proposals"
         "drift": 9.0}  # no new search from timing noise: the runs must be reproducible
 
 
-def build(model, timeline=None):
+def build(model, timeline=None, local_size=0, candidates=None):
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    auto = dict(AUTO, candidates=candidates) if candidates else AUTO
     return gc.DistributedOptimizer(sgd, model.named_parameters(), compression="auto",
-                                   min_compress_elements=1000, auto=AUTO, timeline=timeline)
+                                   min_compress_elements=1000, auto=auto, timeline=timeline,
+                                   local_size=local_size)
 
 
 def refusals(model):
@@ -47,10 +50,14 @@ def refusals(model):
 def main():
     p = common.resumable_parser(__doc__, steps=30)
     p.add_argument("--errors", action="store_true")
+    p.add_argument("--local-size", type=int, default=0, help="ranks per node (0: the launcher's)")
+    p.add_argument("--candidates", help="';'-separated options instead of the recommended ones")
     args = p.parse_args()
     rank, world = common.setup()
     model = common.make_model()
-    opt = build(model, timeline=None if args.load else f"{args.out}/trace.json")
+    opt = build(model, timeline=None if args.load else f"{args.out}/trace.json",
+                local_size=args.local_size,
+                candidates=args.candidates.split(";") if args.candidates else None)
     if args.load:
         state = torch.load(f"{args.load}.rank{rank}.pt")
         model.load_state_dict(state["model"])
