@@ -60,8 +60,31 @@ RouteKind route_kind(const std::string& route);
 // Whether a route spec's route runs over nodes (hierarchical, sharded): the engine then splits
 // the world into nodes, and the spec takes an inner route (inner=, intra=).
 bool route_needs_nodes(const std::string& route);
-// Checks an option as the route that would carry it does (plan validation): SpecError on an
+// The name of a route kind ("sharded").
+const std::string& route_name(RouteKind kind);
+
+// An Option checked and parsed, once: Plan::validate makes one per bucket, the engine builds
+// each bucket's route from it and the cost model prices it, so nothing parses a bucket's
+// strings again. Made by parse_bucket_option.
+struct BucketOption {
+  Option text;                              // as written: the plan's JSON and hash
+  RouteKind route = RouteKind::kAllreduce;
+  bool over_nodes = false;                  // hierarchical, sharded: the engine splits nodes
+  RouteKind inner = RouteKind::kAllreduce;  // over nodes: the route across nodes
+  bool intra_fp16 = false;                  // over nodes: the node's sum as float16
+  // A two-way route (also as the inner route): the server side's feedback spec; by default the
+  // worker's error feedback without momentum (dgc and nesterov apply theirs on the worker).
+  std::string server_feedback;
+
+  // The flat route the codec travels over: the route itself, or the one across nodes.
+  RouteKind codec_route() const { return over_nodes ? inner : route; }
+  bool operator==(const BucketOption&) const = default;
+};
+
+// Checks an option as the route that would carry it does and parses it: SpecError on an
 // unknown or malformed codec, feedback or route, Error when the codec cannot travel that way.
+BucketOption parse_bucket_option(const Option& option);
+// parse_bucket_option for its checks alone.
 void check_route(const Option& option);
 
 }  // namespace gradcomp

@@ -71,7 +71,8 @@ struct Plan {
   // Throws Error naming the first problem: a tensor in no bucket or in two, an index out of
   // range, an empty or duplicate name, a bad codec, feedback or route spec, or a codec the
   // route cannot carry (allreduce needs summable, twoway needs shardable single-round codecs).
-  void validate() const;
+  // Returns every bucket's option parsed, in bucket order (what the engine builds routes from).
+  std::vector<BucketOption> validate() const;
 
   // FNV-1a 64 of the canonical JSON: ranks compare it when the engine is constructed.
   uint64_t hash() const;

@@ -76,6 +76,7 @@ struct Engine::Impl {
 
   std::shared_ptr<Transport> transport;
   Plan plan;
+  std::vector<BucketOption> options_of;  // plan.buckets' options, parsed once (Plan::validate)
   EngineOptions options;
   Nodes nodes;  // routes that need nodes only
   std::unique_ptr<Timeline> timeline;
@@ -118,7 +119,7 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
                    EngineOptions options_in)
     : transport(std::move(transport_in)), plan(std::move(plan_in)), options(options_in) {
   if (!transport) throw Error("Engine: the transport is null");
-  plan.validate();
+  options_of = plan.validate();
   // The transport fails a stuck collective at its own timeout; the engine's wait is a backstop.
   if (options.timeout.count() <= 0) options.timeout = 2 * transport->timeout() + Milliseconds(10'000);
   if (options.codec_threads < 1) {
@@ -180,9 +181,8 @@ void Engine::Impl::release_after_failure() {
 }
 
 bool Engine::Impl::plan_needs_nodes() const {
-  return std::any_of(plan.buckets.begin(), plan.buckets.end(), [](auto& b) {
-    return route_needs_nodes(b.option.route);
-  });
+  return std::any_of(options_of.begin(), options_of.end(),
+                     [](const BucketOption& o) { return o.over_nodes; });
 }
 
 void Engine::Impl::check_plans_agree() {
@@ -208,7 +208,7 @@ void Engine::Impl::make_routes(bool with_nodes) {
   slots.assign(plan.tensors.size(), TensorSlot{});
   buckets.reserve(plan.buckets.size());
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
-    buckets.emplace_back(plan, b, env, slots, options.timeout);
+    buckets.emplace_back(plan, b, options_of[b], env, slots, options.timeout);
     settles_steps = settles_steps || buckets.back().route->stateful();
   }
 }
@@ -266,7 +266,7 @@ void Engine::Impl::set_plan(Plan next) {
   std::lock_guard lock(mutex);
   throw_if_failed();
   if (step_started) throw Error("set_plan: a step is in flight; call synchronize() first");
-  next.validate();
+  std::vector<BucketOption> next_options = next.validate();
   if (next.tensors.size() != plan.tensors.size()) {
     throw Error(fmt::format("set_plan: the plan registers {} tensors; this engine's has {} (a "
                             "plan change keeps the tensors and changes how they travel)",
@@ -282,6 +282,7 @@ void Engine::Impl::set_plan(Plan next) {
     }
   }
   std::swap(plan, next);  // `next` now holds the old plan, until the new routes stand
+  std::swap(options_of, next_options);
   std::vector<LiveBucket> old_buckets = std::move(buckets);
   std::vector<TensorSlot> old_slots = std::move(slots);
   const bool old_settles = settles_steps;
@@ -292,6 +293,7 @@ void Engine::Impl::set_plan(Plan next) {
     make_routes(plan_needs_nodes());
   } catch (...) {
     std::swap(plan, next);
+    std::swap(options_of, next_options);
     buckets = std::move(old_buckets);
     slots = std::move(old_slots);
     settles_steps = old_settles;

@@ -6,8 +6,8 @@
 
 namespace gradcomp {
 
-LiveBucket::LiveBucket(const Plan& plan, size_t index_in, const RouteEnv& env,
-               std::vector<TensorSlot>& slots, Milliseconds timeout)
+LiveBucket::LiveBucket(const Plan& plan, size_t index_in, const BucketOption& option,
+                       const RouteEnv& env, std::vector<TensorSlot>& slots, Milliseconds timeout)
     : index(index_in), phases(index_in, timeout, nullptr) {
   const auto& tensors = plan.buckets[index].tensors;
   tensor_count_ = tensors.size();
@@ -23,7 +23,7 @@ LiveBucket::LiveBucket(const Plan& plan, size_t index_in, const RouteEnv& env,
   targets_.resize(tensor_count_);
   if (tensor_count_ > 1) fused_.assign(elements, 0.0f);
   pending = tensor_count_;
-  route = make_route(plan.buckets[index].option, index, elements, env, layout);
+  route = make_route(option, index, elements, env, layout);
 }
 
 void LiveBucket::take(const TensorSlot& slot, std::span<float> grad) {

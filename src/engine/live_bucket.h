@@ -30,8 +30,8 @@ inline constexpr uint64_t kNoStep = std::numeric_limits<uint64_t>::max();
 class LiveBucket {
  public:
   // Builds the route and fills in the slots of this bucket's tensors.
-  LiveBucket(const Plan& plan, size_t index, const RouteEnv& env, std::vector<TensorSlot>& slots,
-         Milliseconds timeout);
+  LiveBucket(const Plan& plan, size_t index, const BucketOption& option, const RouteEnv& env,
+             std::vector<TensorSlot>& slots, Milliseconds timeout);
 
   // Takes a tensor's gradient: copies it into the fused buffer (a bucket of one tensor uses the
   // caller's memory directly and copies nothing) and remembers where the result goes.

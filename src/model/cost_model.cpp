@@ -23,7 +23,6 @@
 #include "gradcomp/feedback.h"
 #include "gradcomp/frame.h"
 #include "gradcomp/spec.h"
-#include "route/routes.h"
 
 namespace gradcomp::model {
 
@@ -153,8 +152,7 @@ class OptionCache {
   };
 
   std::unique_ptr<RouteModel> build(const Option& option) const;
-  std::unique_ptr<RouteModel> build_flat(const Option& option, const std::string& route,
-                                         RouteKind kind, const std::string& server_feedback) const;
+  std::unique_ptr<RouteModel> build_flat(const BucketOption& option, RouteKind kind) const;
 
   CodecCosts costs_;
   Linear pass_, to_half_, from_half_;
@@ -170,14 +168,12 @@ bool is_none(const std::string& spec, std::string_view what) {
 
 }  // namespace
 
-std::unique_ptr<RouteModel> OptionCache::build_flat(const Option& option, const std::string& route,
-                                                    RouteKind kind,
-                                                    const std::string& server_feedback) const {
+std::unique_ptr<RouteModel> OptionCache::build_flat(const BucketOption& option,
+                                                    RouteKind kind) const {
   auto m = std::make_unique<RouteModel>();
-  m->codec = make_codec(option.codec);
+  m->codec = make_codec(option.text.codec);
   m->traits = m->codec->traits();
-  m->feedback = !is_none(make_feedback(option.feedback)->spec(), "feedback");
-  route::check_codec_fits(route, *m->codec);
+  m->feedback = !is_none(make_feedback(option.text.feedback)->spec(), "feedback");
   if (kind == RouteKind::kAllreduce && m->codec->id() == CodecId::kNone && !m->feedback) {
     m->kind = RouteModel::Kind::kDirect;  // the raw float32 buffer: no codec cost needed
     return m;
@@ -188,25 +184,24 @@ std::unique_ptr<RouteModel> OptionCache::build_flat(const Option& option, const 
     case RouteKind::kAllgather: m->kind = RouteModel::Kind::kAllgather; break;
     case RouteKind::kTwoway:
       m->kind = RouteModel::Kind::kTwoway;
-      m->server_feedback = !is_none(server_feedback, "feedback");
+      m->server_feedback = !is_none(option.server_feedback, "feedback");
       break;
     case RouteKind::kHierarchical:
     case RouteKind::kSharded:
-      throw Error(fmt::format("route '{}' is not a flat route", route));
+      throw Error(fmt::format("route '{}' is not a flat route", route_name(kind)));
   }
   return m;
 }
 
-std::unique_ptr<RouteModel> OptionCache::build(const Option& option) const {
-  const route::RouteSpec spec = route::parse_route_spec(option);
-  if (!route_needs_nodes(spec.name)) {
-    return build_flat(option, spec.name, spec.kind, spec.server_feedback);
-  }
+// The option is parsed (and checked: the codec fits its route) once, here, per cached option.
+std::unique_ptr<RouteModel> OptionCache::build(const Option& text) const {
+  const BucketOption option = parse_bucket_option(text);
+  if (!option.over_nodes) return build_flat(option, option.route);
   auto m = std::make_unique<RouteModel>();
-  m->kind = spec.kind == RouteKind::kSharded ? RouteModel::Kind::kSharded
-                                             : RouteModel::Kind::kHierarchical;
-  m->intra_fp16 = spec.intra_fp16;
-  m->inner = build_flat(option, spec.inner, spec.inner_kind, spec.server_feedback);
+  m->kind = option.route == RouteKind::kSharded ? RouteModel::Kind::kSharded
+                                                : RouteModel::Kind::kHierarchical;
+  m->intra_fp16 = option.intra_fp16;
+  m->inner = build_flat(option, option.inner);
   return m;
 }
 

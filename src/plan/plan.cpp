@@ -234,7 +234,7 @@ void validate_membership(const Plan& plan) {
   }
 }
 
-void validate_option(const Option& option, size_t b) {
+BucketOption validate_option(const Option& option, size_t b) {
   const std::string path = fmt::format("buckets[{}]", b);
   if (option.start_step > kMaxCount) {
     throw Error(fmt::format("{}.start_step: must be at most 2^40, not {}", path,
@@ -242,9 +242,11 @@ void validate_option(const Option& option, size_t b) {
   }
   with_context(path + ".codec", [&] { make_codec(option.codec); });
   with_context(path + ".feedback", [&] { make_feedback(option.feedback); });
-  // check_route re-checks codec and feedback, which passed above, so what it reports is about
-  // the route spec or whether this codec can travel over it.
-  with_context(path + ".route", [&] { check_route(option); });
+  // parse_bucket_option re-checks codec and feedback, which passed above, so what it reports
+  // is about the route spec or whether this codec can travel over it.
+  BucketOption parsed;
+  with_context(path + ".route", [&] { parsed = parse_bucket_option(option); });
+  return parsed;
 }
 
 std::string errno_text() { return std::strerror(errno); }
@@ -273,10 +275,12 @@ int Plan::format_version() const {
   return shapes ? 2 : 1;
 }
 
-void Plan::validate() const {
+std::vector<BucketOption> Plan::validate() const {
   validate_tensors(*this);
   validate_membership(*this);
-  for (size_t b = 0; b < buckets.size(); ++b) validate_option(buckets[b].option, b);
+  std::vector<BucketOption> options;
+  for (size_t b = 0; b < buckets.size(); ++b) options.push_back(validate_option(buckets[b].option, b));
+  return options;
 }
 
 uint64_t Plan::hash() const {

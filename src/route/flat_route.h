@@ -75,7 +75,7 @@ class CodedRoute : public FlatRoute {
  protected:
   // The codec knows the bucket's layout (make_bucket_codec); it must fit the route.
   CodedRoute(const char* name, const RouteConfig& config)
-      : FlatRoute(name, config), coder_(make_bucket_codec(config), make_feedback(config.feedback)) {
+      : FlatRoute(name, config), coder_(make_bucket_codec(config), make_feedback(config.feedback())) {
     check_codec_fits(name, coder_.codec());
   }
   Context context(const StepState& step, uint32_t rank) const {

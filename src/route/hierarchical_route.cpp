@@ -79,7 +79,7 @@ HierarchicalRoute::HierarchicalRoute(const RouteConfig& c)
       n_(c.elements),
       local_size_(static_cast<uint32_t>(intra_.size())),
       leader_(intra_.rank() == 0),
-      fp16_(c.spec.intra_fp16) {
+      fp16_(c.option.intra_fp16) {
   if (fp16_) half_.resize(n_);
   if (!leader_) return;
   inner_ = make_flat_route(inner_route_config(c, c.env.leaders));

@@ -110,19 +110,17 @@ void check_feedback(const std::string& text) { make_feedback(text); }
 
 }  // namespace
 
-RouteSpec parse_route_spec(const Option& option) {
+// The route spec's parameters: inner route and intra cast over nodes, the server feedback of a
+// two-way route (SpecError on unknown names or keys, or a server feedback without a server).
+void parse_route(const Option& option, BucketOption& out) {
   Spec spec = Spec::parse(option.route, "route");
-  RouteSpec out;
-  out.name = spec.name();
-  out.kind = route_kind(out.name);
-  const bool nodes = row_of(out.kind).needs_nodes;
-  if (nodes) {
-    out.inner = spec.get_choice("inner", "allreduce", flat_route_names());
-    out.inner_kind = route_kind(out.inner);
+  out.route = route_kind(spec.name());
+  out.over_nodes = row_of(out.route).needs_nodes;
+  if (out.over_nodes) {
+    out.inner = route_kind(spec.get_choice("inner", "allreduce", flat_route_names()));
     out.intra_fp16 = spec.get_choice("intra", "none", {"none", "fp16"}) == "fp16";
   }
-  const auto server_side = RouteKind::kTwoway;
-  const bool has_server = out.kind == server_side || (nodes && out.inner_kind == server_side);
+  const bool has_server = out.codec_route() == RouteKind::kTwoway;
   if (has_server || spec.has("server_feedback")) {
     if (!has_server) {
       spec.fail(
@@ -135,7 +133,6 @@ RouteSpec parse_route_spec(const Option& option) {
         "server_feedback", default_server_feedback(option.feedback), feedback_names());
   }
   spec.finish();
-  return out;
 }
 
 void check_codec_fits(const std::string& route, const Codec& codec) {
@@ -147,7 +144,7 @@ void check_codec_fits(const std::string& route, const Codec& codec) {
 }
 
 std::unique_ptr<Codec> make_bucket_codec(const RouteConfig& config) {
-  auto codec = make_codec(config.codec);
+  auto codec = make_codec(config.codec());
   if (!config.layout.empty()) codec->set_layout(config.layout);
   return codec;
 }
@@ -158,18 +155,17 @@ bool route_fits(RouteKind kind, const CodecTraits& traits) {
 
 RouteConfig inner_route_config(const RouteConfig& config, Transport* across) {
   RouteConfig inner = config;
-  inner.spec.name = config.spec.inner;
-  inner.spec.kind = config.spec.inner_kind;
+  inner.kind = config.option.inner;
   inner.env = RouteEnv{.world = across, .seed = config.env.seed, .threads = config.env.threads};
   return inner;
 }
 
 std::unique_ptr<Route> make_flat_route(const RouteConfig& config) {
-  const std::string& name = config.spec.name;
+  const std::string& name = route_name(config.kind);
   if (config.env.world == nullptr) {
     throw Error(fmt::format("route '{}' needs a transport (RouteEnv::world is null)", name));
   }
-  const RouteRow& row = row_of(config.spec.kind);
+  const RouteRow& row = row_of(config.kind);
   if (row.needs_nodes) {
     throw Error(fmt::format("route '{}' is not a flat route; allowed: {}", name,
                             fmt::join(flat_route_names(), ", ")));
@@ -201,36 +197,46 @@ bool route_needs_nodes(const std::string& route) {
   return route::row_of(route_kind(route)).needs_nodes;
 }
 
-void check_route(const Option& option) {
-  const route::RouteSpec spec = route::parse_route_spec(option);
+const std::string& route_name(RouteKind kind) {
+  for (size_t i = 0; i < std::size(route::kRoutes); ++i) {
+    if (route::kRoutes[i].kind == kind) return route_names()[i];
+  }
+  throw Error("route table: a route kind without a row");
+}
+
+BucketOption parse_bucket_option(const Option& option) {
+  BucketOption out;
+  out.text = option;
+  route::parse_route(option, out);
   const auto codec = make_codec(option.codec);
   route::check_feedback(option.feedback);
-  if (!spec.server_feedback.empty()) route::check_feedback(spec.server_feedback);
-  route::check_codec_fits(route::row_of(spec.kind).needs_nodes ? spec.inner : spec.name, *codec);
+  if (!out.server_feedback.empty()) route::check_feedback(out.server_feedback);
+  route::check_codec_fits(route_name(out.codec_route()), *codec);
+  return out;
 }
+
+void check_route(const Option& option) { parse_bucket_option(option); }
 
 namespace {
 
-std::unique_ptr<Route> make_option_route(const Option& option, size_t bucket, size_t elements,
-                                         const RouteEnv& env,
+std::unique_ptr<Route> make_option_route(const BucketOption& option, size_t bucket,
+                                         size_t elements, const RouteEnv& env,
                                          std::span<const TensorShape> layout) {
-  route::RouteConfig config{.codec = option.codec,
-                            .feedback = option.feedback,
-                            .spec = route::parse_route_spec(option),
+  route::RouteConfig config{.option = option,
+                            .kind = option.route,
                             .bucket = bucket,
                             .key = bucket,
                             .elements = elements,
                             .layout = {layout.begin(), layout.end()},
                             .env = env};
-  const auto& row = route::row_of(config.spec.kind);
+  const auto& row = route::row_of(config.kind);
   return row.needs_nodes ? row.make(config) : route::make_flat_route(config);
 }
 
 }  // namespace
 
-std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
+std::unique_ptr<Route> make_route(const BucketOption& option, size_t bucket, size_t elements,
                                   const RouteEnv& env, std::span<const TensorShape> layout) {
-  check_route(option);
   size_t layout_elements = 0;
   for (const TensorShape& t : layout) layout_elements += t.elements;
   if (!layout.empty() && layout_elements != elements) {
@@ -238,11 +244,17 @@ std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t el
                             bucket, layout.size(), layout_elements, elements));
   }
   auto main = make_option_route(option, bucket, elements, env, layout);
-  if (option.start_step == 0) return main;
+  if (option.text.start_step == 0) return main;
   // Warm-up: an uncompressed allreduce over the whole world (Option's defaults) until
   // start_step.
-  return route::make_warmup_route(make_option_route(Option{}, bucket, elements, env, layout),
-                                  std::move(main), option.start_step);
+  return route::make_warmup_route(
+      make_option_route(parse_bucket_option(Option{}), bucket, elements, env, layout),
+      std::move(main), option.text.start_step);
+}
+
+std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
+                                  const RouteEnv& env, std::span<const TensorShape> layout) {
+  return make_route(parse_bucket_option(option), bucket, elements, env, layout);
 }
 
 }  // namespace gradcomp

@@ -129,5 +129,9 @@ class Route {
 // that compress each tensor on its own use it.
 std::unique_ptr<Route> make_route(const Option& option, size_t bucket, size_t elements,
                                   const RouteEnv& env, std::span<const TensorShape> layout = {});
+// The same for an option parsed already (parse_bucket_option, Plan::validate): nothing is
+// parsed again.
+std::unique_ptr<Route> make_route(const BucketOption& option, size_t bucket, size_t elements,
+                                  const RouteEnv& env, std::span<const TensorShape> layout = {});
 
 }  // namespace gradcomp

@@ -13,23 +13,12 @@
 
 namespace gradcomp::route {
 
-// Option::route after parsing: "allreduce", "allgather", "twoway:server_feedback=<name>",
-// "hierarchical:inner=allreduce|allgather|twoway,intra=none|fp16[,server_feedback=<name>]",
-// and "sharded:" with the same parameters.
-struct RouteSpec {
-  std::string name;
-  RouteKind kind = RouteKind::kAllreduce;
-  std::string server_feedback;    // twoway: the server-side feedback spec
-  std::string inner = "allreduce";  // over nodes: the route across nodes
-  RouteKind inner_kind = RouteKind::kAllreduce;
-  bool intra_fp16 = false;          // over nodes: reduce inside the node as float16
-};
-
 // Everything a route class needs to build itself.
 struct RouteConfig {
-  std::string codec;     // codec spec
-  std::string feedback;  // worker-side feedback spec
-  RouteSpec spec;
+  BucketOption option;   // the bucket's, checked and parsed
+  RouteKind kind = RouteKind::kAllreduce;  // the route to build: option.route, or option.inner
+  const std::string& codec() const { return option.text.codec; }        // codec spec
+  const std::string& feedback() const { return option.text.feedback; }  // worker's feedback
   size_t bucket = 0;
   // The randomness key of the route's codec calls (Context::bucket): the bucket, or one
   // stream of it (shard_key) when the bucket is cut into shards that travel on their own.
@@ -42,9 +31,6 @@ struct RouteConfig {
 // The codec of a route that encodes the whole bucket, told the bucket's layout.
 std::unique_ptr<Codec> make_bucket_codec(const RouteConfig& config);
 
-// Parses the spec (SpecError on unknown names or keys) and fills in defaults that depend on
-// the option (the server feedback defaults to the worker's error feedback, without momentum).
-RouteSpec parse_route_spec(const Option& option);
 // Throws Error when `codec` cannot travel over route `name` (not for hierarchical: pass its
 // inner route).
 void check_codec_fits(const std::string& name, const Codec& codec);
@@ -61,7 +47,7 @@ std::unique_ptr<Route> make_sharded_route(const RouteConfig& config);
 // `main`, the option's route.
 std::unique_ptr<Route> make_warmup_route(std::unique_ptr<Route> plain, std::unique_ptr<Route> main,
                                          uint64_t start_step);
-// The configuration of the flat route (config.spec.inner) a route over nodes runs across them,
+// The configuration of the flat route (config.option.inner) a route over nodes runs across them,
 // over the transport `across`; the node transports are not passed on.
 RouteConfig inner_route_config(const RouteConfig& config, Transport* across);
 // The route among leaders (or the whole route when not hierarchical) by name.

@@ -81,7 +81,7 @@ ShardedRoute::ShardedRoute(const RouteConfig& c)
       n_(c.elements),
       local_size_(static_cast<uint32_t>(intra_.size())),
       local_rank_(static_cast<uint32_t>(intra_.rank())),
-      fp16_(c.spec.intra_fp16),
+      fp16_(c.option.intra_fp16),
       wire_(fp16_ ? sizeof(uint16_t) : sizeof(float)) {
   for (uint32_t l = 0; l < local_size_; ++l) shards_.push_back(shard_range(n_, l, local_size_));
   mine_ = shards_[local_rank_];

@@ -73,10 +73,10 @@ class TwowayRoute final : public FlatRoute {
 
 TwowayRoute::TwowayRoute(const RouteConfig& c)
     : FlatRoute(kName, c),
-      worker_(make_codec(c.codec), make_feedback(c.feedback)),
-      server_(make_codec(c.codec), make_feedback(c.spec.server_feedback.empty()
-                                                     ? c.feedback
-                                                     : c.spec.server_feedback)) {
+      worker_(make_codec(c.codec()), make_feedback(c.feedback())),
+      server_(make_codec(c.codec()), make_feedback(c.option.server_feedback.empty()
+                                                       ? c.feedback()
+                                                       : c.option.server_feedback)) {
   const Codec& codec = worker_.codec();
   check_codec_fits(kName, codec);
   for (uint32_t s = 0; s < world_size_; ++s) {

@@ -385,7 +385,7 @@ TEST(RouteMp, BytesSentCountWhatThisRankHandsOver) {
   const size_t n = 1001;
   const uint32_t w = world_size();
   const auto grad = all_inputs(n, 0, 3)[my_rank()];
-  const auto raw = make_route({}, kBucket, n, flat_env());
+  const auto raw = make_route(Option{}, kBucket, n, flat_env());
   run_step(*raw, grad, step_state(0));
   EXPECT_EQ(raw->bytes_sent(), n * sizeof(float));  // the fast path: the bucket itself
   const auto fp16 = make_route({.codec = "fp16"}, kBucket, n, flat_env());

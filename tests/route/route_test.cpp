@@ -71,7 +71,7 @@ TEST(Route, TheServerAppliesErrorFeedbackOnlyByDefault) {
   // The worker's momentum (dgc, nesterov) is applied once, on the worker; the server keeps a
   // residual. ef (with its parameters) and none carry over; an explicit choice is kept.
   const auto server = [](const std::string& feedback, const std::string& route = "twoway") {
-    return route::parse_route_spec({.codec = "topk", .feedback = feedback, .route = route})
+    return parse_bucket_option({.codec = "topk", .feedback = feedback, .route = route})
         .server_feedback;
   };
   EXPECT_EQ(server("dgc"), "ef");
@@ -152,7 +152,7 @@ TEST(Route, AllgatherNeedsASingleRoundCodec) {
 }
 
 TEST(Route, MissingTransportsAreErrors) {
-  EXPECT_NE(error_text([] { make_route({}, 0, 10, {}); }).find("RouteEnv::world is null"),
+  EXPECT_NE(error_text([] { make_route(Option{}, 0, 10, {}); }).find("RouteEnv::world is null"),
             std::string::npos);
   const OneRank one;
   const std::string text = error_text([&] { make_route({.route = "hierarchical"}, 0, 10, one.env()); });
