@@ -549,6 +549,8 @@ def say_auto(auto):
     d = auto["decision"]
     say(f"   {'':<32} auto kept '{d['kept_name']}' from step {d['step']} ({d['why']}); search "
         f"{d['search_steps']:g} steps, {d['search_seconds']:.1f} s"
+        + (f" ({d['search_cost_seconds']:+.1f} s against uncompressed steps, payback "
+           f"{d['payback_steps']:.0f} steps)" if "payback_steps" in d else "")
         + ("" if auto.get("ranks_agree", True) else "; RANKS DISAGREE"))
     for c in d["candidates"]:
         say(f"   {'':<34}{c['name']:<36} predicted {c['predicted_ms']:8.1f} ms, measured "

@@ -476,6 +476,18 @@ def _config_block(config):
     return lines
 
 
+def _payback_text(d):
+    """What the search cost against as many uncompressed steps, and the kept plan's steps that
+    win it back (the scheduler reports both since 2026-11-27; older results lack them)."""
+    if "search_cost_seconds" not in d:
+        return ""
+    cost, steps = d["search_cost_seconds"], d["payback_steps"]
+    text = f" ({cost:+.1f} s against as many uncompressed steps"
+    if steps < 0:
+        return text + "; uncompressed kept: nothing to win it back with)"
+    return text + (", won back at once)" if steps == 0 else f", won back in {steps:.0f} steps)")
+
+
 def _auto_block(auto, k=1):
     """compression="auto"'s decision under its table: what it kept, when and why, what the
     search cost, and every candidate's predicted against measured step (its own model and its
@@ -489,7 +501,7 @@ def _auto_block(auto, k=1):
              f"{auto['decided_after_steps']} steps and kept **{d['kept_name']}** "
              f"(`{kept['summary']}`) from step {d['step']} (that step not measured either): "
              f"{d['why']}. Its trials took {d['search_steps']:g} steps; calibration and "
-             f"trials {d['search_seconds']:.1f} s of wall time"
+             f"trials {d['search_seconds']:.1f} s of wall time" + _payback_text(d)
              + (f"; it decided {auto['decisions']} times (searched again while measured)"
                 if auto.get("decisions", 1) > 1 else "")
              + ("; **the ranks decided differently**" if auto.get("ranks_agree") is False

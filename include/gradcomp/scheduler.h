@@ -114,7 +114,13 @@ struct AutoDecision {
   size_t kept = 0;               // index into candidates
   std::string why;               // "fastest measured", "nothing beat uncompressed: ..."
   double search_steps = 0;       // steps spent in trials
-  double search_seconds = 0;     // wall time of calibration and trials
+  double search_seconds = 0;     // wall time of calibration and trials (the slowest rank's)
+  // What the search cost: search_seconds beyond as many steps of the uncompressed plan (its
+  // measured step), calibration included; negative when the trials ran faster than that.
+  double search_cost_seconds = 0;
+  // Steps of the kept plan that win that cost back, by what each saves against the uncompressed
+  // step: 0 when the search cost nothing, -1 when the kept plan saves nothing (uncompressed).
+  double payback_steps = -1;
   model::Link link;              // the calibrated link (between nodes, when there are nodes)
   int per_node = 1;              // ranks per node the plans were made for
   model::Link intra_link;        // the link inside a node (per_node > 1)

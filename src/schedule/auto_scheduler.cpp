@@ -146,6 +146,7 @@ struct AutoScheduler::Impl {
   std::optional<Plan> refine();
   std::optional<Plan> decide();
   double tie_margin(size_t c, size_t fastest) const;  // decide(): see there
+  void count_search_cost();  // decide(): search_seconds, search_cost_seconds, payback_steps
   std::optional<Plan> watch(double step_s);
   std::optional<Plan> watch_residuals();
   void prepare_health_if_due();
@@ -441,6 +442,20 @@ double AutoScheduler::Impl::tie_margin(size_t c, size_t fastest) const {
   return c == 0 ? std::max(noise, kMinGain * cs[0].measured_ms) : noise;
 }
 
+// What the search cost against running uncompressed all along, and how many steps of the kept
+// plan win it back. Wall time: calibration, planning and the trials as the job ran them (the
+// slowest rank's, agreed, so every rank reports the same).
+void AutoScheduler::Impl::count_search_cost() {
+  const auto& cs = search.candidates;
+  search.search_seconds = schedule::max_over_ranks(*transport, {seconds_since(search_start)})[0];
+  const double plain_s = cs.front().measured_ms / 1e3;
+  const double kept_s = cs[search.kept].measured_ms / 1e3;
+  search.search_cost_seconds = search.search_seconds - search.search_steps * plain_s;
+  search.payback_steps = search.kept == 0 || kept_s >= plain_s
+                             ? -1
+                             : std::max(0.0, search.search_cost_seconds) / (plain_s - kept_s);
+}
+
 // Keeps the first candidate, in list order, that measured no slower than the fastest: the
 // order is a fixed preference (uncompressed first, then the model's ranking), so runs whose
 // clocks differ only by noise keep the same plan, and a lossy plan must beat uncompressed by
@@ -482,8 +497,8 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   }
   search.kept = best;
   search.step = steps + 1;
-  search.search_seconds = seconds_since(search_start);
   search.search_steps = static_cast<double>(cs.size() * settings.trial_steps);
+  count_search_cost();
   reference_ms = cs[best].measured_ms;
   window.clear();
   drifting = 0;
@@ -495,8 +510,14 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
                                 c.name, c.predicted_ms, c.measured_ms, c.noise_ms, c.summary));
   }
   mark("auto: decided", search_start, search);
-  say(fmt::format("decided at step {}: kept '{}' ({}); search took {:.1f} s\n{}", steps,
-                  cs[best].name, search.why, search.search_seconds, fmt::join(lines, "\n")));
+  const std::string payback =
+      search.payback_steps < 0
+          ? std::string()
+          : fmt::format(", won back after {:.0f} steps of the kept plan", search.payback_steps);
+  say(fmt::format("decided at step {}: kept '{}' ({}); search took {:.1f} s, {:+.1f} s against as "
+                  "many uncompressed steps{}\n{}",
+                  steps, cs[best].name, search.why, search.search_seconds,
+                  search.search_cost_seconds, payback, fmt::join(lines, "\n")));
   learn_from_trials();
   decisions.push_back(search);
   prepare_health_if_due();
@@ -658,6 +679,8 @@ json AutoScheduler::report() const {
                          {"kept", d.kept}, {"kept_name", d.candidates[d.kept].name},
                          {"why", d.why}, {"search_steps", d.search_steps},
                          {"search_seconds", d.search_seconds},
+                         {"search_cost_seconds", d.search_cost_seconds},
+                         {"payback_steps", d.payback_steps},
                          {"planner_ms", d.decision_ms},
                          {"model_error", {{"uncorrected", d.model_error_before},
                                           {"corrected", d.model_error_after},

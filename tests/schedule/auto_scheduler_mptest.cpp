@@ -116,8 +116,19 @@ TEST(AutoScheduler, KeepsThePlanThatIsFastestInFact) {
             decision["model_error"]["uncorrected"].get<double>());
   EXPECT_TRUE(report.contains("model_correction"));
   EXPECT_GT(decision["link"]["bytes_per_s"].get<double>(), 0);
+  // The search's cost against as many uncompressed steps, and the kept plan's steps that win it
+  // back by what each saves (wall time here is far below the synthetic steps: cost < 0, so 0).
+  const double plain_s = candidates[0]["measured_ms"].get<double>() / 1e3;
+  const double kept_s = kept["measured_ms"].get<double>() / 1e3;
+  const double cost = decision["search_cost_seconds"].get<double>();
+  EXPECT_NEAR(cost, decision["search_seconds"].get<double>() -
+                        decision["search_steps"].get<double>() * plain_s, 1e-9);
+  EXPECT_GT(decision["search_seconds"].get<double>(), 0);
+  EXPECT_NEAR(decision["payback_steps"].get<double>(), std::max(0.0, cost) / (plain_s - kept_s),
+              1e-9);
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
-  expect_same_on_every_rank(decision["candidates"].dump());
+  expect_same_on_every_rank(decision["candidates"].dump() + decision["search_seconds"].dump() +
+                            decision["payback_steps"].dump());
 }
 
 // A job where each compressed message costs 20 ms more than the calibration says (a cost per
@@ -268,6 +279,7 @@ TEST(AutoScheduler, NeverKeepsAPlanSlowerThanUncompressed) {
   const auto decision = scheduler.report()["decisions"][0];
   EXPECT_EQ(decision["kept"].get<size_t>(), 0u);
   EXPECT_NE(decision["why"].get<std::string>().find("uncompressed"), std::string::npos);
+  EXPECT_EQ(decision["payback_steps"].get<double>(), -1);  // nothing to win the search back with
 }
 
 // A noisy clock: every step is `jitter` ms slower or faster than its plan's time, in turn (the
