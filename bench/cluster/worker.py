@@ -563,7 +563,9 @@ def auto_record(report, settings, decided_after):
     first = report["decisions"][0]
     decision = {k: first.get(k) for k in ("step", "reason", "kept", "kept_name", "why",
                                           "search_steps", "search_seconds", "planner_ms",
-                                          "link")}
+                                          "link", "per_node", "intra_link",
+                                          "search_cost_seconds", "payback_steps")
+                if k in first}
     decision["candidates"] = [{k: c[k] for k in ("name", "summary", "predicted_ms",
                                                  "measured_ms", "first_step")}
                               for c in first["candidates"]]
