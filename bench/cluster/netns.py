@@ -586,6 +586,36 @@ def _timeout(running, timeout, logs):
 
 
 # --------------------------------------------------------------------------
+# benchmarks on hosts of several ranks (routes.py, nodes.py)
+
+def hosts_parser(description, timeout, json_help):
+    """An argument parser with the cluster's shape (--hosts, --ranks-per-host, --rate), the
+    job's --timeout in seconds and the --json file it writes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--ranks-per-host", type=int, default=2)
+    parser.add_argument("--rate", default="1gbit", help="link rate between hosts, tc units")
+    parser.add_argument("--timeout", type=float, default=timeout)
+    parser.add_argument("--json", help=json_help)
+    return parser
+
+
+def run_on_hosts(body, args, min_ranks_per_host):
+    """Checks the cluster's shape and this machine, then body(args); a ClusterError is printed
+    and gives exit status 1."""
+    try:
+        if args.hosts < 2 or args.ranks_per_host < min_ranks_per_host:
+            raise ClusterError(f"need at least 2 hosts of at least {min_ranks_per_host} "
+                               f"rank{'s' if min_ranks_per_host > 1 else ''} each")
+        check_environment()
+        body(args)
+    except ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------
 # command line
 
 def _cmd_up(args):

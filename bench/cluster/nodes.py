@@ -10,7 +10,6 @@ link, no routes over nodes, as before it calibrated nodes. Prints each contender
 
     /usr/bin/python3 bench/cluster/nodes.py --hosts 2 --ranks-per-host 2 --rate 1gbit
 """
-import argparse
 import json
 import os
 import statistics
@@ -67,48 +66,42 @@ def run_contender(cluster, args, name, port, out):
     return row
 
 
+def run(args):
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gcnodes-") as tmp, \
+            netns.Cluster(args.hosts, netns.parse_rate(args.rate)) as cluster:
+        print(f"{args.hosts} hosts x {args.ranks_per_host} ranks, links "
+              f"{netns.format_rate(cluster.rate_bps)}; replay {Path(args.profile).name}",
+              flush=True)
+        for i, name in enumerate(args.contenders):
+            row = run_contender(cluster, args, name, PORT + i, Path(tmp) / str(i))
+            rows.append(row)
+            say(row)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"hosts": args.hosts, "rate": args.rate,
+                                               "ranks_per_host": args.ranks_per_host,
+                                               "profile": args.profile, "rows": rows},
+                                              indent=1) + "\n")
+
+
+def say(row):
+    print(f"{row['contender']:<58} {row['median_ms']:9.1f} ms", flush=True)
+    if "auto" in row:
+        a = row["auto"]
+        print(f"    kept '{a['kept']}' (nodes of {a['per_node']}): {a['why']}")
+        for c in a["candidates"]:
+            print(f"      {c['name']:<54} predicted {c['predicted_ms']:8.1f}, "
+                  f"measured {c['measured_ms']:8.1f} ms  [{c['summary']}]")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", type=int, default=2)
-    parser.add_argument("--ranks-per-host", type=int, default=2)
-    parser.add_argument("--rate", default="1gbit", help="link rate between hosts, tc units")
+    parser = netns.hosts_parser(__doc__.split("\n\n")[0], 300, "write the rows to this file")
     parser.add_argument("--profile", default=str(ROOT / "profiles" / "resnet50.json"))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--contenders", type=lambda t: [c for c in t.split(",") if c],
                         default=DEFAULT_CONTENDERS, help="','-separated worker.py contenders")
-    parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument("--json", help="write the rows to this file")
-    args = parser.parse_args(argv)
-    try:
-        if args.hosts < 2 or args.ranks_per_host < 2:
-            raise netns.ClusterError("need at least 2 hosts of at least 2 ranks")
-        netns.check_environment()
-        rows = []
-        with tempfile.TemporaryDirectory(prefix="gcnodes-") as tmp, \
-                netns.Cluster(args.hosts, netns.parse_rate(args.rate)) as cluster:
-            print(f"{args.hosts} hosts x {args.ranks_per_host} ranks, links "
-                  f"{netns.format_rate(cluster.rate_bps)}; replay {Path(args.profile).name}",
-                  flush=True)
-            for i, name in enumerate(args.contenders):
-                row = run_contender(cluster, args, name, PORT + i, Path(tmp) / str(i))
-                rows.append(row)
-                print(f"{name:<58} {row['median_ms']:9.1f} ms", flush=True)
-                if "auto" in row:
-                    a = row["auto"]
-                    print(f"    kept '{a['kept']}' (nodes of {a['per_node']}): {a['why']}")
-                    for c in a["candidates"]:
-                        print(f"      {c['name']:<54} predicted {c['predicted_ms']:8.1f}, "
-                              f"measured {c['measured_ms']:8.1f} ms  [{c['summary']}]")
-        if args.json:
-            Path(args.json).write_text(json.dumps({"hosts": args.hosts, "rate": args.rate,
-                                                   "ranks_per_host": args.ranks_per_host,
-                                                   "profile": args.profile, "rows": rows},
-                                                  indent=1) + "\n")
-    except netns.ClusterError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return netns.run_on_hosts(run, parser.parse_args(argv), 2)
 
 
 if __name__ == "__main__":

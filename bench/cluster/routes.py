@@ -9,7 +9,6 @@ its link over the whole run are printed after it.
 
     /usr/bin/python3 bench/cluster/routes.py --hosts 2 --ranks-per-host 2 --rate 1gbit --sizes 22
 """
-import argparse
 import json
 import os
 import sys
@@ -78,26 +77,13 @@ def run(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", type=int, default=2)
-    parser.add_argument("--ranks-per-host", type=int, default=2)
-    parser.add_argument("--rate", default="1gbit", help="link rate between hosts, tc units")
+    parser = netns.hosts_parser(__doc__.split("\n\n")[0], 600,
+                                "write rank 0's results (and the cluster) to this file")
     parser.add_argument("--sizes", default="22", help="log2 of the bucket sizes, e.g. 20,22")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--cases", type=lambda t: [c for c in t.split(";") if c],
                         default=DEFAULT_CASES, help="'codec|feedback|route' cases, ';'-separated")
-    parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--json", help="write rank 0's results (and the cluster) to this file")
-    args = parser.parse_args(argv)
-    try:
-        if args.hosts < 2 or args.ranks_per_host < 1:
-            raise netns.ClusterError("need at least 2 hosts and 1 rank per host")
-        netns.check_environment()
-        run(args)
-    except netns.ClusterError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return netns.run_on_hosts(run, parser.parse_args(argv), 1)
 
 
 if __name__ == "__main__":
