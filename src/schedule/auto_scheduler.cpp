@@ -358,7 +358,8 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   };
   const auto options = allowed_candidates();
   planner.codecs = options;
-  add("the planner's best", model::make_plan(p, cost, planner).plan);
+  const model::PlanResult best = model::make_plan(p, cost, planner);
+  add("the planner's best", best.plan);
   for (const auto& c : options) {
     planner.codecs = {c};
     add(fmt::format("{} alone", c), model::make_plan(p, cost, planner).plan);
@@ -389,6 +390,15 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
                                   1e3 * model::simulate(p, uncompressed, cost, sim).iteration_s, 0, 0,
                                   uncompressed}};
+  // Over nodes, the best uncompressed plan may take the routes over nodes: lossless, so it
+  // needs no accuracy evidence, and a lossy plan must beat it as it must beat uncompressed.
+  const Plan& lossless = best.uncompressed_plan;
+  if (cluster.per_node > 1 && lossless.hash() != uncompressed.hash() &&
+      std::any_of(lossless.buckets.begin(), lossless.buckets.end(),
+                  [](const Bucket& b) { return route_needs_nodes(b.option.route); })) {
+    all.push_back({"the planner's best uncompressed plan", summarize(lossless),
+                   1e3 * model::simulate(p, lossless, cost, sim).iteration_s, 0, 0, lossless});
+  }
   all.insert(all.end(), compressed.begin(), compressed.end());
   return all;
 }
@@ -439,7 +449,8 @@ std::optional<Plan> AutoScheduler::Impl::refine() {
 double AutoScheduler::Impl::tie_margin(size_t c, size_t fastest) const {
   const auto& cs = search.candidates;
   const double noise = kNoiseSpan * std::hypot(cs[c].noise_ms, cs[fastest].noise_ms);
-  return c == 0 ? std::max(noise, kMinGain * cs[0].measured_ms) : noise;
+  const bool lossless = !compresses(cs[c].plan);  // uncompressed, or over nodes uncompressed
+  return lossless ? std::max(noise, kMinGain * cs[c].measured_ms) : noise;
 }
 
 // What the search cost against running uncompressed all along, and how many steps of the kept
@@ -485,6 +496,16 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
         ms(plain), tie_margin(0, fastest), 100 * kMinGain, cs[fastest].name, ms(cs[fastest]));
   } else if (best == 0) {
     search.why = fmt::format("nothing beat uncompressed ({}); running uncompressed", ms(plain));
+  } else if (!compresses(cs[best].plan)) {  // lossless, over nodes
+    search.why = fmt::format("{} uncompressed over nodes against {} for the default uncompressed "
+                             "plan ({:.2f}x)",
+                             ms(cs[best]), ms(plain), plain.measured_ms / cs[best].measured_ms);
+    if (best != fastest) {
+      search.why += fmt::format("; the fastest, {} ({}), did not beat it by more than {:.1f} ms "
+                                "({:.0f}% or the trials' noise, the larger)",
+                                cs[fastest].name, ms(cs[fastest]), tie_margin(best, fastest),
+                                100 * kMinGain);
+    }
   } else if (best != fastest) {
     search.why = fmt::format(
         "{} against {} uncompressed ({:.2f}x); the fastest, {} ({}), is within the trials' noise "

@@ -259,6 +259,44 @@ TEST(AutoScheduler, ProposesTheRoutesOverNodesWhereTheLinkBetweenThemIsSlow) {
   expect_same_on_every_rank(decision["candidates"].dump());
 }
 
+bool is_compressed(const Plan& plan) {
+  return std::any_of(plan.buckets.begin(), plan.buckets.end(),
+                     [](const Bucket& b) { return b.option.codec != "none"; });
+}
+
+bool over_nodes(const Plan& plan) {
+  return std::any_of(plan.buckets.begin(), plan.buckets.end(),
+                     [](const Bucket& b) { return route_needs_nodes(b.option.route); });
+}
+
+// Over nodes, the best uncompressed plan takes the routes over nodes; where compression does
+// not pay (every compressed plan slower than uncompressed) but the node routes do, that
+// lossless plan is kept. (With 2 ranks, one node: no such plan, uncompressed is kept.)
+TEST(AutoScheduler, KeepsALosslessPlanOverNodesWhereCompressionDoesNotPay) {
+  AutoSettings s = message_bound_settings();
+  s.local_size = 2;
+  s.link = model::Link{.bytes_per_s = 12.5e6, .latency_s = 100e-6};
+  s.intra_link = model::Link{.bytes_per_s = 50e9, .latency_s = 5e-6};
+  AutoScheduler scheduler(world(), large_tensors(), s);
+  drive_on(scheduler, 60, [](const Plan& p) {
+    if (is_compressed(p)) return step_ms(p, /*inverted=*/true, 1);  // 111-150 ms
+    return over_nodes(p) ? 70.0 : 100.0;
+  });
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto decision = scheduler.report()["decisions"][0];
+  const auto& kept = decision["candidates"][decision["kept"].get<size_t>()];
+  if (nodes_of_two()) {
+    EXPECT_EQ(kept["name"], "the planner's best uncompressed plan") << trials_text(decision);
+    EXPECT_FALSE(is_compressed(scheduler.current_plan()));
+    EXPECT_TRUE(over_nodes(scheduler.current_plan()));
+    EXPECT_NE(decision["why"].get<std::string>().find("uncompressed over nodes"),
+              std::string::npos);
+  } else {
+    EXPECT_EQ(decision["kept"].get<size_t>(), 0u) << trials_text(decision);
+  }
+  expect_same_on_every_rank(decision["candidates"].dump());
+}
+
 TEST(AutoScheduler, RefineProposalsZeroTriesOnlyTheFirstRound) {
   AutoSettings s = message_bound_settings();
   s.refine_proposals = 0;
@@ -290,11 +328,6 @@ int drive_noisy(AutoScheduler& scheduler, uint64_t steps, double jitter,
   return drive_on(scheduler, steps, [&](const Plan& p) {
     return ms_of(p) + ((step++ % 2 == 0) ? jitter : -jitter);
   });
-}
-
-bool is_compressed(const Plan& plan) {
-  return std::any_of(plan.buckets.begin(), plan.buckets.end(),
-                     [](const Bucket& b) { return b.option.codec != "none"; });
 }
 
 // Compressed plans measure 8-10% faster than uncompressed, more than kMinGain, but each step
