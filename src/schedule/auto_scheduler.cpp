@@ -307,6 +307,12 @@ int AutoScheduler::Impl::node_size() {
   const int local = settings.local_size > 0 ? settings.local_size
                                             : launch_info_from_environment().local_size;
   const int world = transport->size();
+  if (local >= 2 && world % local != 0) {
+    flat_only = true;  // said once
+    say(fmt::format("{} ranks do not make nodes of {} (the local size): calibrating one flat "
+                    "link, no routes over nodes",
+                    world, local));
+  }
   if (local < 2 || world % local != 0 || world / local < 2) return 1;
   if (!nodes) {
     try {
