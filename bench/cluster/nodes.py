@@ -59,7 +59,8 @@ def run_contender(cluster, args, name, port, out):
     if "auto" in ranks[0]:
         d = ranks[0]["auto"]["decision"]
         row["auto"] = {"kept": d["kept_name"], "why": d["why"],
-                       "per_node": d.get("per_node", 1),
+                       "per_node": d.get("per_node", 1), "link": d.get("link"),
+                       "intra_link": d.get("intra_link"),
                        "candidates": [{k: c[k] for k in ("name", "summary", "predicted_ms",
                                                          "measured_ms")}
                                       for c in d["candidates"]]}
