@@ -66,9 +66,10 @@ LABELS = {
 
 # worker.py's settings of compression="auto" (not imported: worker.py loads torch; a test
 # compares them), and the most steps it can take before it decides: its warm-up, then up to
-# 1 + max_proposals + refine_proposals (the scheduler's default: 2) plans for trial_steps each.
+# 2 + max_proposals + refine_proposals (the scheduler's default: 2) plans for trial_steps each
+# (uncompressed, over nodes the planner's best uncompressed plan, the proposals).
 AUTO = {"warmup_steps": 20, "profile_steps": 8, "trial_steps": 5, "max_proposals": 4}
-AUTO_SEARCH_STEPS = AUTO["warmup_steps"] + (1 + AUTO["max_proposals"] + 2) * AUTO["trial_steps"]
+AUTO_SEARCH_STEPS = AUTO["warmup_steps"] + (2 + AUTO["max_proposals"] + 2) * AUTO["trial_steps"]
 
 # worker.py's --optimizer choices (not imported: worker.py loads torch; a test compares them).
 OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam", "onebitlamb"]

@@ -74,8 +74,8 @@ class BenchError(Exception):
 OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam", "onebitlamb"]
 # The distributed optimizers of their own: they exchange in step(), after an uncompressed warm-up.
 TWO_STAGE = ("onebitadam", "onebitlamb")
-# compression="auto"'s settings for the replay: short enough that it decides within 55 steps
-# (20 warm-up, then up to 1 + max_proposals + 2 refined plans for 5 steps each); bench.py
+# compression="auto"'s settings for the replay: short enough that it decides within 60 steps
+# (20 warm-up, then up to 2 + max_proposals + 2 refined plans for 5 steps each); bench.py
 # passes the same.
 AUTO = {"warmup_steps": 20, "profile_steps": 8, "trial_steps": 5, "max_proposals": 4}
 
@@ -531,9 +531,10 @@ def replay(args, kind, argument):
 
 def auto_search_steps(settings):
     """The most steps compression="auto" can take before it decides: its warm-up, then up to
-    1 + max_proposals + refine_proposals plans for trial_steps each (the scheduler's defaults
-    where unset)."""
-    plans = 1 + settings.get("max_proposals", 4) + settings.get("refine_proposals", 2)
+    2 + max_proposals + refine_proposals plans for trial_steps each (uncompressed, over nodes
+    the planner's best uncompressed plan, the proposals; the scheduler's defaults where
+    unset)."""
+    plans = 2 + settings.get("max_proposals", 4) + settings.get("refine_proposals", 2)
     return settings.get("warmup_steps", 30) + plans * settings.get("trial_steps", 6)
 
 

@@ -49,12 +49,14 @@ bool compresses(const Plan& plan) {
                      [](const Bucket& b) { return b.option.codec != "none"; });
 }
 
-// "12 buckets: 9 powersgd:rank=4/ef/allreduce, 3 none"
+// "12 buckets: 9 powersgd:rank=4/ef/allreduce, 3 none" ("none" alone: uncompressed on the
+// transport's allreduce; uncompressed over nodes shows its route)
 std::string summarize(const Plan& plan) {
   std::map<std::string, int> count;
   for (const auto& b : plan.buckets) {
-    const std::string key = b.option.codec == "none"
-                                ? std::string("none")
+    const bool plain = b.option.codec == "none" && b.option.feedback == "none" &&
+                       b.option.route == "allreduce";
+    const std::string key = plain ? std::string("none")
                                 : fmt::format("{}/{}/{}", b.option.codec, b.option.feedback,
                                               b.option.route);
     ++count[key];
