@@ -88,6 +88,9 @@ while read -r model codec intra inter; do
   plan_both "espresso-$model-plan" $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef"
   for i in $(seq 5); do  # decision time: wall time on a shared machine, so several runs
     run "decision-$model-$i" plan --profile $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef"
+    # ... and without trying slices (what the search over slicings adds)
+    run "decision-$model-whole-$i" plan --profile $model "${NET[@]}" --costs $GPU \
+        --codecs "none,fp16,$codec|ef" --slice-from 0
   done
 done <<'EOF'
 bert-base randomk:ratio=0.01 400gbit 100gbit

@@ -61,6 +61,7 @@ LABELS = {
     "ddp-powersgd:rank=1": "DDP + PowerSGD hook r1",
     "ddp-powersgd:rank=4": "DDP + PowerSGD hook r4",
     "plan": "gradcomp planned",
+    "plan-whole": "gradcomp planned, whole tensors",
     "auto": "gradcomp auto, after deciding",
 }
 
@@ -202,12 +203,16 @@ def contenders(args):
     chosen = ["compute", *DDP_CONTENDERS, *codecs, "plan", "auto"]
     if args.contenders:
         wanted = split(args.contenders)
-        unknown = [c for c in wanted if split_optimizer(c)[0] not in chosen]
+        # On request only: the planner without slices (the same plan where no tensor is cut).
+        # And any plan file: plan:PATH (a plan of the profile's tensors, run as given).
+        known = [*chosen[:-1], "plan-whole", chosen[-1]]
+        unknown = [c for c in wanted
+                   if split_optimizer(c)[0] not in known and not c.startswith("plan:")]
         if unknown:
             raise BenchError(f"unknown contender(s) {', '.join(unknown)}; choose from "
-                             f"{', '.join(chosen)} (each may end in +OPTIMIZER)")
-        order = {c: i for i, c in enumerate(chosen)}
-        chosen = sorted(wanted, key=lambda c: order[split_optimizer(c)[0]])
+                             f"{', '.join(known)}, plan:PATH (each may end in +OPTIMIZER)")
+        order = {c: i for i, c in enumerate(known)}
+        chosen = sorted(wanted, key=lambda c: order.get(split_optimizer(c)[0], len(known)))
     for name in chosen:
         check_optimizer(name, args.optimizer)
     return chosen
@@ -258,6 +263,8 @@ def family(contender):
 def label(contender):
     if contender in LABELS:
         return LABELS[contender]
+    if contender.startswith("plan:"):
+        return f"gradcomp plan {Path(contender[len('plan:'):]).name}"
     base, optimizer = split_optimizer(contender)
     text = LABELS.get(base, base.replace("gradcomp:", "gradcomp "))
     return text + (f" + {OPTIMIZER_LABELS[optimizer]}" if optimizer != "none" else "")
@@ -298,16 +305,19 @@ class Model:
                        "--costs", costs,
                        "--cost-scale", f"{cost_scale:.6g}"]
         self.plan_path = plan_path
+        self.whole_plan_path = plan_path.with_name(plan_path.stem + "-whole.json")
 
-    def plan(self, codecs):
-        text = gradcomp("plan", *self.common, "--codecs", ",".join(codecs),
-                        "--json", self.plan_path)
+    def plan(self, codecs, whole=False):
+        """The planner's plan (whole: no tensor cut into slices), written to its path."""
+        path = self.whole_plan_path if whole else self.plan_path
+        text = gradcomp("plan", *self.common, "--codecs", ",".join(codecs), "--json", path,
+                        *(["--slice-from", "0"] if whole else []))
         predicted = next(float(line.split()[-2]) for line in text.splitlines()
                          if line.startswith("predicted iteration time"))
-        plan = json.loads(Path(self.plan_path).read_text())
-        return {"codecs": codecs, "predicted_ms": predicted,
-                "path": display_path(self.plan_path),
-                "buckets": len(plan["buckets"]), "summary": plan_summary(plan)}
+        plan = json.loads(Path(path).read_text())
+        return {"codecs": codecs, "predicted_ms": predicted, "path": display_path(path),
+                "buckets": len(plan["buckets"]), "summary": plan_summary(plan),
+                "slices": {t["name"]: t["slices"] for t in plan["tensors"] if "slices" in t}}
 
     def predict(self, contender):
         """(predicted ms, how the contender was modelled)."""
@@ -317,6 +327,10 @@ class Model:
             return self.compute_ms, "the profile's forward + backward"
         if contender == "plan":
             extra = ["--plan", self.plan_path]
+        elif contender == "plan-whole":
+            extra = ["--plan", self.whole_plan_path]
+        elif contender.startswith("plan:"):
+            extra = ["--plan", contender[len("plan:"):]]
         elif contender == "ddp":
             extra, note = ["--codecs", "none"], "as gradcomp's uncompressed 25 MB plan"
         elif contender == "ddp-fp16":
@@ -501,7 +515,11 @@ def replay_config(args, profile, rate, workers, names, out, port):
                       config["compute_ms"], out_dir / "simulated.json")
         config["plan"] = model.plan(split(args.codecs))
         say(f"   planner: {config['plan']['summary']}; predicted "
-            f"{config['plan']['predicted_ms']:.1f} ms")
+            f"{config['plan']['predicted_ms']:.1f} ms; slices {config['plan']['slices'] or 'none'}")
+        if any(split_optimizer(n)[0] == "plan-whole" for n in names):
+            config["plan_whole"] = model.plan(split(args.codecs), whole=True)
+            say(f"   planner, whole tensors: {config['plan_whole']['summary']}; predicted "
+                f"{config['plan_whole']['predicted_ms']:.1f} ms")
         for name in names:
             config["runs"].append(run_replay(args, runner, model, name, profile, dilation,
                                              config))
@@ -520,7 +538,8 @@ def run_replay(args, runner, model, name, profile, dilation, config):
     expect_s = max(predicted or 0, config["compute_ms"]) / 1e3 * dilation
     if base == "auto":
         predicted, note, expect_s = auto_prediction(model, config, dilation)
-    contender = f"plan:{model.plan_path}" if base == "plan" else base
+    paths = {"plan": model.plan_path, "plan-whole": model.whole_plan_path}
+    contender = f"plan:{paths[base]}" if base in paths else base
     row = run_contender(args, runner, name, contender, profile, dilation, expect_s,
                         predicted_ms=predicted, prediction_note=note)
     if row["status"] == "ok":

@@ -237,19 +237,24 @@ Plan make_plan(const std::vector<std::string>& names, const std::vector<at::Tens
 }
 
 // `plan` with its tensors listed in the order of `names` (the engine's), the buckets' indices
-// following them: an engine's tensor indices do not change with its plan.
+// following them: an engine's tensor indices do not change with its plan. Buckets index pieces
+// (a sliced tensor's slices, in order), so a slice moves with its tensor.
 Plan in_tensor_order(Plan plan, std::span<const std::string> names) {
+  plan.validate();  // every index names a piece (the shapes filled in may refuse slices)
   std::map<std::string, size_t> index_of;
   for (size_t i = 0; i < plan.tensors.size(); ++i) index_of[plan.tensors[i].name] = i;
-  std::vector<size_t> moved_to(plan.tensors.size());
+  const std::vector<TensorPiece> pieces = plan.pieces();
   std::vector<TensorInfo> tensors;
-  for (size_t j = 0; j < names.size(); ++j) {
-    const size_t i = index_of.at(names[j]);
-    moved_to[i] = j;
+  std::vector<size_t> first_at(plan.tensors.size());  // old tensor -> its first new piece
+  size_t next = 0;
+  for (const std::string& name : names) {
+    const size_t i = index_of.at(name);
+    first_at[i] = next;
+    next += plan.tensors[i].slices;
     tensors.push_back(plan.tensors[i]);
   }
   for (auto& bucket : plan.buckets) {
-    for (auto& t : bucket.tensors) t = moved_to[t];
+    for (auto& p : bucket.tensors) p = first_at[pieces[p].tensor] + pieces[p].slice;
   }
   plan.tensors = std::move(tensors);
   return plan;

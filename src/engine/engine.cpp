@@ -28,6 +28,23 @@
 namespace gradcomp {
 namespace {
 
+// The plan as the routes see it: every slice a tensor of its own (Plan::by_piece), and where
+// each piece lies in the tensor the caller hands over.
+struct PieceTable {
+  PieceTable() = default;
+  explicit PieceTable(const Plan& registered)
+      : plan(registered.by_piece()), pieces(registered.pieces()) {
+    const size_t tensors = registered.tensors.size();
+    first.assign(tensors + 1, 0);
+    for (const TensorPiece& p : pieces) ++first[p.tensor + 1];
+    for (size_t t = 0; t < tensors; ++t) first[t + 1] += first[t];
+  }
+
+  Plan plan;
+  std::vector<TensorPiece> pieces;
+  std::vector<size_t> first;  // tensor t's pieces are [first[t], first[t + 1])
+};
+
 std::string timeline_from_environment() {
   const char* path = std::getenv("GRADCOMP_TIMELINE");
   return path == nullptr ? std::string() : std::string(path);
@@ -68,8 +85,9 @@ struct Engine::Impl {
   void name_lanes();
   // set_plan: adds what the routes hold and have not delivered to `carried`, by tensor.
   void carry_out();
-  // ready(): adds tensor t's carried memory (in the coming step's loss scale) to its gradient.
-  void add_carried(size_t tensor, std::span<float> grad);
+  // ready(): adds the carried memory of piece p (in the coming step's loss scale) to its
+  // gradient.
+  void add_carried(size_t piece, std::span<float> grad);
   void settle_step();  // under mutex, every bucket decoded
   void release_after_failure();
   StateOwner owner() const;
@@ -77,12 +95,13 @@ struct Engine::Impl {
   std::shared_ptr<Transport> transport;
   Plan plan;
   std::vector<BucketOption> options_of;  // plan.buckets' options, parsed once (Plan::validate)
+  PieceTable layout;  // of `plan`: what the buckets hold
   EngineOptions options;
   Nodes nodes;  // routes that need nodes only
   std::unique_ptr<Timeline> timeline;
   std::vector<LiveBucket> buckets;
   bool settles_steps = false;  // some route keeps state: every step is kept or taken back whole
-  std::vector<TensorSlot> slots;  // per tensor: its bucket and place in the fused buffer
+  std::vector<TensorSlot> slots;  // per piece: its bucket and place in the fused buffer
   std::unordered_map<std::string, size_t> index_of;
   // Per tensor, what a plan change carries (Engine::set_plan; empty values: nothing). Added to
   // the tensor's next gradient; kept until a step that took it is kept.
@@ -120,6 +139,7 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
     : transport(std::move(transport_in)), plan(std::move(plan_in)), options(options_in) {
   if (!transport) throw Error("Engine: the transport is null");
   options_of = plan.validate();
+  layout = PieceTable(plan);
   // The transport fails a stuck collective at its own timeout; the engine's wait is a backstop.
   if (options.timeout.count() <= 0) options.timeout = 2 * transport->timeout() + Milliseconds(10'000);
   if (options.codec_threads < 1) {
@@ -205,10 +225,10 @@ void Engine::Impl::make_routes(bool with_nodes) {
     env.leaders = nodes.leaders();
     env.cross = nodes.cross.get();
   }
-  slots.assign(plan.tensors.size(), TensorSlot{});
+  slots.assign(layout.pieces.size(), TensorSlot{});
   buckets.reserve(plan.buckets.size());
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
-    buckets.emplace_back(plan, b, options_of[b], env, slots, options.timeout);
+    buckets.emplace_back(layout.plan, b, options_of[b], env, slots, options.timeout);
     settles_steps = settles_steps || buckets.back().route->stateful();
   }
 }
@@ -234,28 +254,31 @@ void Engine::Impl::carry_out() {
   for (const LiveBucket& bucket : buckets) {
     Buffer<float> held(bucket.elements, 0.0f);
     const double scale = bucket.route->carry(held);
-    for (size_t t = 0; t < slots.size(); ++t) {
-      const TensorSlot& slot = slots[t];
+    for (size_t p = 0; p < slots.size(); ++p) {
+      const TensorSlot& slot = slots[p];
       if (slot.bucket != bucket.index) continue;
       const auto part = std::span(held).subspan(slot.offset, slot.elements);
       if (std::all_of(part.begin(), part.end(), [](float x) { return x == 0.0f; })) continue;
-      Carried& c = carried[t];
+      const TensorPiece& piece = layout.pieces[p];
+      Carried& c = carried[piece.tensor];
       if (c.values.empty()) {
-        c.values.assign(slot.elements, 0.0f);
+        c.values.assign(plan.tensors[piece.tensor].elements, 0.0f);
         c.scale = scale;
       }
-      for (size_t i = 0; i < part.size(); ++i) c.values[i] += part[i];
+      for (size_t i = 0; i < part.size(); ++i) c.values[piece.offset + i] += part[i];
     }
   }
 }
 
-void Engine::Impl::add_carried(size_t tensor, std::span<float> grad) {
-  Carried& c = carried[tensor];
+void Engine::Impl::add_carried(size_t piece, std::span<float> grad) {
+  const TensorPiece& p = layout.pieces[piece];
+  Carried& c = carried[p.tensor];
   if (c.values.empty()) return;
   // The memory was kept in the loss scale of its last step; the gradient carries this step's.
   const bool rescale = c.scale > 0 && step_state.scale > 0 && c.scale != step_state.scale;
   const auto k = static_cast<float>(rescale ? step_state.scale / c.scale : 1.0);
-  for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::fma(k, c.values[i], grad[i]);
+  const float* held = c.values.data() + p.offset;
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::fma(k, held[i], grad[i]);
   c.taken = true;
 }
 
@@ -281,8 +304,10 @@ void Engine::Impl::set_plan(Plan next) {
                               t, b.name, b.elements, a.name, a.elements));
     }
   }
+  PieceTable next_layout(next);
   std::swap(plan, next);  // `next` now holds the old plan, until the new routes stand
   std::swap(options_of, next_options);
+  std::swap(layout, next_layout);
   std::vector<LiveBucket> old_buckets = std::move(buckets);
   std::vector<TensorSlot> old_slots = std::move(slots);
   const bool old_settles = settles_steps;
@@ -294,16 +319,19 @@ void Engine::Impl::set_plan(Plan next) {
   } catch (...) {
     std::swap(plan, next);
     std::swap(options_of, next_options);
+    std::swap(layout, next_layout);
     buckets = std::move(old_buckets);
     slots = std::move(old_slots);
     settles_steps = old_settles;
     throw;
   }
-  std::swap(buckets, old_buckets);  // carry out of the old routes, with their slots
+  std::swap(buckets, old_buckets);  // carry out of the old routes, with their slots and pieces
   std::swap(slots, old_slots);
+  std::swap(layout, next_layout);
   carry_out();
   std::swap(buckets, old_buckets);
   std::swap(slots, old_slots);
+  std::swap(layout, next_layout);
   old_buckets.clear();  // the old routes go; the threads stay
   next_launch = 0;
   encode_queue.clear();
@@ -319,7 +347,7 @@ void Engine::Impl::open_timeline(const std::string& path) {
 void Engine::Impl::name_lanes() {
   if (!timeline) return;
   for (size_t b = 0; b < buckets.size(); ++b) {
-    timeline->name_lane(static_cast<int>(b), buckets[b].describe(plan));
+    timeline->name_lane(static_cast<int>(b), buckets[b].describe(layout.plan));
   }
 }
 
@@ -358,31 +386,37 @@ void Engine::Impl::ready(size_t tensor, std::span<float> grad) {
   {
     std::lock_guard lock(mutex);
     throw_if_failed();
-    if (tensor >= slots.size()) {
+    if (tensor >= plan.tensors.size()) {
       throw Error(fmt::format("ready: tensor {} is not registered; the plan has {} tensors",
-                              tensor, slots.size()));
+                              tensor, plan.tensors.size()));
     }
-    TensorSlot& slot = slots[tensor];
-    if (grad.size() != slot.elements) {
+    const TensorInfo& info = plan.tensors[tensor];
+    if (grad.size() != info.elements) {
       throw Error(fmt::format("ready: tensor '{}' has {} elements; it was registered with {}",
-                              plan.tensors[tensor].name, grad.size(), slot.elements));
+                              info.name, grad.size(), info.elements));
     }
-    if (slot.ready) {
-      throw Error(fmt::format("ready: tensor '{}' was handed over twice in step {}",
-                              plan.tensors[tensor].name, step_state.step));
+    const size_t first = layout.first[tensor], end = layout.first[tensor + 1];
+    if (slots[first].ready) {
+      throw Error(fmt::format("ready: tensor '{}' was handed over twice in step {}", info.name,
+                              step_state.step));
     }
     if (!step_started) {
       step_started = true;
       step_start = Clock::now();
     }
-    slot.ready = true;
-    LiveBucket& bucket = buckets[slot.bucket];
-    bucket.take(slot, grad);
-    add_carried(tensor, bucket.buffer().subspan(slot.offset, slot.elements));
-    if (bucket.pending == 0) {
-      bucket.complete_at = Clock::now();
-      to_encode = launch_complete_buckets();
+    bool completed = false;
+    for (size_t p = first; p < end; ++p) {  // a sliced tensor: each slice to its bucket
+      TensorSlot& slot = slots[p];
+      slot.ready = true;
+      LiveBucket& bucket = buckets[slot.bucket];
+      bucket.take(slot, grad.subspan(layout.pieces[p].offset, slot.elements));
+      add_carried(p, bucket.buffer().subspan(slot.offset, slot.elements));
+      if (bucket.pending == 0) {
+        bucket.complete_at = Clock::now();
+        completed = true;
+      }
     }
+    if (completed) to_encode = launch_complete_buckets();
   }
   changed.notify_all();
   for (size_t b : to_encode) encode_bucket(b);
@@ -512,8 +546,8 @@ void Engine::Impl::synchronize() {
   std::unique_lock lock(mutex);
   if (error) fail_step(lock);
   std::vector<std::string> missing;
-  for (size_t t = 0; t < slots.size(); ++t) {
-    if (!slots[t].ready) missing.push_back(plan.tensors[t].name);
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    if (!slots[layout.first[t]].ready) missing.push_back(plan.tensors[t].name);
   }
   if (!missing.empty()) {
     const size_t shown = std::min<size_t>(missing.size(), 5);

@@ -405,13 +405,15 @@ std::vector<Option> candidate_options(const PlannerSettings& settings, const Clu
   return out;
 }
 
-PlanResult make_plan(const Profile& profile, const CostModel& cost,
-                     const PlannerSettings& settings) {
-  const auto began = Clock::now();
-  profile.validate();
-  if (profile.tensors.empty()) throw Error("planner: the profile has no tensors");
+namespace {
+
+// The plan of the profile's tensors as they are (each a piece of its own). `fast`: the large
+// models' speed-ups whatever the size (the searches over slicings, which would otherwise cost
+// many times the search over whole tensors).
+PlanResult plan_pieces(const Profile& profile, const CostModel& cost,
+                       const PlannerSettings& settings, bool fast = false) {
   const auto options = candidate_options(settings, cost.cluster());
-  const bool large = profile.tensors.size() > kExactTensors;
+  const bool large = fast || profile.tensors.size() > kExactTensors;
 
   PlanResult result;
   // The best uncompressed plan: a candidate of its own, and the base of the bubble rule.
@@ -440,6 +442,65 @@ PlanResult make_plan(const Profile& profile, const CostModel& cost,
     result.predicted = simulate(profile, result.plan, cost, settings.simulator);
   }
   apply_start_step(result.plan, settings.start_step);
+  return result;
+}
+
+// The tensors with slices: every tensor of at least `from` elements cut into pieces of at most
+// `limit` elements.
+std::vector<TensorInfo> sliced_tensors(const Profile& profile, size_t from, size_t limit) {
+  std::vector<TensorInfo> tensors = profile.tensor_infos();
+  for (TensorInfo& t : tensors) {
+    if (t.elements < from || t.elements <= limit) continue;
+    t.slices = std::min({(t.elements + limit - 1) / limit, kMaxSlices, t.elements});
+  }
+  return tensors;
+}
+
+// A plan of pieces given back in the registered tensors, with their slices.
+void as_sliced(PlanResult& r, const std::vector<TensorInfo>& tensors) {
+  r.plan.tensors = tensors;
+  r.uncompressed_plan.tensors = tensors;
+}
+
+}  // namespace
+
+PlanResult make_plan(const Profile& profile, const CostModel& cost,
+                     const PlannerSettings& settings) {
+  const auto began = Clock::now();
+  profile.validate();
+  if (profile.tensors.empty()) throw Error("planner: the profile has no tensors");
+  PlanResult result = plan_pieces(profile, cost, settings);
+  size_t largest = 0;
+  for (const auto& t : profile.tensors) largest = std::max(largest, t.elements);
+  const size_t from = settings.slice_from_elements;
+  if (from > 0 && largest >= from) {
+    for (const size_t parts : {2, 4, 8, 16}) {
+      const std::vector<TensorInfo> tensors = sliced_tensors(profile, from, (largest + parts - 1) / parts);
+      Plan sliced;
+      sliced.tensors = tensors;
+      PlanResult r = plan_pieces(profile.by_piece(sliced.pieces()), cost, settings, true);
+      as_sliced(r, tensors);
+      result.options_considered += r.options_considered;
+      if (r.uncompressed_s < (1 - kSliceGain) * result.uncompressed_s) {
+        result.uncompressed_s = r.uncompressed_s;
+        result.uncompressed_plan = std::move(r.uncompressed_plan);
+      }
+      const bool better = r.predicted.iteration_s < (1 - kSliceGain) * result.predicted.iteration_s;
+      if (better) {
+        result.plan = std::move(r.plan);
+        result.predicted = r.predicted;
+      }
+      // Finer slices cost more messages for less overlap each: once a finer slicing gains
+      // nothing, neither will the next (and the search is the slowest part of the decision).
+      if (!better && result.plan.sliced()) break;
+    }
+  }
+  // The kept plan never predicts worse than the kept uncompressed one.
+  if (result.predicted.iteration_s > result.uncompressed_s) {
+    result.plan = result.uncompressed_plan;
+    result.predicted = simulate(profile, result.plan, cost, settings.simulator);
+    apply_start_step(result.plan, settings.start_step);
+  }
   result.decision_s = std::chrono::duration<double>(Clock::now() - began).count();
   return result;
 }

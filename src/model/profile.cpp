@@ -192,6 +192,19 @@ std::vector<TensorInfo> Profile::tensor_infos() const {
   return infos;
 }
 
+Profile Profile::by_piece(const std::vector<TensorPiece>& pieces) const {
+  Profile sliced = *this;
+  sliced.tensors.clear();
+  for (const TensorPiece& p : pieces) {
+    if (p.tensor >= tensors.size()) {
+      throw Error(fmt::format("profile '{}': a piece of tensor {}, but the profile has {} tensors",
+                              model, p.tensor, tensors.size()));
+    }
+    sliced.tensors.push_back({p.info.name, p.info.elements, tensors[p.tensor].ready_s});
+  }
+  return sliced;
+}
+
 Profile Profile::from_json(const json& root) {
   if (!root.is_object()) throw Error("a profile must be a JSON object");
   check_header(root);

@@ -178,6 +178,9 @@ SimResult simulate(const Profile& profile, const Plan& plan, const CostModel& co
                             settings.lambda));
   }
   check_tensors(profile, plan);
+  if (plan.sliced()) {  // every slice becomes ready with its tensor
+    return simulate(profile.by_piece(plan.pieces()), plan.by_piece(), cost, settings, keep_spans);
+  }
   Scratch& s = scratch(plan.tensors.size(), plan.buckets.size());
   map_buckets(plan, s);
   for (size_t b = 0; b < plan.buckets.size(); ++b) {

@@ -76,6 +76,7 @@ Plan make_default_plan(std::vector<TensorInfo> tensors, const DefaultPlanSetting
   check_settings(settings);
   Plan plan;
   plan.tensors = std::move(tensors);
+  for (TensorInfo& t : plan.tensors) t.slices = 1;  // a default plan keeps tensors whole
 
   // Small tensors (biases, norms) gain little from compression and would pay its fixed costs
   // (headers, scales, a second pass), so they travel uncompressed over a plain allreduce.
@@ -113,6 +114,7 @@ Plan make_bucketed_plan(const std::vector<std::vector<TensorInfo>>& buckets,
     for (const TensorInfo& t : buckets[b]) {
       bucket.tensors.push_back(plan.tensors.size());
       plan.tensors.push_back(t);
+      plan.tensors.back().slices = 1;
       elements += t.elements;
     }
     bucket.option = elements >= settings.min_compress_elements ? compressed : Option{};

@@ -122,7 +122,9 @@ int read_version(const json& root) {
 
 TensorInfo read_tensor(const json& value, const std::string& path, int version) {
   check_object(value, path);
-  if (version >= 2) {
+  if (version >= 3) {
+    check_keys(value, path, {"name", "elements", "shape", "slices"});
+  } else if (version == 2) {
     check_keys(value, path, {"name", "elements", "shape"});
   } else {
     check_keys(value, path, {"name", "elements"});
@@ -136,6 +138,9 @@ TensorInfo read_tensor(const json& value, const std::string& path, int version) 
     for (size_t d = 0; d < dims.size(); ++d) {
       tensor.shape.push_back(read_count(dims[d], fmt::format("{}.shape[{}]", path, d)));
     }
+  }
+  if (const auto it = value.find("slices"); it != value.end()) {
+    tensor.slices = read_count(*it, path + ".slices");
   }
   return tensor;
 }
@@ -196,6 +201,7 @@ void validate_tensors(const Plan& plan) {
                               plan.tensors[t].elements));
     }
     check_shape(plan.tensors[t], t);
+    with_context(fmt::format("tensors[{}].slices", t), [&] { slice_tensor(plan.tensors[t], t); });
     const auto [it, inserted] = first_with_name.emplace(name, t);
     if (!inserted) {
       throw Error(fmt::format("tensors[{}]: the name '{}' is already used by tensors[{}]; "
@@ -204,10 +210,19 @@ void validate_tensors(const Plan& plan) {
   }
 }
 
-// Each tensor index in range and in exactly one bucket.
+// What a bucket index names in messages: the tensor, or the slice of it.
+std::string piece_label(const Plan& plan, const TensorPiece& piece) {
+  const TensorInfo& tensor = plan.tensors[piece.tensor];
+  if (tensor.slices == 1) return tensor_label(plan, piece.tensor);
+  return fmt::format("slice {} of {}", piece.slice, tensor_label(plan, piece.tensor));
+}
+
+// Each piece index in range and in exactly one bucket.
 void validate_membership(const Plan& plan) {
   constexpr size_t kNone = std::numeric_limits<size_t>::max();
-  std::vector<size_t> owner(plan.tensors.size(), kNone);
+  const std::vector<TensorPiece> pieces = plan.pieces();
+  const std::string unit = plan.sliced() ? "pieces (tensors and slices)" : "tensors";
+  std::vector<size_t> owner(pieces.size(), kNone);
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const auto& tensors = plan.buckets[b].tensors;
     if (tensors.empty()) {
@@ -215,21 +230,23 @@ void validate_membership(const Plan& plan) {
     }
     for (size_t i = 0; i < tensors.size(); ++i) {
       const size_t t = tensors[i];
-      if (t >= plan.tensors.size()) {
+      if (t >= pieces.size()) {
         throw Error(fmt::format("buckets[{}].tensors[{}]: index {} is out of range; the plan has "
-                                "{} tensors", b, i, t, plan.tensors.size()));
+                                "{} {}", b, i, t, pieces.size(), unit));
       }
       if (owner[t] != kNone) {
-        throw Error(fmt::format("{} is in buckets[{}] and again in buckets[{}]; each tensor "
-                                "must be in exactly one bucket", tensor_label(plan, t), owner[t], b));
+        throw Error(fmt::format("{} is in buckets[{}] and again in buckets[{}]; each {} must be "
+                                "in exactly one bucket", piece_label(plan, pieces[t]), owner[t], b,
+                                plan.sliced() ? "tensor or slice" : "tensor"));
       }
       owner[t] = b;
     }
   }
   for (size_t t = 0; t < owner.size(); ++t) {
     if (owner[t] == kNone) {
-      throw Error(fmt::format("{} is in no bucket; each tensor must be in exactly one bucket",
-                              tensor_label(plan, t)));
+      throw Error(fmt::format("{} is in no bucket; each {} must be in exactly one bucket",
+                              piece_label(plan, pieces[t]),
+                              plan.sliced() ? "tensor or slice" : "tensor"));
     }
   }
 }
@@ -253,26 +270,81 @@ std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
+std::vector<TensorPiece> slice_tensor(const TensorInfo& tensor, size_t index) {
+  const size_t k = tensor.slices;
+  const bool by_rows = !tensor.shape.empty();
+  const size_t units = by_rows ? tensor.shape.front() : tensor.elements;
+  if (k == 0 || k > kMaxSlices) {
+    throw Error(fmt::format("{} slices of tensor '{}': allowed 1 to {}", k, tensor.name,
+                            kMaxSlices));
+  }
+  if (k == 1) return {TensorPiece{.tensor = index, .info = {tensor.name, tensor.elements, tensor.shape}}};
+  if (k > units) {
+    throw Error(fmt::format("{} slices of tensor '{}': it has {} {}, and every slice needs one",
+                            k, tensor.name, units, by_rows ? "rows" : "elements"));
+  }
+  const size_t row = by_rows ? tensor.elements / units : 1;  // elements per unit
+  std::vector<TensorPiece> pieces;
+  size_t first = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const size_t count = units / k + (i < units % k ? 1 : 0);  // the first slices one more
+    TensorPiece piece{.tensor = index, .slice = i, .offset = first * row};
+    piece.info.name = fmt::format("{}#{}", tensor.name, i);
+    piece.info.elements = count * row;
+    if (by_rows) {
+      piece.info.shape = tensor.shape;
+      piece.info.shape.front() = count;
+    }
+    pieces.push_back(std::move(piece));
+    first += count;
+  }
+  return pieces;
+}
+
 size_t Plan::bucket_elements(size_t bucket) const {
   if (bucket >= buckets.size()) {
     throw Error(fmt::format("bucket {} does not exist; the plan has {} buckets", bucket,
                             buckets.size()));
   }
+  const std::vector<TensorPiece> all = pieces();
   size_t sum = 0;
   for (const size_t t : buckets[bucket].tensors) {
-    if (t >= tensors.size()) {
+    if (t >= all.size()) {
       throw Error(fmt::format("buckets[{}]: tensor index {} is out of range; the plan has {} "
-                              "tensors", bucket, t, tensors.size()));
+                              "{}", bucket, t, all.size(), sliced() ? "pieces" : "tensors"));
     }
-    sum += tensors[t].elements;
+    sum += all[t].info.elements;
   }
   return sum;
 }
 
 int Plan::format_version() const {
+  if (sliced()) return 3;
   const bool shapes = std::any_of(tensors.begin(), tensors.end(),
                                   [](const TensorInfo& t) { return !t.shape.empty(); });
   return shapes ? 2 : 1;
+}
+
+bool Plan::sliced() const {
+  return std::any_of(tensors.begin(), tensors.end(),
+                     [](const TensorInfo& t) { return t.slices != 1; });
+}
+
+std::vector<TensorPiece> Plan::pieces() const {
+  std::vector<TensorPiece> all;
+  all.reserve(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    for (TensorPiece& p : slice_tensor(tensors[t], t)) all.push_back(std::move(p));
+  }
+  return all;
+}
+
+Plan Plan::by_piece() const {
+  if (!sliced()) return *this;
+  Plan plan;
+  for (TensorPiece& p : pieces()) plan.tensors.push_back(std::move(p.info));
+  plan.buckets = buckets;
+  return plan;
 }
 
 std::vector<BucketOption> Plan::validate() const {
@@ -294,6 +366,7 @@ nlohmann::json Plan::to_json() const {
   for (const TensorInfo& t : tensors) {
     json tensor = {{"name", t.name}, {"elements", t.elements}};
     if (!t.shape.empty()) tensor["shape"] = t.shape;
+    if (t.slices != 1) tensor["slices"] = t.slices;
     tensor_list.push_back(std::move(tensor));
   }
   json bucket_list = json::array();

@@ -51,8 +51,10 @@ std::vector<size_t> backward_order(size_t n) {
   return order;
 }
 
-TEST(Engine, UncompressedIsTheMeanInAnyOrder) {
-  Engine engine(world(), plan_with({}));
+// Three uncompressed steps of `plan` over model_tensors(), the gradients handed over in a
+// different order each step: the mean, the same bits on every rank.
+void expect_the_mean_in_any_order(const Plan& plan) {
+  Engine engine(world(), plan);
   const int W = world()->size();
   auto order = backward_order(model_tensors().size());
   for (uint64_t step = 0; step < 3; ++step) {
@@ -74,6 +76,29 @@ TEST(Engine, UncompressedIsTheMeanInAnyOrder) {
   EXPECT_EQ(engine.step(), 3u);
   EXPECT_EQ(engine.last_step().uncompressed_bytes,
             4u * (10 + 40000 + 64 + 36864 + 64 + 18432 + 1728 + 64));
+}
+
+TEST(Engine, UncompressedIsTheMeanInAnyOrder) { expect_the_mean_in_any_order(plan_with({})); }
+
+// A plan that cuts tensors into slices, each slice in its own bucket: the caller hands over
+// whole tensors and gets the mean back in them, as with whole tensors.
+TEST(Engine, SlicedTensorsAreTheMeanInAnyOrder) {
+  expect_the_mean_in_any_order(engine_testing::sliced_plan_with({}));
+}
+
+// Slices through compressing routes: every rank the same bits, and compressed (not the mean).
+TEST(Engine, SlicedTensorsCompressedAreBitIdentical) {
+  for (const Option& option : {Option{.codec = "topk:ratio=0.05", .feedback = "ef", .route = "allgather"},
+                               Option{.codec = "powersgd", .feedback = "ef"},
+                               Option{.codec = "qsgd", .route = "twoway"}}) {
+    SCOPED_TRACE(option.codec);
+    Engine engine(world(), engine_testing::sliced_plan_with(option), EngineOptions{.seed = 3});
+    for (uint64_t step = 0; step < 3; ++step) {
+      const auto got = run_step(engine, step, backward_order(model_tensors().size()));
+      expect_identical_across_ranks(got);
+      EXPECT_LT(engine.last_step().bytes_sent, engine.last_step().uncompressed_bytes);
+    }
+  }
 }
 
 struct RouteCase {

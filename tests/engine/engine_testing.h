@@ -54,6 +54,21 @@ inline Plan plan_with(const Option& option) {
   return make_default_plan(model_tensors(), settings);
 }
 
+// model_tensors() with fc.weight cut into 3 slices, conv3.weight into 2 and conv2.weight into
+// 4, the slices of one tensor in different buckets (pieces: fc.bias 0, fc.weight#0-2 1-3,
+// conv3.bias 4, conv3.weight#0-1 5-6, bn2.weight 7, conv2.weight#0-3 8-11, empty 12,
+// conv1.weight 13, conv1.bias 14); the buckets of large pieces with `option`.
+inline Plan sliced_plan_with(const Option& option) {
+  Plan plan;
+  plan.tensors = model_tensors();
+  plan.tensors[1].slices = 3;
+  plan.tensors[3].slices = 2;
+  plan.tensors[5].slices = 4;
+  plan.buckets = {{{1}, option},         {{2, 5}, option},          {{0, 4, 7}, Option{}},
+                  {{3, 8, 9}, option},   {{6, 10, 11, 13}, option}, {{12, 14}, Option{}}};
+  return plan;
+}
+
 // Rank r's gradient of tensor t at step s: reproducible on every rank, so each rank can compute
 // every rank's (and the mean).
 inline std::vector<float> gradient(const std::vector<TensorInfo>& tensors, size_t t, int rank,

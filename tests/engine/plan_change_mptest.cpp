@@ -39,17 +39,25 @@ TEST(PlanChange, NothingIsLostOverSwitchesThroughEveryRoute) {
       {.codec = "fp16", .feedback = "ef", .route = "allgather"},
       {.codec = "randomk:ratio=0.1", .feedback = "ef", .route = "hierarchical:inner=allreduce"},
       {}};
+  // Every option on whole tensors, and the first three also on plans that cut tensors into
+  // slices (a residual held per slice goes back to its place in the tensor).
+  std::vector<Plan> plans;
+  for (size_t o = 0; o + 1 < options.size(); ++o) {
+    plans.push_back(plan_with(options[o]));
+    if (o < 3) plans.push_back(engine_testing::sliced_plan_with(options[o]));
+  }
+  plans.push_back(plan_with(options.back()));
   const auto tensors = model_tensors();
   const int W = world()->size();
-  Engine engine(world(), plan_with(options[0]), EngineOptions{.seed = 5, .local_size = 2});
+  Engine engine(world(), plans[0], EngineOptions{.seed = 5, .local_size = 2});
   std::vector<std::vector<double>> applied, expected;
   for (const auto& t : tensors) {
     applied.emplace_back(t.elements, 0.0);
     expected.emplace_back(t.elements, 0.0);
   }
   uint64_t step = 0;
-  for (size_t o = 0; o < options.size(); ++o) {
-    if (o > 0) engine.set_plan(plan_with(options[o]));
+  for (size_t o = 0; o < plans.size(); ++o) {
+    if (o > 0) engine.set_plan(plans[o]);
     for (int repeat = 0; repeat < 2; ++repeat, ++step) {
       std::vector<std::vector<float>> got;
       for (size_t t = 0; t < tensors.size(); ++t) got.push_back(gradient(t, world()->rank(), step));
@@ -73,7 +81,7 @@ TEST(PlanChange, NothingIsLostOverSwitchesThroughEveryRoute) {
     }
   }
   EXPECT_GT(worst, 0.0);  // float sums: equal within rounding, not by construction
-  EXPECT_EQ(engine.step(), 2 * options.size());
+  EXPECT_EQ(engine.step(), 2 * plans.size());
   // Delivered, the carried memory is let go: as much memory as an engine built with this plan.
   Engine fresh(world(), plan_with({}), EngineOptions{.seed = 5});
   EXPECT_EQ(engine.memory_bytes(), fresh.memory_bytes());

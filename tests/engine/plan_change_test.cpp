@@ -42,6 +42,34 @@ TEST(PlanChange, TheResidualArrivesWithTheNextGradient) {
   EXPECT_EQ(engine.step(), 3u);
 }
 
+// w cut into 4 slices in buckets of their own (two of them together), with `option`.
+Plan sliced_small_plan(const Option& option) {
+  Plan plan = small_plan();
+  plan.tensors[0].slices = 4;  // w: pieces 0-3; b: 4
+  plan.buckets = {{{1, 0}, option}, {{3}, option}, {{2}, option}, {{4}, Option{}}};
+  return plan;
+}
+
+// What top-k keeps per slice goes back to its place in the tensor: after a change to the
+// uncompressed plan, and from whole tensors into slices.
+TEST(PlanChange, TheResidualOfASliceArrivesWithItsTensor) {
+  Engine engine(testing::single_rank_transport(), sliced_small_plan(kTopk));
+  const auto g1 = testing::gradient(1000, 11);
+  const auto sent = step(engine, g1);
+  EXPECT_NE(sent, g1);
+  engine.set_plan(small_plan(kTopk));
+  const auto g2 = testing::gradient(1000, 12);
+  const auto sent2 = step(engine, g2);  // g2 + the slices' residual, compressed whole
+  engine.set_plan(sliced_small_plan({}));
+  const auto g3 = testing::gradient(1000, 13);
+  const auto got = step(engine, g3);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float held = (g2[i] + (g1[i] - sent[i])) - sent2[i];
+    ASSERT_EQ(got[i], g3[i] + held) << i;
+  }
+  EXPECT_EQ(step(engine, g1), g1);  // delivered once
+}
+
 // A non-finite step (a loss scaler skips it) does not use the carried memory up; the loss scale
 // it was kept in is brought to the next step's.
 TEST(PlanChange, AStepTakenBackHandsTheCarriedMemoryOverAgain) {

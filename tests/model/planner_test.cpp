@@ -1,5 +1,6 @@
 // The planner against brute force on small instances, its guarantees (never worse than the
 // best uncompressed plan, only allowed options, deterministic) and its errors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -7,6 +8,7 @@
 
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
+#include "gradcomp/recommended.h"
 #include "support/sanitizers.h"
 
 namespace gradcomp::model {
@@ -53,6 +55,7 @@ PlannerSettings three_options() {
   PlannerSettings s;
   s.codecs = {"fp16|none|allreduce", "topk:ratio=0.01|ef|allgather"};
   s.try_caller_encoding = false;
+  s.slice_from_elements = 0;  // the exhaustive search keeps tensors whole
   return s;
 }
 
@@ -143,6 +146,69 @@ TEST(Planner, CompressesWhenTheNetworkIsSlowAndNotWhenItIsFast) {
   EXPECT_TRUE(compressed(on_slow.plan));
   EXPECT_LT(on_slow.predicted.iteration_s, on_slow.uncompressed_s);
   EXPECT_FALSE(compressed(on_fast.plan));
+}
+
+// One large tensor ready first (as a classifier's weight in VGG-16), smaller ones after it.
+Profile one_large_tensor() {
+  Profile p;
+  p.model = "large-first";
+  p.source = "test";
+  p.batch_size = 1;
+  p.tensors.push_back({"fc.weight", size_t{1} << 24, 1e-3});
+  for (int i = 0; i < 12; ++i) {
+    p.tensors.push_back({fmt::format("conv{}.weight", i), size_t{1} << 18, 2e-3 * (i + 1)});
+  }
+  p.backward_s = 0.03;
+  p.forward_s = 0.015;
+  return p;
+}
+
+// A large tensor cut into slices pipelines its encoding, exchange and decoding: the planner
+// slices it where that is predicted faster, the simulator prices the sliced plan as predicted,
+// and with slicing off the tensors stay whole.
+TEST(Planner, SlicesALargeTensorWhereItPipelines) {
+  const Profile profile = one_large_tensor();
+  const CostModel cost(slow_cluster(), test_costs());
+  PlannerSettings settings = three_options();
+  settings.slice_from_elements = size_t{1} << 22;
+  const auto sliced = make_plan(profile, cost, settings);
+  settings.slice_from_elements = 0;
+  const auto whole = make_plan(profile, cost, settings);
+  ASSERT_TRUE(sliced.plan.sliced());
+  EXPECT_FALSE(whole.plan.sliced());
+  EXPECT_GT(sliced.plan.tensors[0].slices, 1u);
+  for (size_t t = 1; t < profile.tensors.size(); ++t) EXPECT_EQ(sliced.plan.tensors[t].slices, 1u);
+  EXPECT_LT(sliced.predicted.iteration_s, (1 - kSliceGain) * whole.predicted.iteration_s);
+  EXPECT_NO_THROW(sliced.plan.validate());
+  EXPECT_EQ(simulate(profile, sliced.plan, cost).iteration_s, sliced.predicted.iteration_s);
+  // The registered tensors are the profile's: the plan runs on the model as it is.
+  for (size_t t = 0; t < profile.tensors.size(); ++t) {
+    EXPECT_EQ(sliced.plan.tensors[t].name, profile.tensors[t].name);
+    EXPECT_EQ(sliced.plan.tensors[t].elements, profile.tensors[t].elements);
+  }
+  // Fast enough a network that nothing is worth compressing or cutting: whole tensors.
+  Cluster fast = slow_cluster();
+  fast.inter.bytes_per_s = 1e12;
+  settings.slice_from_elements = size_t{1} << 22;
+  EXPECT_FALSE(make_plan(profile, CostModel(fast, test_costs()), settings).plan.sliced());
+}
+
+// The case: VGG-16 (fc6 alone is 102.8M elements) on 64 workers at 25 Gbit/s, with
+// the shipped codec costs and the recommended options.
+TEST(Planner, SlicesSpeedUpVgg16At25GbitOn64Workers) {
+  const Profile profile = load_profile("vgg16");
+  Cluster cluster;
+  cluster.workers = 64;
+  cluster.inter.bytes_per_s = 25e9 / 8;
+  cluster.inter.latency_s = 10e-6;
+  const CostModel cost(cluster, CodecCosts::shipped());
+  PlannerSettings settings;
+  settings.codecs = recommended_options({OptimizerFamily::kSgd, OptimizerFamily::kAdam});
+  const auto sliced = make_plan(profile, cost, settings);
+  settings.slice_from_elements = 0;
+  const auto whole = make_plan(profile, cost, settings);
+  EXPECT_TRUE(sliced.plan.sliced());
+  EXPECT_LT(sliced.predicted.iteration_s, 0.9 * whole.predicted.iteration_s);
 }
 
 // start_step goes into the compressed buckets only, and does not change the search (the cost

@@ -51,6 +51,7 @@ void expect_same(const Plan& a, const Plan& b) {
     EXPECT_EQ(a.tensors[t].name, b.tensors[t].name) << "tensors[" << t << "]";
     EXPECT_EQ(a.tensors[t].elements, b.tensors[t].elements) << "tensors[" << t << "]";
     EXPECT_EQ(a.tensors[t].shape, b.tensors[t].shape) << "tensors[" << t << "]";
+    EXPECT_EQ(a.tensors[t].slices, b.tensors[t].slices) << "tensors[" << t << "]";
   }
   EXPECT_EQ(a.buckets, b.buckets);
 }
@@ -123,6 +124,107 @@ TEST(Plan, ShapesTravelInVersion2) {
   v2["tensors"][1]["shape"] = {99};
   EXPECT_EQ(error_text([&] { Plan::parse(v2.dump()); }),
             "plan: tensors[1].shape: [99] holds 99 elements, not the tensor's 100");
+}
+
+// sample_plan with fc.weight (200 x 200) cut into 3 slices and conv.weight (no shape) into 2:
+// pieces fc.weight#0..2 (indices 0-2), fc.bias (3), conv.weight#0..1 (4, 5), spread over
+// buckets so that slices of one tensor travel apart.
+Plan sliced_plan() {
+  Plan plan = sample_plan();
+  plan.tensors[0].shape = {200, 200};
+  plan.tensors[0].slices = 3;
+  plan.tensors[2].slices = 2;
+  plan.buckets = {
+      Bucket{{0, 4}, plan.buckets[0].option},
+      Bucket{{1}, plan.buckets[0].option},
+      Bucket{{5, 2}, plan.buckets[0].option},
+      Bucket{{3}, Option{}},
+  };
+  return plan;
+}
+
+// Rows for a tensor with a shape (the first slices one row more), elements otherwise; the
+// pieces tile each tensor in order.
+TEST(Plan, SlicesCutRowsOrElements) {
+  const Plan plan = sliced_plan();
+  const std::vector<TensorPiece> pieces = plan.pieces();
+  ASSERT_EQ(pieces.size(), 6u);
+  const std::vector<std::string> names = {"fc.weight#0", "fc.weight#1", "fc.weight#2",
+                                          "fc.bias", "conv.weight#0", "conv.weight#1"};
+  const std::vector<size_t> elements = {67 * 200, 67 * 200, 66 * 200, 100, 45000, 45000};
+  const std::vector<size_t> offsets = {0, 67 * 200, 134 * 200, 0, 0, 45000};
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    EXPECT_EQ(pieces[p].info.name, names[p]) << p;
+    EXPECT_EQ(pieces[p].info.elements, elements[p]) << p;
+    EXPECT_EQ(pieces[p].offset, offsets[p]) << p;
+    EXPECT_EQ(pieces[p].info.slices, 1u) << p;
+  }
+  EXPECT_EQ(pieces[2].info.shape, (std::vector<size_t>{66, 200}));
+  EXPECT_EQ(pieces[2].tensor, 0u);
+  EXPECT_EQ(pieces[2].slice, 2u);
+  EXPECT_TRUE(pieces[4].info.shape.empty());
+  EXPECT_EQ(plan.bucket_elements(0), 67u * 200 + 45000);
+  EXPECT_EQ(plan.bucket_elements(2), 45000u + 66 * 200);
+  EXPECT_NO_THROW(plan.validate());
+  // by_piece: the pieces as tensors, the buckets as they are.
+  const Plan flat = plan.by_piece();
+  EXPECT_FALSE(flat.sliced());
+  EXPECT_EQ(flat.tensors.size(), 6u);
+  EXPECT_EQ(flat.buckets, plan.buckets);
+  EXPECT_NO_THROW(flat.validate());
+  // 7 elements in 3 slices: 3, 2, 2.
+  const auto seven = slice_tensor({"v", 7, {}, 3});
+  ASSERT_EQ(seven.size(), 3u);
+  EXPECT_EQ(seven[0].info.elements + seven[1].info.elements + seven[2].info.elements, 7u);
+  EXPECT_EQ(seven[0].info.elements, 3u);
+  EXPECT_EQ(seven[2].offset, 5u);
+}
+
+// Slices need version 3; a plan without them is written as before, byte for byte.
+TEST(Plan, SlicesTravelInVersion3) {
+  const Plan plan = sliced_plan();
+  const json j = plan.to_json();
+  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["tensors"][0]["slices"], 3);
+  EXPECT_FALSE(j["tensors"][1].contains("slices"));
+  expect_same(Plan::parse(j.dump()), plan);
+  EXPECT_EQ(Plan::parse(j.dump()).hash(), plan.hash());
+  Plan whole = sample_plan();
+  whole.tensors[0].shape = {200, 200};
+  EXPECT_EQ(whole.to_json()["version"], 2);
+  // A version-2 plan with slices is refused by name: an older writer did not mean them.
+  json v2 = j;
+  v2["version"] = 2;
+  EXPECT_EQ(error_text([&] { Plan::from_json(v2); }),
+            "tensors[0]: unknown field 'slices'; allowed: name, elements, shape");
+}
+
+TEST(Plan, BadSlicesAreClearErrors) {
+  const auto error = [](const std::function<void(Plan&)>& edit) {
+    Plan plan = sliced_plan();
+    edit(plan);
+    return error_text([&] { plan.validate(); });
+  };
+  EXPECT_EQ(error([](Plan& p) { p.tensors[0].slices = 0; }),
+            "tensors[0].slices: 0 slices of tensor 'fc.weight': allowed 1 to 4096");
+  EXPECT_EQ(error([](Plan& p) { p.tensors[2].slices = 5000; }),
+            "tensors[2].slices: 5000 slices of tensor 'conv.weight': allowed 1 to 4096");
+  EXPECT_EQ(error([](Plan& p) { p.tensors[0].shape = {2, 20000}; }),
+            "tensors[0].slices: 3 slices of tensor 'fc.weight': it has 2 rows, and every slice "
+            "needs one");
+  EXPECT_EQ(error([](Plan& p) { p.buckets[2].tensors = {5}; }),
+            "slice 2 of tensor 'fc.weight' (tensors[0]) is in no bucket; each tensor or slice "
+            "must be in exactly one bucket");
+  EXPECT_EQ(error([](Plan& p) { p.buckets[1].tensors = {1, 4}; }),
+            "slice 0 of tensor 'conv.weight' (tensors[2]) is in buckets[0] and again in "
+            "buckets[1]; each tensor or slice must be in exactly one bucket");
+  EXPECT_EQ(error([](Plan& p) { p.buckets[3].tensors = {3, 6}; }),
+            "buckets[3].tensors[1]: index 6 is out of range; the plan has 6 pieces (tensors "
+            "and slices)");
+  // The plan's tensors without slices: the old indices do not cover the slices.
+  EXPECT_EQ(error([](Plan& p) { p.tensors[0].slices = 1; }),
+            "buckets[0].tensors[1]: index 4 is out of range; the plan has 4 pieces (tensors "
+            "and slices)");
 }
 
 TEST(Plan, SpecsAreKeptAsWritten) {
@@ -234,10 +336,10 @@ TEST(Plan, FileErrorsNameTheFile) {
   EXPECT_EQ(error_text([&] { Plan::load(path.string()); })
                 .find("plan file '" + path.string() + "': not valid JSON: parse error at line 1, column "),
             0u);
-  std::ofstream(path) << R"({"format": "gradcomp-plan", "version": 3})";
+  std::ofstream(path) << R"({"format": "gradcomp-plan", "version": 4})";
   EXPECT_EQ(error_text([&] { Plan::load(path.string()); }),
             "plan file '" + path.string() +
-                "': version 3 is not supported; this gradcomp reads versions 1 to 2");
+                "': version 4 is not supported; this gradcomp reads versions 1 to 3");
   std::filesystem::remove_all(path.parent_path());
 }
 
@@ -308,12 +410,12 @@ TEST(Plan, FromJsonErrorsNameTheField) {
   EXPECT_EQ(from_json_error([](json& j) { j["format"] = "other"; }),
             "format: 'other' is not a gradcomp plan; expected \"gradcomp-plan\"");
   EXPECT_EQ(from_json_error([](json& j) { j.erase("version"); }),
-            "version: missing; expected the integer 2");
+            "version: missing; expected the integer 3");
   EXPECT_EQ(from_json_error([](json& j) { j["version"] = "1"; }), "version: must be an integer");
-  EXPECT_EQ(from_json_error([](json& j) { j["version"] = 3; }),
-            "version 3 is not supported; this gradcomp reads versions 1 to 2");
+  EXPECT_EQ(from_json_error([](json& j) { j["version"] = 4; }),
+            "version 4 is not supported; this gradcomp reads versions 1 to 3");
   EXPECT_EQ(from_json_error([](json& j) { j["version"] = 0; }),
-            "version 0 is not supported; this gradcomp reads versions 1 to 2");
+            "version 0 is not supported; this gradcomp reads versions 1 to 3");
   // Shapes came with version 2: a version-1 plan holding one is refused, by name.
   EXPECT_EQ(from_json_error([](json& j) { j["tensors"][0]["shape"] = {4}; }),
             "tensors[0]: unknown field 'shape'; allowed: name, elements");

@@ -31,6 +31,7 @@ struct PlanFlags {
   bool one_lossy_step = false;
   bool no_caller_encoding = false;
   size_t min_compress_elements = 0;
+  size_t slice_from_elements = model::PlannerSettings{}.slice_from_elements;
   uint64_t start_step = 0;
   std::string json_path;
   std::string trace_path;
@@ -53,6 +54,16 @@ void print_plan(const Plan& plan, const model::CostModel& cost) {
                bucket.tensors.back(), plan.bucket_elements(b), option_text(bucket.option),
                c.exchange_s() * 1e3);
   }
+}
+
+// The tensors the plan cuts into slices (bucket indices count every slice).
+void print_sliced(const Plan& plan) {
+  std::vector<std::string> sliced;
+  for (const TensorInfo& t : plan.tensors) {
+    if (t.slices > 1) sliced.push_back(fmt::format("{} ({:.1f}M elements) in {}", t.name, t.elements / 1e6, t.slices));
+  }
+  if (sliced.empty()) return;
+  fmt::print("slices   {} (bucket tensor indices count each slice)\n\n", fmt::join(sliced, ", "));
 }
 
 double single_codec_time(const model::Profile& profile, const std::string& codec,
@@ -83,6 +94,7 @@ int run_plan(const PlanFlags& flags) {
   settings.try_caller_encoding = !flags.no_caller_encoding;
   settings.min_compress_elements = flags.min_compress_elements;
   settings.start_step = flags.start_step;
+  settings.slice_from_elements = flags.slice_from_elements;
   settings.simulator.lambda = flags.lambda;
   const model::PlanResult result = model::make_plan(profile, cost, settings);
 
@@ -99,9 +111,16 @@ int run_plan(const PlanFlags& flags) {
                                                 : "recommended: held under SGD and under AdamW";
   fmt::print("options  {}{}\n\n", fmt::join(settings.codecs, ", "),
              flags.codecs.empty() ? fmt::format(" ({})", why) : "");
+  print_sliced(result.plan);
   print_plan(result.plan, cost);
   const double best = result.predicted.iteration_s;
   fmt::print("\n{:<44} {:>10.2f} ms\n", "predicted iteration time of this plan", best * 1e3);
+  if (result.plan.sliced()) {  // what the slices gain
+    model::PlannerSettings whole = settings;
+    whole.slice_from_elements = 0;
+    const double t = model::make_plan(profile, cost, whole).predicted.iteration_s;
+    fmt::print("{:<44} {:>10.2f} ms  ({:.2f}x)\n", "best plan of whole tensors", t * 1e3, t / best);
+  }
   fmt::print("{:<44} {:>10.2f} ms  ({:.2f}x)\n", "best uncompressed plan",
              result.uncompressed_s * 1e3, result.uncompressed_s / best);
   for (const auto& codec : settings.codecs) {
@@ -154,6 +173,10 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                  "Encode on the engine's thread only");
   plan->add_option("--min-compress", flags.min_compress_elements,
                    "Buckets under this many elements stay uncompressed");
+  plan->add_option("--slice-from", flags.slice_from_elements,
+                   fmt::format("Tensors of at least this many elements may be cut into slices "
+                               "(0: never; default {})",
+                               flags.slice_from_elements));
   plan->add_option("--start-step", flags.start_step,
                    "Compressed buckets travel uncompressed before this step (warm-up; the "
                    "prediction is of the steady state after it)")

@@ -7,7 +7,8 @@
 // tensors whose uncompressed exchange ends before the last bubble of the uncompressed plan
 // (the exchange lane waits for compute) gain nothing from compression and stay uncompressed;
 // larger and later buckets are tried compressed first. The best uncompressed plan is always a
-// candidate, so the result never predicts worse than it.
+// candidate, so the result never predicts worse than it. Very large tensors may be cut into
+// slices first (PlannerSettings::slice_from_elements), each slice then placed like a tensor.
 #pragma once
 
 #include <cstddef>
@@ -35,8 +36,16 @@ struct PlannerSettings {
   // none): they travel uncompressed before this engine step. The search prices the steady
   // state, after the warm-up, so it does not change which plan is chosen.
   uint64_t start_step = 0;
+  // Tensors of at least this many elements may be cut into slices (Plan format 3; 0: never),
+  // so that one large layer pipelines through encode, exchange and decode like several
+  // buckets. The planner searches with pieces of at most 1/2, 1/4, 1/8 and 1/16 of the largest
+  // tensor too, and keeps a slicing only if its plan is predicted at least kSliceGain faster
+  // than the plan with fewer slices (each message has costs the model may miss).
+  size_t slice_from_elements = size_t{1} << 22;
   SimulatorSettings simulator{};
 };
+
+inline constexpr double kSliceGain = 0.01;
 
 struct PlanResult {
   Plan plan;

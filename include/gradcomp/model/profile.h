@@ -32,6 +32,9 @@ struct Profile {
 
   size_t total_elements() const;
   std::vector<TensorInfo> tensor_infos() const;  // for plans
+  // The profile of a plan's pieces (Plan::pieces of a plan of this profile's tensors): every
+  // slice of a tensor becomes ready when the tensor does.
+  Profile by_piece(const std::vector<TensorPiece>& pieces) const;
   // Throws Error naming the field path ("tensors[3].elements", "backward_s") that is missing,
   // of the wrong type, negative, or out of order.
   static Profile from_json(const nlohmann::json& json);

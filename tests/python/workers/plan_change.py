@@ -2,7 +2,8 @@
 its parameters (loss = <p, x> with rank- and step-dependent x, in two micro-batches of x / 2
 accumulated per step), plain SGD at lr 1, so the
 parameters end at p0 minus everything applied. Plans change every few steps (top-k with error
-feedback, PowerSGD with error feedback, a plan given as a dict, the two-way route, then none);
+feedback, PowerSGD with error feedback, a plan given as a dict, one that cuts the weight into
+three slices in different buckets, the two-way route, then none);
 the record holds, per rank, the parameters and the largest distance from p0 minus the sum of
 the true means, and the errors of the refused changes."""
 import torch
@@ -39,8 +40,16 @@ def main():
                                {"name": "weight", "elements": 16384}],
                    "buckets": [{"tensors": [1], "codec": "randomk:ratio=0.1", "feedback": "ef"},
                                {"tensors": [0], "codec": "none"}]}
+    # Pieces: bias 0, weight#0..2 1-3 (plan format 3).
+    sliced_plan = {"format": "gradcomp-plan", "version": 3,
+                   "tensors": [{"name": "bias", "elements": 10},
+                               {"name": "weight", "elements": 16384, "slices": 3}],
+                   "buckets": [{"tensors": [1], "codec": "topk:ratio=0.05", "feedback": "ef",
+                                "route": "allgather"},
+                               {"tensors": [3, 0], "codec": "none"},
+                               {"tensors": [2], "codec": "randomk:ratio=0.1", "feedback": "ef"}]}
     schedule = {3: ("powersgd:rank=2|ef", None), 6: ("none", weight_plan),
-                9: ("efsignsgd|ef|twoway", None), 12: ("none", None)}
+                7: ("none", sliced_plan), 9: ("efsignsgd|ef|twoway", None), 12: ("none", None)}
     record = {"errors": {}}
     step = 0
     for step in range(14):
