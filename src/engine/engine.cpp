@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "common/thread_arena.h"
 #include "common/thread_name.h"
 #include "engine/live_bucket.h"
 #include "engine/consistency.h"
@@ -159,14 +160,17 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
   // Named, so a debugger, top -H or a profiler tells the stages apart.
   encoder = std::thread([this] {
     name_this_thread("gc-encoder");
+    fault_in_thread_arena();
     encoder_loop();
   });
   exchanger = std::thread([this] {
     name_this_thread("gc-exchanger");
+    fault_in_thread_arena();
     exchanger_loop();
   });
   decoder = std::thread([this] {
     name_this_thread("gc-decoder");
+    fault_in_thread_arena();
     decoder_loop();
   });
 }
