@@ -87,9 +87,9 @@ while read -r model codec intra inter; do
       --codecs "$codec|ef|hierarchical:inner=twoway,intra=fp16;$codec|ef|twoway"
   plan_both "espresso-$model-plan" $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef"
   for i in $(seq 5); do  # decision time: wall time on a shared machine, so several runs
-    run "decision-$model-$i" plan --profile $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef"
+    run "decision-espresso-$model-$i" plan --profile $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef"
     # ... and without trying slices (what the search over slicings adds)
-    run "decision-$model-whole-$i" plan --profile $model "${NET[@]}" --costs $GPU \
+    run "decision-espresso-$model-whole-$i" plan --profile $model "${NET[@]}" --costs $GPU \
         --codecs "none,fp16,$codec|ef" --slice-from 0
   done
 done <<'EOF'
