@@ -15,6 +15,7 @@ OUT=${1:-/tmp/gradcomp-validation}
 mkdir -p "$OUT" docs/img
 GPU=profiles/validation/codec-costs-v100.json
 LAMBDA=1.05
+SLICE_FROM=4194304  # 2^22: the Espresso plans may cut tensors of this size into slices (off by default)
 
 # Runs one command, keeping its output in OUT/$1.txt (and saying which command made it).
 run() {
@@ -85,9 +86,11 @@ while read -r model codec intra inter; do
       --codecs "none;$codec|ef|hierarchical:inner=allgather;$codec|ef|sharded:inner=allgather"
   run "espresso-$model-cpu" simulate --profile $model "${NET[@]}" --cost-scale 0.25 \
       --codecs "$codec|ef|hierarchical:inner=twoway,intra=fp16;$codec|ef|twoway"
-  plan_both "espresso-$model-plan" $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef"
+  plan_both "espresso-$model-plan" $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef" \
+      --slice-from $SLICE_FROM
   for i in $(seq 5); do  # decision time: wall time on a shared machine, so several runs
-    run "decision-espresso-$model-$i" plan --profile $model "${NET[@]}" --costs $GPU --codecs "none,fp16,$codec|ef"
+    run "decision-espresso-$model-$i" plan --profile $model "${NET[@]}" --costs $GPU \
+        --codecs "none,fp16,$codec|ef" --slice-from $SLICE_FROM
     # ... and without trying slices (what the search over slicings adds)
     run "decision-espresso-$model-whole-$i" plan --profile $model "${NET[@]}" --costs $GPU \
         --codecs "none,fp16,$codec|ef" --slice-from 0

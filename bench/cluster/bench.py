@@ -158,6 +158,9 @@ def parse_args(argv=None):
                         "user would run it)")
     p.add_argument("--train-only", action="store_true",
                    help="only the Fashion-MNIST time-to-accuracy runs (no replay)")
+    p.add_argument("--slice-from", type=int, default=0, metavar="ELEMENTS",
+                   help="the planner may cut tensors of this many elements or more into slices "
+                        "(gradcomp plan --slice-from; default 0: never)")
     p.add_argument("--costs", help="codec costs JSON for the planner and the simulator (default: "
                                    "measured now with `gradcomp bench codecs`)")
     p.add_argument("--out", default=str(HERE / "results"), help="results directory")
@@ -307,11 +310,12 @@ class Model:
         self.plan_path = plan_path
         self.whole_plan_path = plan_path.with_name(plan_path.stem + "-whole.json")
 
-    def plan(self, codecs, whole=False):
-        """The planner's plan (whole: no tensor cut into slices), written to its path."""
+    def plan(self, codecs, slice_from=0, whole=False):
+        """The planner's plan, tensors of `slice_from` elements or more may be cut into slices
+        (0: none; whole: none, the plan-whole contender's), written to its path."""
         path = self.whole_plan_path if whole else self.plan_path
         text = gradcomp("plan", *self.common, "--codecs", ",".join(codecs), "--json", path,
-                        *(["--slice-from", "0"] if whole else []))
+                        "--slice-from", "0" if whole else str(slice_from))
         predicted = next(float(line.split()[-2]) for line in text.splitlines()
                          if line.startswith("predicted iteration time"))
         plan = json.loads(Path(path).read_text())
@@ -513,7 +517,7 @@ def replay_config(args, profile, rate, workers, names, out, port):
         plan_path.parent.mkdir(parents=True, exist_ok=True)
         model = Model(profile, workers, measured, latency, args.costs_path, cost_scale, plan_path,
                       config["compute_ms"], out_dir / "simulated.json")
-        config["plan"] = model.plan(split(args.codecs))
+        config["plan"] = model.plan(split(args.codecs), args.slice_from)
         say(f"   planner: {config['plan']['summary']}; predicted "
             f"{config['plan']['predicted_ms']:.1f} ms; slices {config['plan']['slices'] or 'none'}")
         if any(split_optimizer(n)[0] == "plan-whole" for n in names):

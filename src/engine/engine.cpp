@@ -84,8 +84,10 @@ struct Engine::Impl {
   void check_plans_agree();  // the collective check of the constructor and of set_plan
   void make_routes(bool with_nodes);
   void name_lanes();
-  // set_plan: adds what the routes hold and have not delivered to `carried`, by tensor.
-  void carry_out();
+  // set_plan: adds what the old plan's routes hold and have not delivered to `carried`, by
+  // tensor.
+  void carry_out(const std::vector<LiveBucket>& old_buckets,
+                 const std::vector<TensorSlot>& old_slots, const PieceTable& old_layout);
   // ready(): adds the carried memory of piece p (in the coming step's loss scale) to its
   // gradient.
   void add_carried(size_t piece, std::span<float> grad);
@@ -254,16 +256,18 @@ void Engine::Impl::settle_step() {
   stats.finite = keep;
 }
 
-void Engine::Impl::carry_out() {
-  for (const LiveBucket& bucket : buckets) {
+void Engine::Impl::carry_out(const std::vector<LiveBucket>& old_buckets,
+                             const std::vector<TensorSlot>& old_slots,
+                             const PieceTable& old_layout) {
+  for (const LiveBucket& bucket : old_buckets) {
     Buffer<float> held(bucket.elements, 0.0f);
     const double scale = bucket.route->carry(held);
-    for (size_t p = 0; p < slots.size(); ++p) {
-      const TensorSlot& slot = slots[p];
+    for (size_t p = 0; p < old_slots.size(); ++p) {
+      const TensorSlot& slot = old_slots[p];
       if (slot.bucket != bucket.index) continue;
       const auto part = std::span(held).subspan(slot.offset, slot.elements);
       if (std::all_of(part.begin(), part.end(), [](float x) { return x == 0.0f; })) continue;
-      const TensorPiece& piece = layout.pieces[p];
+      const TensorPiece& piece = old_layout.pieces[p];
       Carried& c = carried[piece.tensor];
       if (c.values.empty()) {
         c.values.assign(plan.tensors[piece.tensor].elements, 0.0f);
@@ -329,13 +333,7 @@ void Engine::Impl::set_plan(Plan next) {
     settles_steps = old_settles;
     throw;
   }
-  std::swap(buckets, old_buckets);  // carry out of the old routes, with their slots and pieces
-  std::swap(slots, old_slots);
-  std::swap(layout, next_layout);
-  carry_out();
-  std::swap(buckets, old_buckets);
-  std::swap(slots, old_slots);
-  std::swap(layout, next_layout);
+  carry_out(old_buckets, old_slots, next_layout);  // next_layout: the old plan's, swapped
   old_buckets.clear();  // the old routes go; the threads stay
   next_launch = 0;
   encode_queue.clear();

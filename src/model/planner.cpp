@@ -457,11 +457,6 @@ std::vector<TensorInfo> sliced_tensors(const Profile& profile, size_t from, size
 }
 
 // A plan of pieces given back in the registered tensors, with their slices.
-void as_sliced(PlanResult& r, const std::vector<TensorInfo>& tensors) {
-  r.plan.tensors = tensors;
-  r.uncompressed_plan.tensors = tensors;
-}
-
 }  // namespace
 
 PlanResult make_plan(const Profile& profile, const CostModel& cost,
@@ -475,11 +470,11 @@ PlanResult make_plan(const Profile& profile, const CostModel& cost,
   const size_t from = settings.slice_from_elements;
   if (from > 0 && largest >= from) {
     for (const size_t parts : {2, 4, 8, 16}) {
-      const std::vector<TensorInfo> tensors = sliced_tensors(profile, from, (largest + parts - 1) / parts);
       Plan sliced;
-      sliced.tensors = tensors;
+      sliced.tensors = sliced_tensors(profile, from, (largest + parts - 1) / parts);
       PlanResult r = plan_pieces(profile.by_piece(sliced.pieces()), cost, settings, true);
-      as_sliced(r, tensors);
+      r.plan.tensors = sliced.tensors;  // the plans of pieces, as plans of sliced tensors
+      r.uncompressed_plan.tensors = sliced.tensors;
       result.options_considered += r.options_considered;
       if (r.uncompressed_s < (1 - kSliceGain) * result.uncompressed_s) {
         result.uncompressed_s = r.uncompressed_s;
@@ -495,11 +490,11 @@ PlanResult make_plan(const Profile& profile, const CostModel& cost,
       if (!better && result.plan.sliced()) break;
     }
   }
-  // The kept plan never predicts worse than the kept uncompressed one.
+  // The kept plan never predicts worse than the kept uncompressed one (which a slicing kept
+  // for its uncompressed plan alone may have made up to kSliceGain faster).
   if (result.predicted.iteration_s > result.uncompressed_s) {
     result.plan = result.uncompressed_plan;
     result.predicted = simulate(profile, result.plan, cost, settings.simulator);
-    apply_start_step(result.plan, settings.start_step);
   }
   result.decision_s = std::chrono::duration<double>(Clock::now() - began).count();
   return result;

@@ -204,9 +204,10 @@ TEST(Planner, SlicesSpeedUpVgg16At25GbitOn64Workers) {
   const CostModel cost(cluster, CodecCosts::shipped());
   PlannerSettings settings;
   settings.codecs = recommended_options({OptimizerFamily::kSgd, OptimizerFamily::kAdam});
+  const auto whole = make_plan(profile, cost, settings);  // by default, tensors stay whole
+  EXPECT_FALSE(whole.plan.sliced());
+  settings.slice_from_elements = size_t{1} << 22;
   const auto sliced = make_plan(profile, cost, settings);
-  settings.slice_from_elements = 0;
-  const auto whole = make_plan(profile, cost, settings);
   EXPECT_TRUE(sliced.plan.sliced());
   EXPECT_LT(sliced.predicted.iteration_s, 0.9 * whole.predicted.iteration_s);
 }
@@ -256,7 +257,9 @@ TEST(Planner, UsesOnlyAllowedOptionsAndRespectsMinimumSize) {
   for (size_t b = 0; b < result.plan.buckets.size(); ++b) {
     const auto& o = result.plan.buckets[b].option;
     EXPECT_TRUE(o.codec == "none" || o.codec == "fp16" || o.codec == "topk:ratio=0.01");
-    if (o.codec != "none") EXPECT_GE(result.plan.bucket_elements(b), size_t{1} << 20);
+    if (o.codec != "none") {
+      EXPECT_GE(result.plan.bucket_elements(b), size_t{1} << 20);
+    }
   }
 }
 
@@ -317,7 +320,9 @@ TEST(Planner, AWarmUpWithoutARouteKeepsEveryRouteAndItsStart) {
   EXPECT_GT(warm.size(), 2u);  // none, and efsignsgd over allgather and twoway at least
   settings.codecs = {"efsignsgd|ef|twoway|start=469"};
   for (const auto& o : candidate_options(settings, cluster)) {
-    if (o.codec != "none") EXPECT_EQ(o.route, "twoway");
+    if (o.codec != "none") {
+      EXPECT_EQ(o.route, "twoway");
+    }
   }
 }
 

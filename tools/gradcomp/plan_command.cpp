@@ -174,9 +174,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   plan->add_option("--min-compress", flags.min_compress_elements,
                    "Buckets under this many elements stay uncompressed");
   plan->add_option("--slice-from", flags.slice_from_elements,
-                   fmt::format("Tensors of at least this many elements may be cut into slices "
-                               "(0: never; default {})",
-                               flags.slice_from_elements));
+                   "Tensors of at least this many elements may be cut into slices (default 0: "
+                   "never; 4194304 = 2^22 is where slices gain in docs/simulation.md)");
   plan->add_option("--start-step", flags.start_step,
                    "Compressed buckets travel uncompressed before this step (warm-up; the "
                    "prediction is of the steady state after it)")

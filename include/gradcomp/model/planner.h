@@ -40,8 +40,10 @@ struct PlannerSettings {
   // so that one large layer pipelines through encode, exchange and decode like several
   // buckets. The planner searches with pieces of at most 1/2, 1/4, 1/8 and 1/16 of the largest
   // tensor too, and keeps a slicing only if its plan is predicted at least kSliceGain faster
-  // than the plan with fewer slices (each message has costs the model may miss).
-  size_t slice_from_elements = size_t{1} << 22;
+  // than the plan with fewer slices (each message has costs the model may miss). Off by
+  // default: slices gain in simulation (docs/simulation.md) but no gain has been measured yet
+  // (docs/cluster-benchmark.md, "Slices on the replay"), and a plan is judged by the clock.
+  size_t slice_from_elements = 0;
   SimulatorSettings simulator{};
 };
 
