@@ -53,7 +53,10 @@ std::vector<std::string> default_rotation() {
 
 struct Settings {
   uint64_t steps = 100'000;
-  uint64_t plan_every = 5'000;
+  // 0: the baseline step over the rotation's length (1,250 of 100,000 steps), so that every
+  // plan of the rotation has run before the baseline and the growth after it is what steady
+  // use adds, not what the first use of a route costs (docs/soak.md).
+  uint64_t plan_every = 0;
   uint64_t checkpoint_every = 2'500;
   uint64_t sample_every = 0;   // 0: steps / 10
   uint64_t baseline_step = 0;  // 0: steps / 10 (step 10,000 of 100,000)
@@ -459,6 +462,11 @@ struct Verdict {
   // checked; the rest is reported.
   double max_heap_growth = -100;  // malloc's bytes in use, in percent of the baseline's RSS
   double max_rss_growth = -100;   // VmRSS, in percent of the baseline's RSS
+  // The same over the first and the second half after the baseline (by the sample in between,
+  // which the halves share): a leak grows alike in both, an allocator that settles mostly in
+  // the first.
+  uint64_t middle_step = 0;
+  double max_rss_growth_halves[2] = {-100, -100};
   Resources largest_change;       // per figure, the largest change over ranks (kB or count)
   bool heap_ok = true;
   std::string resources_compared;  // which figures the fds/threads check compared
@@ -508,6 +516,8 @@ Verdict check(const Soak& soak, const Gathered& g, const Settings& s) {
                             [&](uint64_t h) { return h == g.hashes[0]; });
   v.finite = std::isfinite(soak.model().mean_abs());
   const size_t baseline = sample_index(soak.samples(), baseline_step_of(s));
+  const size_t middle = (baseline + soak.samples().size() - 1) / 2;
+  v.middle_step = soak.samples()[middle].step;
   for (size_t f = 0; f < kFigureCount; ++f) v.largest_change.*kFigures[f] = INT64_MIN;
   for (const auto& rank : g.live) {
     const Resources &from = rank[baseline], &to = rank.back();
@@ -516,6 +526,10 @@ Verdict check(const Soak& soak, const Gathered& g, const Settings& s) {
     };
     v.max_heap_growth = std::max(v.max_heap_growth, percent(to.heap_kb - from.heap_kb));
     v.max_rss_growth = std::max(v.max_rss_growth, percent(to.rss_kb - from.rss_kb));
+    const int64_t halves[2] = {rank[middle].rss_kb - from.rss_kb, to.rss_kb - rank[middle].rss_kb};
+    for (int h = 0; h < 2; ++h) {
+      v.max_rss_growth_halves[h] = std::max(v.max_rss_growth_halves[h], percent(halves[h]));
+    }
     for (auto field : kFigures) {
       v.largest_change.*field = std::max(v.largest_change.*field, to.*field - from.*field);
     }
@@ -576,6 +590,10 @@ void print_verdict(const Soak& soak, const Gathered& g, const Verdict& v, const 
              "malloc in use {:+}\n",
              baseline_step_of(s), s.steps, v.max_rss_growth, c.rss_anon_kb, c.rss_file_kb,
              c.rss_shmem_kb, c.arena_kb, c.heap_kb);
+  fmt::print("RSS growth by halves: step {} to {} {:+.3f}%, step {} to {} {:+.3f}% (a leak grows "
+             "alike in both; an allocator settling, mostly in the first)\n",
+             baseline_step_of(s), v.middle_step, v.max_rss_growth_halves[0], v.middle_step,
+             s.steps, v.max_rss_growth_halves[1]);
   fmt::print("heap (malloc in use) growth from step {} to {}: {:+.3f}% of RSS (largest over ranks; "
              "limit {}%): {}\n",
              baseline_step_of(s), s.steps, v.max_heap_growth, s.max_heap_growth,
@@ -628,6 +646,9 @@ nlohmann::json report(const Transport& world, const Soak& soak, const Gathered& 
           {"parameter_hashes", hashes},
           {"checks",
            {{"bit_identical", v.identical}, {"finite", v.finite}, {"rss_growth_percent", v.max_rss_growth},
+            {"rss_growth_percent_by_halves", {{"middle_step", v.middle_step},
+                                              {"first", v.max_rss_growth_halves[0]},
+                                              {"second", v.max_rss_growth_halves[1]}}},
             {"largest_change", resources_json(v.largest_change)},
             {"heap_growth_percent_of_rss", v.max_heap_growth}, {"heap_ok", v.heap_ok}, {"fds_flat", v.fds_ok}, {"threads_flat", v.threads_ok},
             {"counts_compared", v.resources_compared}, {"passed", v.ok()}}}};
@@ -635,9 +656,15 @@ nlohmann::json report(const Transport& world, const Soak& soak, const Gathered& 
 
 // ---- main -----------------------------------------------------------------------------------
 
+void resolve_defaults(Settings& s) {
+  if (s.plan_every == 0 && !s.rotation.empty()) {
+    s.plan_every = std::max<uint64_t>(1, baseline_step_of(s) / s.rotation.size());
+  }
+}
+
 void check_settings(const Settings& s) {
-  if (s.steps == 0 || s.plan_every == 0 || s.checkpoint_every == 0) {
-    throw Error("soak: --steps, --plan-every and --checkpoint-every must be above 0");
+  if (s.steps == 0 || s.checkpoint_every == 0 || s.rotation.empty()) {
+    throw Error("soak: --steps and --checkpoint-every must be above 0, --rotation not empty");
   }
   if (baseline_step_of(s) > s.steps) {
     throw Error(fmt::format("soak: --baseline-step {} is after the last step {}",
@@ -653,7 +680,8 @@ int agree(Transport& world, int verdict) {
   return value;
 }
 
-int run(const Settings& settings) {
+int run(Settings settings) {
+  resolve_defaults(settings);
   check_settings(settings);
   std::shared_ptr<Transport> world = make_transport();
   Soak soak(world, settings);
@@ -661,6 +689,11 @@ int run(const Settings& settings) {
     fmt::print("soak: {} ranks over {}, {} steps, plan change every {}, checkpoint every {}\n",
                world->size(), world->name(), settings.steps, settings.plan_every,
                settings.checkpoint_every);
+    if (settings.plan_every * (settings.rotation.size() - 1) >= baseline_step_of(settings)) {
+      fmt::print("note: some plans of the rotation first run after the baseline step {}: the "
+                 "growth includes what their first use costs\n",
+                 baseline_step_of(settings));
+    }
     std::fflush(stdout);
   }
   soak.run();
@@ -688,8 +721,9 @@ int main(int argc, char** argv) {
                "memory, open files and threads stay flat and that all ranks end bit-identical. "
                "Run one process per rank: gradcomp launch -n 4 -- gradcomp_soak"};
   app.add_option("--steps", settings.steps, "training steps")->capture_default_str();
-  app.add_option("--plan-every", settings.plan_every, "steps between plan changes")
-      ->capture_default_str();
+  app.add_option("--plan-every", settings.plan_every,
+                 "steps between plan changes (default: the baseline step over the number of "
+                 "plans in --rotation, so every plan runs before the baseline)");
   app.add_option("--checkpoint-every", settings.checkpoint_every,
                  "steps between checkpoints (saved, written, read and loaded back)")
       ->capture_default_str();
