@@ -4,7 +4,6 @@ that crossed the link, the exchanged gradients (identical on every rank; the exa
 the exchange is lossless), the measured step count."""
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +18,10 @@ sys.path.insert(0, str(ROOT / "bench" / "cluster"))
 import worker  # noqa: E402
 from cluster_testing import PROFILE  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from free_port import free_port  # noqa: E402
+
 ELEMENTS = sum(t["elements"] for t in PROFILE["tensors"])
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_workers(tmp_path, contender, world=2, extra=(), timeout=120):

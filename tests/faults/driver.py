@@ -11,8 +11,8 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,16 +20,12 @@ from pathlib import Path
 
 PYTHON = "/usr/bin/python3"  # Debian's, the one with torch
 WORKER = Path(__file__).resolve().parent / "fault_worker.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from free_port import free_port  # noqa: E402
 TIMEOUT_S = 5  # GRADCOMP_TIMEOUT of every job: how long a collective may wait for a peer
 # A survivor must have ended this long after the fault: the transport's timeout, the engine's
 # backstop, interpreter shutdown, and slack for a loaded 2-core machine.
 DEADLINE_S = 3 * TIMEOUT_S + 30
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def environment(rank=None, world=None, port=None):

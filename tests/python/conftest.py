@@ -7,7 +7,6 @@ hang is a failure, not a stuck test run."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,8 @@ GRADCOMP = ROOT / "build" / "bin" / "gradcomp"
 PYTHON = "/usr/bin/python3"  # Debian's, the one with torch
 WORKERS = Path(__file__).resolve().parent / "workers"
 
-
-def free_port():
-    """A TCP port nobody listens on now (rank 0's rendezvous store will take it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from free_port import free_port  # noqa: E402,F401  (the tests import it from here)
 
 
 @dataclass

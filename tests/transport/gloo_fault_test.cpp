@@ -15,8 +15,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <algorithm>
 #include <functional>
 #include <numeric>
+#include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -360,16 +364,27 @@ TEST(GlooRendezvous, SplitsLeaveNothingInTheStore) {
 // ---- ranks started inconsistently: found by gradcomp's own rendezvous, on every rank, fast.
 
 // A port no one listens on now (the kernel's choice), for a TCP store of this test alone.
+// A port nobody listens on now, below the kernel's ephemeral range: the source ports of
+// outgoing connections (other tests' Gloo meshes, running beside this one) come from that
+// range, so none can take the port before rank 0's store listens on it. At random, so that
+// tests side by side rarely pick the same one.
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  int low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low;
+  std::random_device entropy;
+  std::uniform_int_distribution<int> pick(std::max(1024, low - 12000), low - 1);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = pick(entropy);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    if (bound) return port;
+  }
+  throw std::runtime_error("no free TCP port below the ephemeral range");
 }
 
 // One process's attempt to join as `rank` of `world`: kOk when it fails with `expected` in its
