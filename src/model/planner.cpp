@@ -456,7 +456,6 @@ std::vector<TensorInfo> sliced_tensors(const Profile& profile, size_t from, size
   return tensors;
 }
 
-// A plan of pieces given back in the registered tensors, with their slices.
 }  // namespace
 
 PlanResult make_plan(const Profile& profile, const CostModel& cost,
