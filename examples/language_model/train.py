@@ -42,6 +42,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compression", default="none",
                    help='gradcomp option "codec[|feedback[|route]]" (default: none)')
+    p.add_argument("--plan", metavar="PATH",
+                   help="a gradcomp plan file (docs/plan-format.md; its tensors are the "
+                        "parameter names) to run instead of --compression")
     p.add_argument("--steps", type=int, default=600, help="optimizer steps (600)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per rank and step (16)")
     p.add_argument("--context", type=int, default=64, help="tokens per window (64)")
@@ -94,6 +97,9 @@ def parse_args(argv=None):
         p.error(f"--width ({args.width}) must be a multiple of --heads ({args.heads})")
     if not 0 <= args.warmup < 1:
         p.error(f"--warmup is a fraction of the steps in [0, 1), not {args.warmup}")
+    if args.plan and (args.optimizer.startswith("onebit") or args.compression != "none"):
+        p.error("--plan is for DistributedOptimizer's optimizers (not 1-bit Adam or LAMB), "
+                "instead of --compression")
     if args.beta2 is None:
         frozen = (args.optimizer == "onebitlamb"
                   or args.optimizer == "onebitadam" and args.onebit_variance == "freeze")
@@ -192,6 +198,11 @@ def make_optimizer(args, model):
     return torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, args.beta2))
 
 
+def label(args):
+    """What the exchange runs: the --compression option, or the plan file."""
+    return f"plan {args.plan}" if args.plan else args.compression
+
+
 def make_distributed(args, model, comm):
     """(the optimizer step() is called on, the one the schedule drives): DistributedOptimizer
     around make_optimizer's, or 1-bit Adam or 1-bit LAMB, which exchange by themselves."""
@@ -213,7 +224,7 @@ def make_distributed(args, model, comm):
         return optimizer, optimizer
     inner = make_optimizer(args, model)
     optimizer = gct.DistributedOptimizer(
-        inner, model.named_parameters(), compression=args.compression,
+        inner, model.named_parameters(), compression=args.compression, plan=args.plan,
         transport=comm.transport, seed=args.seed, local_size=args.local_size,
         min_compress_elements=args.min_compress_elements)
     return optimizer, inner
@@ -261,7 +272,7 @@ def train(args):
     scheduler = make_schedule(inner, args.steps, args.warmup)
     batches = torch.Generator().manual_seed(args.seed * 1000003 + rank)
     if rank == 0:
-        print(f"language model: {world} ranks, compression {args.compression!r}, "
+        print(f"language model: {world} ranks, compression {label(args)!r}, "
               f"{sum(p.numel() for p in model.parameters()):,} parameters, {args.optimizer}, "
               f"{args.steps} steps of {args.batch_size} x {args.context} tokens x {world} ranks",
               flush=True)
@@ -297,7 +308,7 @@ def train(args):
     curve = [v / world for v in comm.sum(losses)]
     tail = curve[-min(50, len(curve)):]
     summary = {
-        "compression": args.compression,
+        "compression": label(args),
         "transport": comm.transport.name,
         "world_size": world,
         "steps": totals.steps,
@@ -316,7 +327,7 @@ def train(args):
         "parameter_hash": digest,
     }
     if rank == 0:
-        print(f"result ({args.compression}, {world} ranks over {comm.transport.name}):\n"
+        print(f"result ({label(args)}, {world} ranks over {comm.transport.name}):\n"
               f"  validation loss {val_loss:.4f} (perplexity {math.exp(val_loss):.1f}), "
               f"training loss {summary['final_train_loss']:.4f} (last 50 steps)\n"
               f"  {train_seconds:.1f} s, {summary['bytes_sent_per_step']:,.0f} of "

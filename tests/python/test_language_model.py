@@ -96,3 +96,21 @@ def test_trainer_refuses_a_width_the_heads_do_not_divide(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "--width (130) must be a multiple of --heads (4)" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["powersgd-whole", "powersgd-sliced"])
+def test_trainer_runs_the_shipped_plan_files(tmp_path, name):
+    # The plans of docs/plan-format.md's accuracy runs (the sliced one cuts the embedding and
+    # the output layer into 4 slices each): they fit the default model and keep ranks identical.
+    plan = ROOT / "examples" / "language_model" / "plans" / f"{name}.json"
+    summary, stdout = train(tmp_path, "--plan", str(plan), "--vocab", "4096")
+    assert "identical parameters on all ranks" in stdout
+    assert summary["compression"] == f"plan {plan}"
+    assert math.isfinite(summary["val_loss"]) and 0 < summary["val_loss"] < math.log(4096) + 1
+    assert summary["bytes_sent_per_step"] < summary["uncompressed_bytes_per_step"] / 5
+
+def test_trainer_refuses_a_plan_beside_a_compression(tmp_path):
+    proc = subprocess.run([PYTHON, str(TRAIN), "--plan", "p.json", "--compression", "fp16"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "--plan is for DistributedOptimizer's optimizers" in proc.stderr
