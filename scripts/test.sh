@@ -5,7 +5,7 @@
 #   2. the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer (clang; the
 #      multi-process tests at 2 ranks over Gloo, and some more, below);
 #   3. the engine's tests and the transports' queue built with ThreadSanitizer (its stage threads
-#      and the transports');
+#      and the transports', and the kept threads they run on);
 #   4. the Python front end's tests (pytest, tests/python: real worker processes), the cluster
 #      benchmark's (tests/cluster: real network namespaces, DDP and gradcomp) and the fault
 #      injection (tests/faults: a rank killed or stopped, ranks that disagree);
@@ -42,7 +42,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 stage "engine tests under ThreadSanitizer"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-  -R '^(Engine|PlanChange|OpQueue|(engine|plan_change)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
+  -R '^(Engine|PlanChange|OpQueue|KeptThread|(engine|plan_change)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
 stage "Python front end and the cluster benchmark's parts (pytest)"
 /usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/layout | tee build/pytest.log

@@ -18,12 +18,12 @@
 #include <mutex>
 #include <new>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "gradcomp/error.h"
+#include "gradcomp/kept_thread.h"
 #include "gradcomp/transport.h"
 
 namespace gradcomp {
@@ -130,7 +130,7 @@ class OpQueue {
   size_t count_ = 0;
   bool stopping_ = false;
   std::exception_ptr broken_;  // the first failure; later ops fail with it
-  std::thread thread_;
+  KeptThread thread_;  // declared last: it starts once the members it reads exist
 };
 
 }  // namespace gradcomp

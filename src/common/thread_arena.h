@@ -1,5 +1,5 @@
 // Faults in the pages of the calling thread's malloc arena when a long-lived thread of
-// gradcomp's starts (the engine's stages, a transport's queue).
+// gradcomp's starts (a KeptThread: the engine's stages, a transport's queue).
 //
 // Why: glibc gives each thread an arena of its own, a heap of 132 KiB at first, and a page of
 // it becomes resident only when an allocation first reaches it. The small allocations of a

@@ -2,7 +2,8 @@
 // per-step work allocates nothing once warm (docs/soak.md: allocations at new places in a
 // thread's malloc arena are what made resident memory creep). Each `Tag` is a separate buffer:
 // give every call site its own, so two live scratches never alias. A buffer keeps the largest
-// size asked of it until its thread ends (the engine's threads end with their engine).
+// size asked of it until its thread ends: the engine's threads are kept for the next engine
+// (gradcomp/kept_thread.h), so keep these to small things (a row, a basis, decoded factors).
 #pragma once
 
 #include <cstddef>

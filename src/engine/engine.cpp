@@ -10,13 +10,11 @@
 #include <deque>
 #include <exception>
 #include <mutex>
-#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
-#include "common/thread_arena.h"
-#include "common/thread_name.h"
+#include "gradcomp/kept_thread.h"
 #include "engine/live_bucket.h"
 #include "engine/consistency.h"
 #include "engine/nodes.h"
@@ -134,7 +132,7 @@ struct Engine::Impl {
   bool step_started = false;
   double exchange_seconds = 0;
 
-  std::thread encoder, exchanger, decoder;
+  KeptThread encoder, exchanger, decoder;
 };
 
 Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
@@ -159,22 +157,11 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
                                                     : options.timeline;
   if (!path.empty()) open_timeline(path);
   attach_timeline();
-  // Named, so a debugger, top -H or a profiler tells the stages apart.
-  encoder = std::thread([this] {
-    name_this_thread("gc-encoder");
-    fault_in_thread_arena();
-    encoder_loop();
-  });
-  exchanger = std::thread([this] {
-    name_this_thread("gc-exchanger");
-    fault_in_thread_arena();
-    exchanger_loop();
-  });
-  decoder = std::thread([this] {
-    name_this_thread("gc-decoder");
-    fault_in_thread_arena();
-    decoder_loop();
-  });
+  // Named, so a debugger, top -H or a profiler tells the stages apart; kept across engines, so
+  // a rebuilt engine runs on the threads (and malloc arenas) of the one before.
+  encoder = KeptThread("gc-encoder", [this] { encoder_loop(); });
+  exchanger = KeptThread("gc-exchanger", [this] { exchanger_loop(); });
+  decoder = KeptThread("gc-decoder", [this] { decoder_loop(); });
 }
 
 Engine::Impl::~Impl() {

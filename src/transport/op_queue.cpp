@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "common/thread_arena.h"
-#include "common/thread_name.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp {
@@ -37,11 +35,7 @@ void QueuedWork::finish(std::exception_ptr error) {
 }
 
 OpQueue::OpQueue(std::string name)
-    : name_(std::move(name)), thread_([this] {
-        name_this_thread("gc-" + name_ + "-ops");
-        fault_in_thread_arena();
-        loop();
-      }) {}
+    : name_(std::move(name)), thread_("gc-" + name_ + "-ops", [this] { loop(); }) {}
 
 OpQueue::~OpQueue() {
   {

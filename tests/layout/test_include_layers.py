@@ -24,7 +24,7 @@ LEVEL = {folder: level for level, folders in enumerate(LAYERS) for folder in fol
 # The layer each public header belongs to (where its definitions live).
 PUBLIC = {
     "error.h": "common", "spec.h": "common", "random.h": "common", "dtype.h": "common",
-    "json_text.h": "common", "transport.h": "transport", "op_queue.h": "transport",
+    "json_text.h": "common", "kept_thread.h": "common", "transport.h": "transport", "op_queue.h": "transport",
     "roll_call.h": "transport", "frame.h": "codec", "codec.h": "codec",
     "timeline.h": "timeline", "optimizer.h": "optim", "feedback.h": "feedback",
     "option.h": "plan", "plan.h": "plan", "recommended.h": "plan", "engine.h": "engine",
