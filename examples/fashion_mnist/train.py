@@ -47,6 +47,9 @@ def parse_args(argv=None):
     p.add_argument("--compression", default="none",
                    help='gradcomp option "codec[|feedback[|route]]", e.g. "topk:ratio=0.01|ef" '
                         '(default: none)')
+    p.add_argument("--plan", metavar="PATH",
+                   help="a gradcomp plan file (docs/plan-format.md; its tensors are the "
+                        "parameter names) to run instead of --compression; plans/ has two")
     p.add_argument("--auto", type=json.loads, default=None, metavar="JSON",
                    help='with --compression auto: its settings, e.g. \'{"candidates": '
                         '["powersgd:rank=4|ef"]}\' (docs/auto.md)')
@@ -102,6 +105,9 @@ def parse_args(argv=None):
         args.lr = DEFAULT_LR[args.optimizer]
     if args.epochs <= 0 or args.batch_size <= 0 or args.lr <= 0:
         p.error("--epochs, --batch-size and --lr must be positive")
+    if args.plan and (args.optimizer.startswith("onebit") or args.compression != "none"):
+        p.error("--plan is for DistributedOptimizer's optimizers (not 1-bit Adam or LAMB), "
+                "instead of --compression")
     return args
 
 
@@ -297,6 +303,11 @@ DEFAULT_LR = {"sgd": 0.05, "adamw": 1e-3, "onebitadam": 1e-3, "lans": 1e-2, "lam
               "onebitlamb": 1e-2}
 
 
+def label(args):
+    """What the exchange runs: the --compression option, or the plan file."""
+    return f"plan {args.plan}" if args.plan else args.compression
+
+
 def make_optimizer(args, model, comm, total_steps):
     """(the optimizer step() is called on, the one the schedule drives): DistributedOptimizer
     around SGD, AdamW, LANS or LAMB, or 1-bit Adam or 1-bit LAMB, which exchange by themselves."""
@@ -323,7 +334,7 @@ def make_optimizer(args, model, comm, total_steps):
         inner = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                                 weight_decay=args.weight_decay)
     optimizer = gct.DistributedOptimizer(
-        inner, model.named_parameters(), compression=args.compression,
+        inner, model.named_parameters(), compression=args.compression, plan=args.plan,
         transport=comm.transport, seed=args.seed, local_size=args.local_size,
         min_compress_elements=args.min_compress_elements, bucket_mb=args.bucket_mb,
         timeline=args.timeline, auto=args.auto)
@@ -358,7 +369,7 @@ def train(args):
     total_steps = max(1, round(args.epochs * steps_per_epoch))
     optimizer, sgd = make_optimizer(args, model, comm, total_steps)
     if rank == 0:
-        print(f"fashion-mnist: {world} ranks, compression {args.compression!r}, "
+        print(f"fashion-mnist: {world} ranks, compression {label(args)!r}, "
               f"{sum(p.numel() for p in model.parameters()):,} parameters, "
               f"{args.epochs:g} epoch(s) = {total_steps} steps of {args.batch_size} x {world} "
               f"images", flush=True)
@@ -406,7 +417,7 @@ def train(args):
     digest = check_identical(model, comm)
     accuracy = evaluate(model, test_x, test_y, comm)
     summary = {
-        "compression": args.compression,
+        "compression": label(args),
         "transport": comm.transport.name,
         "world_size": world,
         "epochs": args.epochs,
