@@ -9,7 +9,8 @@
 // (docs/soak.md). A kept thread keeps its arena, its stack, its caches and its role.
 //
 // Threads of a role are started as needed (two live engines hold two encoders) and never end:
-// a destroyed engine leaves its threads parked, at no cost but their stacks' resident pages.
+// a destroyed engine leaves its threads parked, holding only their stacks' and malloc arenas'
+// resident pages and their small per-thread scratch (common/thread_scratch.h).
 #pragma once
 
 #include <cstdint>

@@ -73,6 +73,8 @@ struct Engine::Impl {
   // synchronize()'s failure: waits until no stage thread works on this step's buffers (the
   // caller's gradients among them), then throws the engine's error.
   [[noreturn]] void fail_step(std::unique_lock<std::mutex>& lock);
+  // Tells the stage threads to end their loops (they wait on `changed`).
+  void stop_stages();
   // Waits (under `lock`) until `done` or an error or shutdown; false on error or shutdown.
   template <class Pred>
   bool wait_for(std::unique_lock<std::mutex>& lock, Pred done);
@@ -159,17 +161,28 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
   attach_timeline();
   // Named, so a debugger, top -H or a profiler tells the stages apart; kept across engines, so
   // a rebuilt engine runs on the threads (and malloc arenas) of the one before.
-  encoder = KeptThread("gc-encoder", [this] { encoder_loop(); });
-  exchanger = KeptThread("gc-exchanger", [this] { exchanger_loop(); });
-  decoder = KeptThread("gc-decoder", [this] { decoder_loop(); });
+  try {
+    encoder = KeptThread("gc-encoder", [this] { encoder_loop(); });
+    exchanger = KeptThread("gc-exchanger", [this] { exchanger_loop(); });
+    decoder = KeptThread("gc-decoder", [this] { decoder_loop(); });
+  } catch (...) {
+    // No thread to be had: the stages already started must end, or their handles, destroyed
+    // with this half-built engine, would wait for them forever.
+    stop_stages();
+    throw;
+  }
 }
 
-Engine::Impl::~Impl() {
+void Engine::Impl::stop_stages() {
   {
     std::lock_guard lock(mutex);
     stopping = true;
   }
   changed.notify_all();
+}
+
+Engine::Impl::~Impl() {
+  stop_stages();
   encoder.join();
   exchanger.join();
   decoder.join();
