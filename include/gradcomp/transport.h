@@ -14,7 +14,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,6 +39,17 @@ class Work {
   virtual bool done() const = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
+
+class Transport;
+
+// The groups the routes over nodes run on (Transport::nodes): this rank's node, and the ranks
+// of this rank's local index on every node.
+struct NodeGroups {
+  std::unique_ptr<Transport> intra;  // this node's ranks; intra rank 0 is the node's leader
+  std::unique_ptr<Transport> cross;  // the ranks of this local index on every node
+  // The node leaders' transport (the hierarchical route's): `cross` on leaders, else nullptr.
+  Transport* leaders() const;
+};
 
 class Transport {
  public:
@@ -77,6 +90,16 @@ class Transport {
   // hierarchical route (one group per node, one group of node leaders). Blocks.
   virtual std::unique_ptr<Transport> split(int color, int key) = 0;
 
+  // Consecutive ranks grouped into nodes of `local_size` ranks (0: the launcher's, see
+  // LaunchInfo), as launchers place them. Split from this transport by the first call for a
+  // local size (a collective: every rank makes that call at the same point of its sequence)
+  // and kept while this transport lives, so the engines built in turn on it (a resume, a
+  // rebuilt plan) and the auto scheduler run on one set of node transports instead of a new
+  // split each (new communicators, or new connections on Gloo). The groups inherit this
+  // transport's rule: whoever issues on it in turn may issue on them. Throws Error when the
+  // size is not a multiple of the local size, or the backend cannot split.
+  std::shared_ptr<const NodeGroups> nodes(int local_size);
+
   // The timeout of one collective.
   virtual Milliseconds timeout() const = 0;
 
@@ -101,6 +124,10 @@ class Transport {
                                   std::span<const size_t> out_counts) = 0;
   virtual WorkPtr start_broadcast(std::span<std::byte> buffer, int root) = 0;
   virtual WorkPtr start_barrier() = 0;
+
+ private:
+  std::mutex nodes_mutex_;
+  std::map<int, std::shared_ptr<const NodeGroups>> nodes_;  // by local size
 };
 
 // How to start a transport. Fields left at their defaults come from the environment, so a job

@@ -17,7 +17,7 @@
 #include "gradcomp/kept_thread.h"
 #include "engine/live_bucket.h"
 #include "engine/consistency.h"
-#include "engine/nodes.h"
+#include "engine/rank_path.h"
 #include "engine/state_file.h"
 #include "gradcomp/error.h"
 #include "gradcomp/timeline.h"
@@ -100,7 +100,7 @@ struct Engine::Impl {
   std::vector<BucketOption> options_of;  // plan.buckets' options, parsed once (Plan::validate)
   PieceTable layout;  // of `plan`: what the buckets hold
   EngineOptions options;
-  Nodes nodes;  // routes that need nodes only
+  std::shared_ptr<const NodeGroups> nodes;  // routes that need nodes only (the transport's)
   std::unique_ptr<Timeline> timeline;
   std::vector<LiveBucket> buckets;
   bool settles_steps = false;  // some route keeps state: every step is kept or taken back whole
@@ -223,13 +223,11 @@ void Engine::Impl::check_plans_agree() {
 
 void Engine::Impl::make_routes(bool with_nodes) {
   RouteEnv env{.world = transport.get(), .seed = options.seed, .threads = options.codec_threads};
-  if (with_nodes && !nodes.intra) {  // the node split outlives plan changes
-    nodes = split_nodes(*transport, options.local_size);
-  }
+  if (with_nodes && !nodes) nodes = transport->nodes(options.local_size);
   if (with_nodes) {
-    env.intra = nodes.intra.get();
-    env.leaders = nodes.leaders();
-    env.cross = nodes.cross.get();
+    env.intra = nodes->intra.get();
+    env.leaders = nodes->leaders();
+    env.cross = nodes->cross.get();
   }
   slots.assign(layout.pieces.size(), TensorSlot{});
   buckets.reserve(plan.buckets.size());

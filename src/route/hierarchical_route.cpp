@@ -3,7 +3,7 @@
 //   leaders: divide by the local size, run the inner route (allreduce / allgather / twoway)
 //            among the leaders; its codec and feedback live on the leaders only
 //   intra broadcast of the leader's result, so every rank of a node ends with its bits.
-// All nodes must have the same local size (the engine's split_nodes insists): the leaders'
+// All nodes must have the same local size (Transport::nodes insists): the leaders'
 // mean of node means is then the mean over all ranks.
 #include <fmt/format.h>
 
@@ -58,8 +58,8 @@ void check_env(const RouteEnv& env) {
   if (env.intra == nullptr) {
     throw Error(
         "route 'hierarchical' needs the node transports: RouteEnv::intra (this node's ranks, "
-        "rank 0 the leader) and, on leaders, RouteEnv::leaders; the engine builds them with "
-        "split_nodes");
+        "rank 0 the leader) and, on leaders, RouteEnv::leaders; the engine takes them from "
+        "Transport::nodes");
   }
   const bool leader = env.intra->rank() == 0;
   if (leader && env.leaders == nullptr) {

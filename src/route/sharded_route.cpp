@@ -70,8 +70,8 @@ void check_env(const RouteEnv& env) {
   if (env.intra == nullptr || env.cross == nullptr) {
     throw Error(
         "route 'sharded' needs the node transports: RouteEnv::intra (this node's ranks) and "
-        "RouteEnv::cross (this local index's ranks on every node); the engine builds them with "
-        "split_nodes");
+        "RouteEnv::cross (this local index's ranks on every node); the engine takes them from "
+        "Transport::nodes");
   }
 }
 

@@ -17,7 +17,6 @@
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
-#include "engine/nodes.h"
 #include "schedule/agreement.h"
 #include "schedule/calibration.h"
 #include "schedule/model_correction.h"
@@ -196,7 +195,7 @@ struct AutoScheduler::Impl {
   std::vector<uint64_t> rising;                 // consecutive checks each ratio rose
   std::set<std::string> excluded_codecs;        // backed off from: left out of later searches
   bool search_on_resume = false;  // restored from a state saved during a trial
-  std::optional<Nodes> nodes;     // split at the first search that finds several nodes
+  std::shared_ptr<const NodeGroups> nodes;  // at the first search that finds several nodes
   bool flat_only = false;         // the transport cannot split: one flat link
 };
 
@@ -318,7 +317,7 @@ int AutoScheduler::Impl::node_size() {
   if (local < 2 || world % local != 0 || world / local < 2) return 1;
   if (!nodes) {
     try {
-      nodes = split_nodes(*transport, local);
+      nodes = transport->nodes(local);
     } catch (const Error& e) {  // every rank's transport fails alike (split is not supported)
       flat_only = true;
       say(fmt::format("{} nodes of {} ranks, but no node routes: {}; calibrating one flat link",

@@ -119,7 +119,7 @@ LinkFit calibrate_link(Transport& transport, int repeats) {
   return fit;
 }
 
-NodeLinkFit calibrate_node_links(Transport& world, const Nodes& nodes, int repeats) {
+NodeLinkFit calibrate_node_links(Transport& world, const NodeGroups& nodes, int repeats) {
   NodeLinkFit fit;
   fit.intra = calibrate_link(*nodes.intra, repeats);
   // Only the leaders probe between nodes, so each node's link carries one stream. The other

@@ -8,7 +8,6 @@
 
 #include "gradcomp/model/cluster.h"
 #include "gradcomp/model/cost_model.h"
-#include "engine/nodes.h"
 #include "gradcomp/transport.h"
 
 namespace gradcomp::schedule {
@@ -29,7 +28,7 @@ struct LinkFit {
 // collective; with one rank there is nothing to time (a fast, latency-free link is returned).
 LinkFit calibrate_link(Transport& transport, int repeats = 3);
 
-// The two links of a world of several nodes of several ranks (nodes from split_nodes): the one
+// The two links of a world of several nodes of several ranks (Transport::nodes): the one
 // inside a node, fitted on every node's own transport at once (the slowest node's), and the
 // one between nodes, fitted on the node leaders' transport alone, one stream per node (the
 // NIC's rate: the cost model shares it among a node's ranks itself). A collective over
@@ -37,7 +36,7 @@ LinkFit calibrate_link(Transport& transport, int repeats = 3);
 struct NodeLinkFit {
   LinkFit intra, inter;
 };
-NodeLinkFit calibrate_node_links(Transport& world, const Nodes& nodes, int repeats = 3);
+NodeLinkFit calibrate_node_links(Transport& world, const NodeGroups& nodes, int repeats = 3);
 
 // The fit itself, for `world` ranks. Probe times that do not grow with size (a loaded machine,
 // or sizes too small to see the link) say nothing of the bandwidth: then the smallest probe's

@@ -105,6 +105,22 @@ struct RouteCase {
   std::string name;
   Option option;
 };
+// Engines built in turn on one transport (a resume, a rebuilt plan) run their routes over nodes
+// on the transport's node groups, split once, instead of a split of their own each.
+TEST(Engine, EnginesInTurnShareTheTransportsNodeGroups) {
+  const auto groups = world()->nodes(2);
+  const long held = groups.use_count();
+  const Option hierarchical{.codec = "topk:ratio=0.1", .feedback = "ef",
+                            .route = "hierarchical:inner=allgather"};
+  for (uint64_t round = 0; round < 3; ++round) {
+    Engine engine(world(), plan_with(hierarchical), EngineOptions{.seed = 7, .local_size = 2});
+    EXPECT_EQ(groups.use_count(), held + 1) << "round " << round;
+    expect_identical_across_ranks(run_step(engine, round, backward_order(model_tensors().size())));
+  }
+  EXPECT_EQ(groups.use_count(), held);  // the engines let go; the transport keeps them
+  EXPECT_EQ(world()->nodes(2), groups);
+}
+
 void PrintTo(const RouteCase& c, std::ostream* os) { *os << c.name; }
 
 class EngineRoutes : public ::testing::TestWithParam<RouteCase> {};

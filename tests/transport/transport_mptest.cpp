@@ -549,6 +549,39 @@ TEST(Transport, SplitNegativeColorGivesNull) {
   finish(t.barrier(), t);  // the world still works after the groups are gone
 }
 
+// Node groups of consecutive ranks: this node's (node leader first) and this local index's on
+// every node; split by the first call for a local size and the same groups after.
+TEST(Transport, NodeGroupsAreSplitOnceAndKept) {
+  Transport& t = world();
+  const int local = t.size() % 2 == 0 ? 2 : 1;
+  const auto groups = t.nodes(local);
+  ASSERT_NE(groups, nullptr);
+  ASSERT_NE(groups->intra, nullptr);
+  ASSERT_NE(groups->cross, nullptr);
+  EXPECT_EQ(groups->intra->size(), local);
+  EXPECT_EQ(groups->intra->rank(), t.rank() % local);
+  EXPECT_EQ(groups->cross->size(), t.size() / local);
+  EXPECT_EQ(groups->cross->rank(), t.rank() / local);
+  EXPECT_EQ(groups->leaders(), t.rank() % local == 0 ? groups->cross.get() : nullptr);
+  // The members of each group, gathered there: this node's ranks, then this index's.
+  const int32_t mine = t.rank();
+  std::vector<int32_t> node(local, -1), index(t.size() / local, -1);
+  finish(groups->intra->allgather(std::as_bytes(std::span(&mine, 1)),
+                                  std::as_writable_bytes(std::span(node))),
+         *groups->intra);
+  finish(groups->cross->allgather(std::as_bytes(std::span(&mine, 1)),
+                                  std::as_writable_bytes(std::span(index))),
+         *groups->cross);
+  for (int i = 0; i < local; ++i) EXPECT_EQ(node[i], t.rank() / local * local + i);
+  for (int n = 0; n < t.size() / local; ++n) EXPECT_EQ(index[n], n * local + t.rank() % local);
+  EXPECT_EQ(t.nodes(local), groups);  // no second split: a split would be a collective
+  const std::string error = error_text([&] { t.nodes(t.size() + 1); });
+  EXPECT_NE(error.find(fmt::format("{} ranks cannot be grouped into nodes of {}", t.size(),
+                                   t.size() + 1)),
+            std::string::npos)
+      << error;
+}
+
 // ---- argument errors, thrown on the calling thread before anything starts -------------------
 
 TEST(Transport, ArgumentErrorsAtIssueTime) {
