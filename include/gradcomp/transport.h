@@ -126,6 +126,8 @@ class Transport {
   virtual WorkPtr start_barrier() = 0;
 
  private:
+  // Destroyed after the backend's own members (the world's communicator or Gloo context): a
+  // node group does not need its parent alive (an MPI communicator, a Gloo context of its own).
   std::mutex nodes_mutex_;
   std::map<int, std::shared_ptr<const NodeGroups>> nodes_;  // by local size
 };

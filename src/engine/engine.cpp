@@ -223,8 +223,8 @@ void Engine::Impl::check_plans_agree() {
 
 void Engine::Impl::make_routes(bool with_nodes) {
   RouteEnv env{.world = transport.get(), .seed = options.seed, .threads = options.codec_threads};
-  if (with_nodes && !nodes) nodes = transport->nodes(options.local_size);
   if (with_nodes) {
+    if (!nodes) nodes = transport->nodes(options.local_size);
     env.intra = nodes->intra.get();
     env.leaders = nodes->leaders();
     env.cross = nodes->cross.get();

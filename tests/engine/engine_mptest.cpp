@@ -105,6 +105,7 @@ struct RouteCase {
   std::string name;
   Option option;
 };
+
 // Engines built in turn on one transport (a resume, a rebuilt plan) run their routes over nodes
 // on the transport's node groups, split once, instead of a split of their own each.
 TEST(Engine, EnginesInTurnShareTheTransportsNodeGroups) {
