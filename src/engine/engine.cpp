@@ -513,17 +513,14 @@ void Engine::Impl::decoder_loop() {
       lock.unlock();
       try {
         LiveBucket& bucket = buckets[b];
-        bucket.route->decode(bucket.buffer(), step_state, bucket.phases);
+        const float factor =
+            bucket.route->decode_unscaled(bucket.buffer(), step_state, bucket.phases);
         // Every mean is checked: the stats say whether the step may be applied (a skipped
         // step on every rank), stateful routes or not.
-        if (norms) {
-          const route::Scan scanned = route::scan(bucket.buffer());
-          bucket.finite = scanned.finite;
-          bucket.mean_sum_of_squares = scanned.sum_of_squares;
-        } else {
-          bucket.finite = route::all_finite(bucket.buffer());
-        }
-        bucket.phases.run("write back", [&] { bucket.give_back(); });
+        route::Scan scanned;
+        bucket.phases.run("write back", [&] { scanned = bucket.give_back(factor, norms); });
+        bucket.finite = scanned.finite;
+        if (norms) bucket.mean_sum_of_squares = scanned.sum_of_squares;
       } catch (...) {
         lock.lock();
         --working;

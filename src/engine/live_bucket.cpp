@@ -38,11 +38,16 @@ std::span<float> LiveBucket::buffer() {
   return fused_;
 }
 
-void LiveBucket::give_back() {
-  if (tensor_count_ == 1) return;  // decoded in place
+route::Scan LiveBucket::give_back(float factor, bool squares) {
+  if (tensor_count_ == 1) return route::write_mean(targets_[0], targets_[0], factor, squares);
+  route::Scan all;
   for (size_t i = 0; i < tensor_count_; ++i) {
-    std::copy_n(fused_.begin() + offsets_[i], targets_[i].size(), targets_[i].begin());
+    const auto sum = std::span<const float>(fused_).subspan(offsets_[i], targets_[i].size());
+    const route::Scan one = route::write_mean(sum, targets_[i], factor, squares);
+    all.finite = all.finite && one.finite;
+    all.sum_of_squares += one.sum_of_squares;
   }
+  return all;
 }
 
 void LiveBucket::reset() {

@@ -12,6 +12,7 @@
 
 #include "common/buffer.h"
 #include "gradcomp/plan.h"
+#include "route/frames.h"
 #include "route/route.h"
 
 namespace gradcomp {
@@ -38,8 +39,10 @@ class LiveBucket {
   void take(const TensorSlot& slot, std::span<float> grad);
   // The fused gradient (stage 1 input), which is also where the mean goes (stage 3 output).
   std::span<float> buffer();
-  // Copies the mean from the fused buffer back into the callers' tensors.
-  void give_back();
+  // Writes the mean, the decoded sum in the fused buffer times `factor` (what
+  // Route::decode_unscaled left), into the callers' tensors in one pass that also checks it
+  // (route::write_mean; its sum of squares when `squares`).
+  route::Scan give_back(float factor, bool squares);
   // Prepares the next step.
   void reset();
 

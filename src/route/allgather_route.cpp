@@ -20,7 +20,7 @@ class AllgatherRoute final : public CodedRoute {
 
   void encode(std::span<float> grad, const StepState& step, const Phases& p) override;
   void exchange(const StepState& step, const Phases& p) override;
-  void decode(std::span<float> out, const StepState& step, const Phases& p) override;
+  float decode_unscaled(std::span<float> out, const StepState& step, const Phases& p) override;
   size_t memory_bytes() const override;
 
  private:
@@ -78,8 +78,10 @@ void AllgatherRoute::exchange_sizes(const Phases& p) {
   sent_ += sizeof(uint64_t);
 }
 
-void AllgatherRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
+float AllgatherRoute::decode_unscaled(std::span<float> out, const StepState& step,
+                                      const Phases& p) {
   check_output(out);
+  float factor = 1.0f;
   p.run("decode", [&] {
     zero(out);
     size_t at = 0;
@@ -88,8 +90,9 @@ void AllgatherRoute::decode(std::span<float> out, const StepState& step, const P
                                context(step, r));
       at += counts_[r];
     }
-    codec_.finalize(out, world_size_);
+    factor = finish_sum(out);
   });
+  return factor;
 }
 
 size_t AllgatherRoute::memory_bytes() const {

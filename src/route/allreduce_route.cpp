@@ -22,7 +22,7 @@ class AllreduceRoute final : public CodedRoute {
 
   void encode(std::span<float> grad, const StepState& step, const Phases& p) override;
   void exchange(const StepState& step, const Phases& p) override;
-  void decode(std::span<float> out, const StepState& step, const Phases& p) override;
+  float decode_unscaled(std::span<float> out, const StepState& step, const Phases& p) override;
   size_t memory_bytes() const override;
 
  private:
@@ -135,21 +135,29 @@ void AllreduceRoute::exchange(const StepState& step, const Phases& p) {
   }
 }
 
-void AllreduceRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
+float AllreduceRoute::decode_unscaled(std::span<float> out, const StepState& step,
+                                      const Phases& p) {
   check_output(out);
+  float factor = 1.0f;
   p.run("decode", [&] {
     if (direct_) {
-      // Exactly what decode_accumulate into zeros and finalize give (0 + x turns -0 into +0),
-      // so both paths produce the same bits.
-      const float inv = world_size_ > 1 ? 1.0f / static_cast<float>(world_size_) : 1.0f;
-      const float* s = bucket_data_.data();  // normally out itself (route.h)
+      // The sum is where decode_accumulate into zeros would have left it, normally out itself
+      // (route.h): the factor's pass, (0 + x) * factor, turns -0 into +0 as that would, so both
+      // paths produce the same bits. One rank has no factor to leave; it gets the +0 here.
+      const float* s = bucket_data_.data();
+      if (s == out.data() && world_size_ > 1) {
+        factor = mean_factor(world_size_);
+        return;
+      }
+      const float inv = mean_factor(world_size_);
       for (size_t i = 0; i < n_; ++i) out[i] = (0.0f + s[i]) * inv;
       return;
     }
     zero(out);
     codec_.decode_accumulate(std::span(frame_).first(frame_bytes_), out, context(step));
-    codec_.finalize(out, world_size_);
+    factor = finish_sum(out);
   });
+  return factor;
 }
 
 size_t AllreduceRoute::memory_bytes() const {

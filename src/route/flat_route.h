@@ -58,6 +58,12 @@ class FlatRoute : public Route {
 
 class CodedRoute : public FlatRoute {
  public:
+  // Decodes into the sum (and finishes a majority vote) in decode_unscaled; decode adds the
+  // mean's factor.
+  float decode_unscaled(std::span<float> out, const StepState& step, const Phases& p) override = 0;
+  void decode(std::span<float> out, const StepState& step, const Phases& p) final {
+    apply_factor(out, decode_unscaled(out, step, p));
+  }
   bool stateful() const override { return coder_.stateful(); }
   void settle(bool keep, const StepState& step) override { coder_.settle(keep, step); }
   double carry(std::span<float> into) const override {
@@ -80,6 +86,15 @@ class CodedRoute : public FlatRoute {
   }
   Context context(const StepState& step, uint32_t rank) const {
     return FlatRoute::context(step, key_, rank);
+  }
+  // The end of a decode into the sum of the W ranks' frames: a mean is left to the caller as
+  // the factor 1/W (Route::decode_unscaled); any other aggregation (a majority vote) is done
+  // here, leaving 1.
+  float finish_sum(std::span<float> sum) const {
+    const Codec& codec = coder_.codec();
+    if (codec.traits().aggregation == Aggregation::kMean) return mean_factor(world_size_);
+    codec.finalize(sum, world_size_);
+    return 1.0f;
   }
 
   Coder coder_;

@@ -64,37 +64,64 @@ bool all_finite(std::span<const float> x) {
   return largest < 0x7f800000u;
 }
 
-// Per-lane maxima and sums, so that the loop vectorises. It still costs more than all_finite's
-// pass (about twice, timed by hand on 16M floats), which is why the engine runs it only on the
-// steps Engine::measure_mean_norms asks for.
-Scan scan(std::span<const float> x) {
+namespace {
+
+// Per-lane maxima and sums, so that the loop vectorises. Summing squares costs about as much
+// again as the check alone (timed by hand on 16M floats), so it is a template switch.
+template <bool kScale, bool kWrite, bool kSquares>
+Scan mean_pass(const float* sum, float* mean, size_t n, float factor) {
   constexpr size_t kLanes = 16;
   uint32_t largest[kLanes] = {};
   float squares[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= x.size(); i += kLanes) {
-    for (size_t j = 0; j < kLanes; ++j) {
-      const float v = x[i + j];
-      uint32_t bits;
-      std::memcpy(&bits, &v, sizeof bits);
-      largest[j] = std::max(largest[j], bits & 0x7fffffffu);
-      squares[j] += v * v;
-    }
-  }
-  for (size_t j = 0; i + j < x.size(); ++j) {
-    const float v = x[i + j];
+  const auto one = [&](size_t i, size_t lane) {
+    float v = sum[i];
+    if constexpr (kScale) v = (0.0f + v) * factor;
+    if constexpr (kWrite) mean[i] = v;
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof bits);
-    largest[j] = std::max(largest[j], bits & 0x7fffffffu);
-    squares[j] += v * v;
+    largest[lane] = std::max(largest[lane], bits & 0x7fffffffu);
+    if constexpr (kSquares) squares[lane] += v * v;
+  };
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) one(i + j, j);
   }
+  for (size_t j = 0; i + j < n; ++j) one(i + j, j);
   uint32_t top = 0;
-  double sum = 0;
+  double total = 0;
   for (size_t j = 0; j < kLanes; ++j) {
     top = std::max(top, largest[j]);
-    sum += squares[j];
+    total += squares[j];
   }
-  return {top < 0x7f800000u, sum};
+  return {top < 0x7f800000u, total};
+}
+
+template <bool kScale, bool kWrite>
+Scan mean_pass(const float* sum, float* mean, size_t n, float factor, bool squares) {
+  return squares ? mean_pass<kScale, kWrite, true>(sum, mean, n, factor)
+                 : mean_pass<kScale, kWrite, false>(sum, mean, n, factor);
+}
+
+}  // namespace
+
+Scan scan(std::span<const float> x) {
+  return mean_pass<false, false, true>(x.data(), nullptr, x.size(), 1.0f);
+}
+
+Scan write_mean(std::span<const float> sum, std::span<float> mean, float factor, bool squares) {
+  if (sum.size() != mean.size()) {
+    throw Error(fmt::format("write_mean: a sum of {} elements into a mean of {}", sum.size(),
+                            mean.size()));
+  }
+  const bool in_place = sum.data() == mean.data();
+  if (factor != 1.0f) return mean_pass<true, true>(sum.data(), mean.data(), sum.size(), factor, squares);
+  if (in_place) return mean_pass<false, false>(sum.data(), nullptr, sum.size(), 1.0f, squares);
+  return mean_pass<false, true>(sum.data(), mean.data(), sum.size(), 1.0f, squares);
+}
+
+void apply_factor(std::span<float> x, float factor) {
+  if (factor == 1.0f) return;
+  for (float& v : x) v = (0.0f + v) * factor;
 }
 
 size_t checked_size(uint64_t size, size_t max_bytes, int peer, const char* what) {

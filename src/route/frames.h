@@ -66,12 +66,28 @@ class StepKeeper {
 bool all_finite(std::span<const float> x);
 
 // all_finite and the sum of squares (in float lanes, then double) in the same read pass: the
-// engine's check of every mean, which also gives its norm to compression="auto"'s watch.
+// norm of a mean for compression="auto"'s watch, or of a feedback's memory.
 struct Scan {
   bool finite = true;
-  double sum_of_squares = 0;
+  double sum_of_squares = 0;  // 0 unless asked for
 };
 Scan scan(std::span<const float> x);
+
+// The engine's one pass over a decoded bucket (Route::decode_unscaled): writes the mean,
+// (0 + sum[i]) * factor, into `mean` (sum[i] itself when the factor is 1; `mean` may be `sum`,
+// and then a factor of 1 writes nothing), and returns what scan() would of the mean written
+// (its sum of squares only when `squares`). Reads the bucket once where decode's finalize, a
+// check and a copy read it three times.
+Scan write_mean(std::span<const float> sum, std::span<float> mean, float factor, bool squares);
+
+// The factor that turns a sum over `count` ranks into their mean (Codec::finalize's).
+inline float mean_factor(uint32_t count) {
+  return count > 1 ? 1.0f / static_cast<float>(count) : 1.0f;
+}
+
+// Turns a sum into the mean in place: (0 + x) * factor, nothing when the factor is 1 (a route's
+// decode is its decode_unscaled and this).
+void apply_factor(std::span<float> x, float factor);
 
 // The randomness key of shard `shard` of bucket `bucket`, worker or server side (two-way route):
 // every stream gets its own key, so the W worker encodes and the server encode of one bucket

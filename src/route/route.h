@@ -95,6 +95,14 @@ class Route {
   // Stage 3. Writes the mean over ranks into `out` (the bucket's element count); rolls the
   // route's state back when it is not finite.
   virtual void decode(std::span<float> out, const StepState& step, const Phases& p) = 0;
+  // Stage 3 as the engine runs it: decode(out) but for its last pass, the multiplication of
+  // every element by the factor returned (1: nothing left to do), so that the engine fuses that
+  // pass with its own over the mean (the finite check and the copy into the gradients): two
+  // passes over the bucket fewer. A mean is the sum times the factor: (0 + sum) * factor.
+  virtual float decode_unscaled(std::span<float> out, const StepState& step, const Phases& p) {
+    decode(out, step, p);
+    return 1.0f;
+  }
 
   // Whether the route keeps state across steps (feedback memory, codec state such as PowerSGD's
   // warm start): the engine then settles every step as a whole.

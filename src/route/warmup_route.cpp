@@ -27,6 +27,9 @@ class WarmupRoute final : public Route {
   void decode(std::span<float> out, const StepState& step, const Phases& p) override {
     at(step).decode(out, step, p);
   }
+  float decode_unscaled(std::span<float> out, const StepState& step, const Phases& p) override {
+    return at(step).decode_unscaled(out, step, p);
+  }
 
   bool stateful() const override { return main_->stateful(); }
   void settle(bool keep, const StepState& step) override {

@@ -268,6 +268,26 @@ TEST_P(CodecContract, StateSurvivesSaveAndLoad) {
   EXPECT_EQ(encode(*copy, x, next), encode(*codec_, x, next));
 }
 
+// Aggregation::kMean promises that finalize is the multiplication by 1/W and nothing else: the
+// routes leave that factor to the engine, which applies it in its own pass over the mean
+// (Route::decode_unscaled) instead of calling finalize. A majority vote leaves signs.
+TEST_P(CodecContract, FinalizeIsTheFactorOfTheMeanOrAVote) {
+  const bool mean = codec_->traits().aggregation == Aggregation::kMean;
+  for (const uint32_t world : {1u, 3u, 4u}) {
+    auto sum = gradient(1000, 13);
+    const auto x = sum;
+    codec_->finalize(sum, world);
+    const float factor = world > 1 ? 1.0f / static_cast<float>(world) : 1.0f;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (mean) {
+        ASSERT_EQ(sum[i], x[i] * factor) << "element " << i << " of W = " << world;
+      } else {
+        ASSERT_TRUE(sum[i] == 1.0f || sum[i] == -1.0f || sum[i] == 0.0f) << sum[i];
+      }
+    }
+  }
+}
+
 // Single-round summable codecs: the payload sum that an allreduce computes decodes to the sum
 // of the individual decodes. (Multi-round codecs are checked round by round in their tests.)
 class SummableCodec : public ::testing::TestWithParam<std::string> {};

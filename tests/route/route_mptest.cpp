@@ -322,6 +322,58 @@ TEST(RouteMp, ShardedSendsTwoShardsOfTheBucketInsideTheNode) {
   EXPECT_EQ(route->bytes_sent(), intra + cross);
 }
 
+// The engine does not call decode: it takes decode_unscaled's sum and factor and writes the
+// mean into the gradients with route::write_mean, its check of the mean in the same pass. That
+// must give decode's bits for every route, with a -0 in the input (the uncompressed allreduce's
+// sum keeps it; the mean must be +0 as a decode into zeros makes it), a NaN (the check) and the
+// majority vote (no factor left).
+TEST(RouteMp, TheEnginesFusedPassGivesDecodesBits) {
+  const std::vector<std::pair<Option, bool>> cases = {
+      {{.codec = "none"}, false},
+      {{.codec = "none", .feedback = "ef"}, false},
+      {{.codec = "fp16"}, false},
+      {{.codec = "randomk:ratio=0.1", .feedback = "ef"}, false},
+      {{.codec = "powersgd", .feedback = "ef"}, false},
+      {{.codec = "topk:ratio=0.1", .feedback = "ef", .route = "allgather"}, false},
+      {{.codec = "signsgd", .route = "allgather"}, false},
+      {{.codec = "qsgd", .feedback = "ef", .route = "twoway"}, false},
+      {{.codec = "fp16", .route = "sharded"}, true},
+      {{.codec = "topk:ratio=0.1", .feedback = "ef", .route = "hierarchical:inner=allgather"}, true},
+  };
+  for (const auto& [option, with_nodes] : cases) {
+    for (const bool nan : {false, true}) {
+      SCOPED_TRACE(option.codec + " / " + option.feedback + " / " + option.route +
+                   (nan ? " / with a NaN" : ""));
+      const RouteEnv env = with_nodes ? node_env() : flat_env();
+      const auto decoded = make_route(option, kBucket, 1001, env);
+      const auto fused = make_route(option, kBucket, 1001, env);
+      const Phases p(kBucket, world()->timeout(), nullptr);
+      for (uint64_t step = 0; step < 2; ++step) {
+        auto grad = all_inputs(1001, step, 7)[my_rank()];
+        grad[0] = -0.0f;
+        if (nan && my_rank() == 0) grad[5] = std::numeric_limits<float>::quiet_NaN();
+        const auto want = run_step(*decoded, grad, step_state(step));
+        std::vector<float> sum = grad;
+        std::vector<float> mean(grad.size(), 42.0f);
+        const StepState s = step_state(step);
+        fused->encode(sum, s, p);
+        fused->exchange(s, p);
+        const float factor = fused->decode_unscaled(sum, s, p);
+        const route::Scan scanned = route::write_mean(sum, mean, factor, true);
+        fused->settle(scanned.finite, s);
+        expect_matches(mean, want, 0);
+        EXPECT_EQ(scanned.finite, !nan);
+        if (!nan) {
+          EXPECT_EQ(scanned.sum_of_squares, route::scan(want).sum_of_squares);
+        }
+        std::vector<float> in_place = sum;
+        route::write_mean(in_place, in_place, factor, false);
+        expect_matches(in_place, want, 0);
+      }
+    }
+  }
+}
+
 TEST(RouteMp, NonFiniteInputReachesEveryRank) {
   // Rank 0's gradient holds a NaN and an Inf. randomk and intq carry them only in the frame's
   // flag, which the allreduce route must OR across ranks; the others carry them in the payload.
