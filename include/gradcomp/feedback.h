@@ -46,6 +46,16 @@ class Feedback {
   virtual std::span<const float> compensate(std::span<const float> grad,
                                             const StepInfo& info) = 0;
 
+  // Compensation in parts, for the feedbacks whose compensated element i depends only on
+  // grad[i] and their memory's element i (in_parts() true): the engine then hands a bucket's
+  // gradient over tensor by tensor as backward produces them, with no copy into the bucket
+  // first. begin_parts(n, info) once per step, compensate_part(offset, part) for disjoint parts
+  // that cover [0, n) in any order, then end_parts() returns what compensate(grad, info) would
+  // have returned for the whole gradient, bit for bit. The others throw an Error.
+  virtual bool in_parts() const { return false; }
+  virtual void begin_parts(size_t n, const StepInfo& info);
+  virtual void compensate_part(size_t offset, std::span<const float> part);
+  virtual std::span<const float> end_parts();
   // Where the codec writes input - decode(frame), or empty when this feedback keeps no
   // residual. Valid after compensate(); may alias the span compensate() returned.
   virtual std::span<float> residual() = 0;

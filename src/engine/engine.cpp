@@ -409,8 +409,11 @@ void Engine::Impl::ready(size_t tensor, std::span<float> grad) {
       TensorSlot& slot = slots[p];
       slot.ready = true;
       LiveBucket& bucket = buckets[slot.bucket];
-      bucket.take(slot, grad.subspan(layout.pieces[p].offset, slot.elements));
-      add_carried(p, bucket.buffer().subspan(slot.offset, slot.elements));
+      // What a plan change carried goes into the caller's gradient (which receives the mean
+      // later anyway) before the bucket takes it: copied or compensated in parts alike.
+      const auto piece = grad.subspan(layout.pieces[p].offset, slot.elements);
+      add_carried(p, piece);
+      bucket.take(slot, piece, step_state);
       if (bucket.pending == 0) {
         bucket.complete_at = Clock::now();
         completed = true;

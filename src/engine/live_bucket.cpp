@@ -26,10 +26,16 @@ LiveBucket::LiveBucket(const Plan& plan, size_t index_in, const BucketOption& op
   route = make_route(option, index, elements, env, layout);
 }
 
-void LiveBucket::take(const TensorSlot& slot, std::span<float> grad) {
+void LiveBucket::take(const TensorSlot& slot, std::span<float> grad, const StepState& step) {
   if (pending == tensor_count_) first_ready_at = Clock::now();
   targets_[slot.position] = grad;
-  if (!fused_.empty()) std::copy(grad.begin(), grad.end(), fused_.begin() + slot.offset);
+  if (!fused_.empty()) {
+    if (route->takes_parts(step)) {
+      route->take_part(slot.offset, grad, step);
+    } else {
+      std::copy(grad.begin(), grad.end(), fused_.begin() + slot.offset);
+    }
+  }
   --pending;
 }
 

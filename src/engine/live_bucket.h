@@ -34,9 +34,11 @@ class LiveBucket {
   LiveBucket(const Plan& plan, size_t index, const BucketOption& option, const RouteEnv& env,
              std::vector<TensorSlot>& slots, Milliseconds timeout);
 
-  // Takes a tensor's gradient: copies it into the fused buffer (a bucket of one tensor uses the
-  // caller's memory directly and copies nothing) and remembers where the result goes.
-  void take(const TensorSlot& slot, std::span<float> grad);
+  // Takes a tensor's gradient: copies it into the fused buffer, or hands it to the route when
+  // the route takes this step's gradient in parts (Route::take_part: compensated as it comes,
+  // no copy); a bucket of one tensor uses the caller's memory directly and copies nothing.
+  // Remembers where the result goes.
+  void take(const TensorSlot& slot, std::span<float> grad, const StepState& step);
   // The fused gradient (stage 1 input), which is also where the mean goes (stage 3 output).
   std::span<float> buffer();
   // Writes the mean, the decoded sum in the fused buffer times `factor` (what

@@ -5,7 +5,8 @@
 //     lr ratio = prev_lr / lr when lr_correction and both are known, else 1
 //     loss-scale ratio = scale / prev_scale when both are known, else 1
 //   e <- p - D(C(p))    (written by the codec into residual(), in place)
-// alpha is computed in double and rounded to float; p[i] = fma(alpha, e[i], g[i]).
+// alpha is computed in double and rounded to float; p[i] = fma(alpha, e[i], g[i]): element by
+// element, so the gradient may come in parts (Feedback::in_parts), each written as it arrives.
 // Two buffers: compensate() reads e from one and writes p into the other, then swaps them, so
 // residual() aliases the vector to compress and the codec overwrites it with the new e, while
 // the spare still holds the old e for discard() (a swap back, no pass over the data).
@@ -15,6 +16,7 @@
 
 #include "feedback/factories.h"
 #include "feedback/memory.h"
+#include "gradcomp/error.h"
 #include "gradcomp/spec.h"
 
 namespace gradcomp {
@@ -30,12 +32,27 @@ class ErrorFeedback final : public Feedback {
   }
 
   std::span<const float> compensate(std::span<const float> grad, const StepInfo& info) override {
-    memory_.fit(grad.size(), {&e_, &spare_});
-    const auto alpha = static_cast<float>(alpha_for(info));
-    const float* e = e_.data();
-    float* p = spare_.data();
-    const float* g = grad.data();
-    for (size_t i = 0; i < grad.size(); ++i) p[i] = std::fma(alpha, e[i], g[i]);
+    begin_parts(grad.size(), info);
+    compensate_part(0, grad);
+    return end_parts();
+  }
+
+  bool in_parts() const override { return true; }
+  void begin_parts(size_t n, const StepInfo& info) override {
+    memory_.fit(n, {&e_, &spare_});
+    alpha_ = static_cast<float>(alpha_for(info));
+  }
+  void compensate_part(size_t offset, std::span<const float> part) override {
+    if (offset > e_.size() || part.size() > e_.size() - offset) {
+      throw Error(fmt::format("ef: part [{}, {}) of a gradient of {} elements", offset,
+                              offset + part.size(), e_.size()));
+    }
+    const float* e = e_.data() + offset;
+    float* p = spare_.data() + offset;
+    const float* g = part.data();
+    for (size_t i = 0; i < part.size(); ++i) p[i] = std::fma(alpha_, e[i], g[i]);
+  }
+  std::span<const float> end_parts() override {
     e_.swap(spare_);  // e_ holds p, which the codec turns into the new e; spare_ the old e
     return e_;
   }
@@ -64,6 +81,7 @@ class ErrorFeedback final : public Feedback {
 
   double decay_;
   bool lr_correction_;
+  float alpha_ = 1;  // this step's factor on e (begin_parts)
   Buffer<float> e_;      // e between steps; p between compensate() and the codec's encode
   Buffer<float> spare_;  // the e before the last compensate(), for discard()
   feedback::Memory memory_{"ef", feedback::FeedbackKind::kErrorFeedback};

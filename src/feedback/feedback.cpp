@@ -24,6 +24,19 @@ constexpr Entry kFeedbacks[] = {
 
 }  // namespace
 
+namespace {
+
+[[noreturn]] void no_parts(const Feedback& f) {
+  throw Error(fmt::format("feedback '{}' cannot compensate in parts (Feedback::in_parts is false)",
+                          f.spec()));
+}
+
+}  // namespace
+
+void Feedback::begin_parts(size_t, const StepInfo&) { no_parts(*this); }
+void Feedback::compensate_part(size_t, std::span<const float>) { no_parts(*this); }
+std::span<const float> Feedback::end_parts() { no_parts(*this); }
+
 const std::vector<std::string>& feedback_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;

@@ -22,17 +22,35 @@ class Coder {
   Codec& codec() const { return *codec_; }
   Feedback& feedback() const { return *feedback_; }
 
-  // The feedback's compensated input of this step (`world` ranks take part in the mean).
+  // The feedback's compensated input of this step (`world` ranks take part in the mean): of
+  // `grad`, or, when this step's gradient came in parts (take_part), of those parts (`grad`
+  // is then not read).
   std::span<const float> compensate(std::span<const float> grad, const StepState& step,
-                                    uint32_t world) const {
+                                    uint32_t world) {
+    if (parts_step_ == step.step) {
+      parts_step_ = kNoParts;
+      return feedback_->end_parts();
+    }
     return feedback_->compensate(grad, keeper_.info(step, world));
+  }
+  // Whether the feedback compensates in parts (Feedback::in_parts).
+  bool takes_parts() const { return feedback_->in_parts(); }
+  // A part of this step's gradient of `n` elements, at `offset`: compensated now, into the
+  // feedback's buffer. The parts of a step cover the gradient before compensate() is called.
+  void take_part(size_t n, size_t offset, std::span<const float> part, const StepState& step,
+                 uint32_t world) {
+    if (parts_step_ != step.step) {
+      feedback_->begin_parts(n, keeper_.info(step, world));
+      parts_step_ = step.step;
+    }
+    feedback_->compensate_part(offset, part);
   }
   // The last encoding of a step: `x` (from compensate) into `frame` with the residual fused,
   // then the feedback commits. Returns the frame's bytes.
   size_t finish(std::span<const float> x, std::span<std::byte> frame, const Context& ctx) const;
   // compensate + finish: a single-round encoding of the whole input.
   size_t encode(std::span<const float> grad, std::span<std::byte> frame, const Context& ctx,
-                const StepState& step, uint32_t world) const {
+                const StepState& step, uint32_t world) {
     return finish(compensate(grad, step, world), frame, ctx);
   }
 
@@ -47,9 +65,12 @@ class Coder {
   void load_state(std::span<const std::byte> codec, std::span<const std::byte> feedback);
 
  private:
+  static constexpr uint64_t kNoParts = ~uint64_t{0};
+
   std::unique_ptr<Codec> codec_;
   std::unique_ptr<Feedback> feedback_;
   StepKeeper keeper_;
+  uint64_t parts_step_ = kNoParts;  // the step whose parts the feedback holds, uncompensated yet
 };
 
 }  // namespace gradcomp::route

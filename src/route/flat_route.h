@@ -64,6 +64,10 @@ class CodedRoute : public FlatRoute {
   void decode(std::span<float> out, const StepState& step, const Phases& p) final {
     apply_factor(out, decode_unscaled(out, step, p));
   }
+  bool takes_parts(const StepState& /*step*/) const override { return coder_.takes_parts(); }
+  void take_part(size_t offset, std::span<const float> part, const StepState& step) override {
+    coder_.take_part(n_, offset, part, step, world_size_);
+  }
   bool stateful() const override { return coder_.stateful(); }
   void settle(bool keep, const StepState& step) override { coder_.settle(keep, step); }
   double carry(std::span<float> into) const override {

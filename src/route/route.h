@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "gradcomp/codec.h"
+#include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
 #include "gradcomp/option.h"
 #include "gradcomp/timeline.h"
@@ -86,6 +87,16 @@ class Route {
  public:
   virtual ~Route() = default;
 
+  // Before stage 1, optional: whether this step's gradient may be handed over in parts as
+  // backward produces them (take_part, `offset` in the bucket) instead of being copied into
+  // the bucket's buffer: true for a route that compresses the whole bucket with a feedback that
+  // compensates element by element (Feedback::in_parts). Then encode() does not read its
+  // buffer's contents; the buffer still receives the mean at decode.
+  virtual bool takes_parts(const StepState& /*step*/) const { return false; }
+  virtual void take_part(size_t /*offset*/, std::span<const float> /*part*/,
+                         const StepState& /*step*/) {
+    throw Error("this route does not take a gradient in parts");
+  }
   // Stage 1. `bucket` holds this rank's fused gradient of the bucket. The engine leaves that
   // memory alone until decode(out) of the same step, and `out` is the same memory: a route
   // may work in it in between (the uncompressed allreduce sums into it in place).

@@ -19,6 +19,10 @@ class WarmupRoute final : public Route {
   WarmupRoute(std::unique_ptr<Route> plain, std::unique_ptr<Route> main, uint64_t start_step)
       : plain_(std::move(plain)), main_(std::move(main)), start_step_(start_step) {}
 
+  bool takes_parts(const StepState& step) const override { return at(step).takes_parts(step); }
+  void take_part(size_t offset, std::span<const float> part, const StepState& step) override {
+    at(step).take_part(offset, part, step);
+  }
   void encode(std::span<float> bucket, const StepState& step, const Phases& p) override {
     last_ = &at(step);
     last_->encode(bucket, step, p);

@@ -95,6 +95,46 @@ TEST(ErrorFeedback, MemoryAccumulatesWhatWasNotSent) {
   }
 }
 
+// The engine hands a bucket's tensors over as backward produces them; ef compensates each part
+// as it comes, and the whole is compensate()'s bits (a residual left by a codec in between).
+TEST(ErrorFeedback, CompensatingInPartsGivesTheWholesBits) {
+  auto whole = make_feedback("ef:decay=0.7,lr_correction=true");
+  auto parts = make_feedback("ef:decay=0.7,lr_correction=true");
+  ASSERT_TRUE(parts->in_parts());
+  for (uint64_t t = 0; t < 3; ++t) {
+    const StepInfo info{.step = t, .lr = 0.1 / static_cast<double>(t + 1),
+                        .prev_lr = t == 0 ? 0.0 : 0.1 / static_cast<double>(t)};
+    const auto g = gradient(100, t + 1);
+    const auto want = whole->compensate(g, info);
+    parts->begin_parts(g.size(), info);
+    parts->compensate_part(60, std::span(g).subspan(60));
+    parts->compensate_part(0, std::span(g).first(60));
+    const auto got = parts->end_parts();
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), g.size() * sizeof(float)), 0) << "step " << t;
+    for (auto* fb : {whole.get(), parts.get()}) {  // a codec that keeps every other element
+      for (size_t i = 0; i < g.size(); i += 2) fb->residual()[i] = 0;
+      fb->commit();
+    }
+  }
+  parts->begin_parts(100, {});
+  EXPECT_THROW(parts->compensate_part(60, std::vector<float>(41)), Error);
+}
+
+// The others compensate whole: a part is an Error naming the feedback.
+TEST(ErrorFeedback, OnlyElementwiseFeedbacksTakeParts) {
+  for (const std::string spec : {"none", "dgc", "nesterov"}) {
+    auto fb = make_feedback(spec);
+    EXPECT_FALSE(fb->in_parts()) << spec;
+    try {
+      fb->begin_parts(10, {});
+      ADD_FAILURE() << spec << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot compensate in parts"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find(spec), std::string::npos);
+    }
+  }
+}
+
 TEST(ErrorFeedback, StateRoundTripContinuesBitExactly) {
   auto a = make_feedback("ef:decay=0.7,lr_correction=true");
   const size_t n = 1000;

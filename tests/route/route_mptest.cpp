@@ -374,6 +374,48 @@ TEST(RouteMp, TheEnginesFusedPassGivesDecodesBits) {
   }
 }
 
+// A route whose feedback compensates element by element takes the gradient in parts as the
+// engine hands over each tensor (Route::take_part), with no copy into the bucket: in any order
+// of the parts, over steps with a learning-rate change (ef's lr correction) and a rollback,
+// the means are decode's bits of the whole gradient, and encode does not read its buffer.
+TEST(RouteMp, AGradientInPartsGivesTheWholeGradientsBits) {
+  const std::vector<Option> cases = {
+      {.codec = "randomk:ratio=0.1", .feedback = "ef:lr_correction=true"},
+      {.codec = "powersgd", .feedback = "ef"},
+      {.codec = "topk:ratio=0.1", .feedback = "ef:decay=0.9", .route = "allgather"},
+      {.codec = "fp16", .feedback = "ef", .start_step = 2},
+  };
+  constexpr size_t kN = 1001;
+  const std::vector<std::pair<size_t, size_t>> parts = {{700, 301}, {0, 300}, {300, 400}};
+  for (const Option& option : cases) {
+    SCOPED_TRACE(option.codec + " / " + option.feedback + " / " + option.route);
+    const auto whole = make_route(option, kBucket, kN, flat_env());
+    const auto in_parts = make_route(option, kBucket, kN, flat_env());
+    const Phases p(kBucket, world()->timeout(), nullptr);
+    for (uint64_t step = 0; step < 5; ++step) {
+      StepState s = step_state(step);
+      auto grad = all_inputs(kN, step, 11)[my_rank()];
+      if (step == 3) grad[9] = std::numeric_limits<float>::infinity();  // rolled back
+      const auto want = run_step(*whole, grad, s);
+      ASSERT_EQ(in_parts->takes_parts(s), step >= option.start_step);
+      std::vector<float> buffer(kN, 42.0f);  // not the gradient: must not be read
+      if (in_parts->takes_parts(s)) {
+        for (const auto& [offset, size] : parts) {
+          in_parts->take_part(offset, std::span(grad).subspan(offset, size), s);
+        }
+      } else {
+        buffer = grad;
+      }
+      in_parts->encode(buffer, s, p);
+      in_parts->exchange(s, p);
+      in_parts->decode(buffer, s, p);
+      in_parts->settle(route::all_finite(buffer), s);
+      expect_matches(buffer, want, 0);
+      EXPECT_EQ(in_parts->save_state(), whole->save_state());
+    }
+  }
+}
+
 TEST(RouteMp, NonFiniteInputReachesEveryRank) {
   // Rank 0's gradient holds a NaN and an Inf. randomk and intq carry them only in the frame's
   // flag, which the allreduce route must OR across ranks; the others carry them in the payload.
