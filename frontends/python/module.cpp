@@ -418,6 +418,8 @@ PYBIND11_MODULE(_C, m) {
              if (!plan) return std::nullopt;
              return plan->to_json().dump();
            })
+      .def("in_trial", &AutoScheduler::in_trial,
+           "whether the plan on_step_end returned last is a trial (Engine.set_plan's trial)")
       .def("report", [](const AutoScheduler& a) { return a.report().dump(); })
       .def("save", [](const AutoScheduler& a) { return a.save().dump(); })
       .def("restore", [](AutoScheduler& a, const std::string& saved) -> std::optional<std::string> {
@@ -537,11 +539,11 @@ PYBIND11_MODULE(_C, m) {
       .def("load_state",
            [](PyEngine& e, const std::string& s) { e.engine().load_state(as_span(s)); })
       .def("set_plan",
-           [](PyEngine& e, const std::string& plan_json) {
+           [](PyEngine& e, const std::string& plan_json, bool trial) {
              Plan plan = Plan::parse(plan_json);
              py::gil_scoped_release release;
-             e.engine().set_plan(std::move(plan));
+             e.engine().set_plan(std::move(plan), trial);
            },
-           py::arg("plan_json"))
+           py::arg("plan_json"), py::arg("trial") = false)
       .def("set_timeline", [](PyEngine& e, const std::string& p) { e.engine().set_timeline(p); });
 }

@@ -123,7 +123,8 @@ struct DistributedGradientsShared {
   void wait_for_engine();
   void forget_unused();
   void exchange_sparse(bool fill_nan);
-  void switch_plan(const GradientOptions& options);  // engine->set_plan for our parameters
+  // engine->set_plan for our parameters (`trial`: Engine::set_plan's)
+  void switch_plan(const GradientOptions& options, bool trial = false);
   void end_step();  // step_done: the scheduler's clock and decisions
 };
 
@@ -664,12 +665,12 @@ std::string DistributedGradients::aborted_step() const {
       cause.empty() ? "" : fmt::format(" ({})", cause));
 }
 
-void DistributedGradientsShared::switch_plan(const GradientOptions& options) {
+void DistributedGradientsShared::switch_plan(const GradientOptions& options, bool trial) {
   const auto dense = static_cast<std::ptrdiff_t>(dense_count);
   const std::vector<std::string> dense_names(names.begin(), names.begin() + dense);
   const std::vector<at::Tensor> dense_parameters(parameters.begin(), parameters.begin() + dense);
   Plan plan = make_plan(dense_names, dense_parameters, options);
-  engine->set_plan(in_tensor_order(std::move(plan), dense_names));
+  engine->set_plan(in_tensor_order(std::move(plan), dense_names), trial);
 }
 
 // After an exchanged step (under the lock, the engine idle): the scheduler sees the step's
@@ -680,7 +681,7 @@ void DistributedGradientsShared::end_step() {
   if (auto plan = scheduler->on_step_end(times)) {
     GradientOptions options = plan_options;
     options.plan = std::move(*plan);
-    switch_plan(options);
+    switch_plan(options, scheduler->in_trial());
   }
   times = StepTimes{};
   times.ready.assign(dense_count, 0.0);

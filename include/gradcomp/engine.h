@@ -95,9 +95,19 @@ class Engine {
   // added to each tensor's next gradient, and kept until a step that took it is kept (a
   // non-finite step hands it over again). Momenta (DGC's, nesterov's, Signum's) and codec
   // state such as PowerSGD's warm start begin anew. Option::start_step counts the engine's
-  // steps, which continue. Throws Error (the engine unchanged) while a step is in flight, after
-  // a failure, on an invalid plan or other tensors.
-  void set_plan(Plan plan);
+  // steps, which continue. The plan in force again changes nothing (its routes and their
+  // state stay). Throws Error (the engine unchanged) while a step is in flight, after a
+  // failure, on an invalid plan or other tensors.
+  //
+  // `trial`: the plan runs for a few steps to be timed, and a later set_plan decides
+  // (compression="auto"'s trials). Then the memory carried out of the old routes waits, for a
+  // tensor whose bucket in this plan keeps no feedback memory (feedback none: uncompressed,
+  // fp16, ...), instead of arriving whole in its next gradient: error feedback under a sparse
+  // codec holds up to 1/ratio steps of gradient, and handed over at once it jolts the model
+  // (a loss spike lasting tens of steps, for a trial of a few). A tensor whose bucket has
+  // feedback takes it into that memory as usual, which releases it gradually. What waits is
+  // delivered after the next set_plan that is not a trial (the same plan again: only that).
+  void set_plan(Plan plan, bool trial = false);
 
   // Per bucket, between steps: the L2 norm of what this rank's feedback holds and has not
   // delivered (Route::carry: the residual, DGC's velocity, a two-way server's share) and of the

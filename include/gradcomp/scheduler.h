@@ -10,7 +10,9 @@
 //   propose    the planner (model::make_plan) ranks plans on that profile and cost model: its
 //              best plan, the best plan of each candidate alone, the best uncompressed one;
 //   trial      each proposal runs for a few steps (Engine::set_plan, so nothing of the
-//              gradients is lost); a step's time is the slowest rank's;
+//              gradients is lost, and as a trial: feedback memory a plan without feedback
+//              would receive at once waits for the decision); a step's time is the slowest
+//              rank's;
 //   refine     the trials correct the model (a cost per message, compute slowed while
 //              exchanging, time outside the model); the corrected model proposes again, and
 //              plans it predicts faster than the fastest measured get a trial too;
@@ -187,6 +189,9 @@ class AutoScheduler {
   // The plan run now and the phase ("warm-up", "trial", "decided").
   const Plan& current_plan() const;
   std::string phase() const;
+  // Whether the plan run now is a trial: pass it with the plan to Engine::set_plan, which
+  // then holds back the feedback memory a trial without feedback would receive at once.
+  bool in_trial() const;
 
   struct Impl;
 

@@ -772,7 +772,7 @@ class CommHook:
         now, c = time.monotonic(), self._clock
         plan = self._auto.on_step_end(c["start"], c["first"], c["last"], now, now, c["ready"])
         if plan is not None:
-            self._engine.set_plan(plan)
+            self._engine.set_plan(plan, trial=self._auto.in_trial())
         self._clock = self._new_clock()
 
     def _new_clock(self):

@@ -57,7 +57,7 @@ struct Engine::Impl {
 
   void ready(size_t tensor, std::span<float> grad);
   void synchronize();
-  void set_plan(Plan next);
+  void set_plan(Plan next, bool trial);
 
   // Stage threads.
   void encoder_loop();
@@ -89,8 +89,11 @@ struct Engine::Impl {
   void carry_out(const std::vector<LiveBucket>& old_buckets,
                  const std::vector<TensorSlot>& old_slots, const PieceTable& old_layout);
   // ready(): adds the carried memory of piece p (in the coming step's loss scale) to its
-  // gradient.
+  // gradient, unless a trial plan holds it back (holds_back).
   void add_carried(size_t piece, std::span<float> grad);
+  // During a trial plan, a tensor with a piece in a bucket that keeps no feedback memory
+  // leaves its carried memory waiting (Engine::set_plan).
+  bool holds_back(size_t tensor) const;
   void settle_step();  // under mutex, every bucket decoded
   void release_after_failure();
   StateOwner owner() const;
@@ -114,6 +117,7 @@ struct Engine::Impl {
     bool taken = false;  // added to this step's gradient
   };
   std::vector<Carried> carried;
+  bool trial = false;  // the plan in force is a trial (Engine::set_plan)
 
   mutable std::mutex mutex;
   std::condition_variable changed;  // any stage progressed, or an error, or shutdown
@@ -270,16 +274,33 @@ void Engine::Impl::carry_out(const std::vector<LiveBucket>& old_buckets,
       if (c.values.empty()) {
         c.values.assign(plan.tensors[piece.tensor].elements, 0.0f);
         c.scale = scale;
+      } else if (c.scale > 0 && scale > 0 && c.scale != scale) {
+        // Memory held back through a trial is in the loss scale of its own last step.
+        const auto k = static_cast<float>(scale / c.scale);
+        for (float& v : c.values) v *= k;
+        c.scale = scale;
       }
       for (size_t i = 0; i < part.size(); ++i) c.values[piece.offset + i] += part[i];
     }
   }
 }
 
+// Per tensor, so that the slices of a tensor take their parts of its carried memory together.
+bool Engine::Impl::holds_back(size_t tensor) const {
+  if (!trial) return false;
+  for (size_t p = layout.first[tensor]; p < layout.first[tensor + 1]; ++p) {
+    const BucketOption& o = options_of[slots[p].bucket];
+    const bool server_memory =
+        o.codec_route() == RouteKind::kTwoway && o.server_feedback != "none";
+    if (o.text.feedback == "none" && !server_memory) return true;
+  }
+  return false;
+}
+
 void Engine::Impl::add_carried(size_t piece, std::span<float> grad) {
   const TensorPiece& p = layout.pieces[piece];
   Carried& c = carried[p.tensor];
-  if (c.values.empty()) return;
+  if (c.values.empty() || holds_back(p.tensor)) return;
   // The memory was kept in the loss scale of its last step; the gradient carries this step's.
   const bool rescale = c.scale > 0 && step_state.scale > 0 && c.scale != step_state.scale;
   const auto k = static_cast<float>(rescale ? step_state.scale / c.scale : 1.0);
@@ -291,10 +312,15 @@ void Engine::Impl::add_carried(size_t piece, std::span<float> grad) {
 // Everything new is built before anything old is let go, so a failure leaves the engine as it
 // was. The stage threads are idle between steps: they wait, under this mutex, for the first
 // bucket of the next step, and read the bucket list afresh when they wake.
-void Engine::Impl::set_plan(Plan next) {
+void Engine::Impl::set_plan(Plan next, bool next_is_trial) {
   std::lock_guard lock(mutex);
   throw_if_failed();
   if (step_started) throw Error("set_plan: a step is in flight; call synchronize() first");
+  if (next == plan) {  // the plan in force: only whether it is a trial changes
+    check_plans_agree();
+    trial = next_is_trial;
+    return;
+  }
   std::vector<BucketOption> next_options = next.validate();
   if (next.tensors.size() != plan.tensors.size()) {
     throw Error(fmt::format("set_plan: the plan registers {} tensors; this engine's has {} (a "
@@ -332,6 +358,7 @@ void Engine::Impl::set_plan(Plan next) {
     throw;
   }
   carry_out(old_buckets, old_slots, next_layout);  // next_layout: the old plan's, swapped
+  trial = next_is_trial;
   old_buckets.clear();  // the old routes go; the threads stay
   next_launch = 0;
   encode_queue.clear();
@@ -613,7 +640,7 @@ void Engine::ready(const std::string& name, std::span<float> grad) {
 
 void Engine::synchronize() { impl_->synchronize(); }
 
-void Engine::set_plan(Plan plan) { impl_->set_plan(std::move(plan)); }
+void Engine::set_plan(Plan plan, bool trial) { impl_->set_plan(std::move(plan), trial); }
 
 void Engine::set_learning_rate(double lr) {
   if (!(lr >= 0)) throw Error(fmt::format("set_learning_rate: {} is not a learning rate", lr));

@@ -38,6 +38,8 @@ constexpr double kMinGain = 0.03;
 // apart (about 95% confidence for normal noise).
 constexpr double kNoiseSpan = 2.0;
 constexpr int kSaveVersion = 1;
+// The drift's backoff doubles the drifting checks a search needs at most this many times.
+constexpr uint64_t kMaxDriftBackoff = 5;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -169,6 +171,7 @@ struct AutoScheduler::Impl {
   Plan uncompressed;  // the warm-up's plan
   Plan current;
   Phase phase = Phase::kWarmup;
+  bool current_is_trial = false;  // `current` runs as a trial (AutoScheduler::in_trial)
   uint64_t steps = 0;  // on_step_end calls: exchanged steps
 
   // The search under way (phase kTrial) and the decisions made.
@@ -188,6 +191,13 @@ struct AutoScheduler::Impl {
   double reference_ms = 0;  // the kept plan's measured step
   std::vector<double> window;
   uint64_t drifting = 0;    // consecutive checks that saw drift
+  // Searches the drift started that kept the plan they started from, in a row (at most
+  // kMaxDriftBackoff): each doubles the drifting checks the next search needs.
+  uint64_t drift_backoff = 0;
+  bool drift_search = false;  // the search under way was started by the drift
+  Plan searched_from;         // the plan in force when it started
+  uint64_t drift_checks_needed() const { return settings.drift_checks << drift_backoff; }
+  void note_drift_outcome(const Plan& kept);  // decide(): drift_backoff and search.why
   AutoScheduler::HealthSource health;
   AutoScheduler::EventSink events;
   void mark(const std::string& name, Clock::time_point start, const AutoDecision& d) const;
@@ -225,9 +235,13 @@ void AutoScheduler::Impl::say(const std::string& text) const {
   }
 }
 
+// A trial's plan kept by the decision is returned again, no longer a trial: the engine then
+// delivers the memory it held back during the trials (Engine::set_plan).
 std::optional<Plan> AutoScheduler::Impl::switch_to(const Plan& plan) {
-  if (plan == current) return std::nullopt;
+  const bool trial = phase == Phase::kTrial;
+  if (plan == current && (trial || !current_is_trial)) return std::nullopt;
   current = plan;
+  current_is_trial = trial;
   return plan;
 }
 
@@ -263,6 +277,7 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
 }
 
 std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason) {
+  searched_from = current;
   search_start = Clock::now();
   search = AutoDecision{};
   search.reason = reason;
@@ -523,6 +538,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
     search.why = fmt::format("fastest measured: {} against {} uncompressed ({:.2f}x)",
                              ms(cs[best]), ms(plain), plain.measured_ms / cs[best].measured_ms);
   }
+  note_drift_outcome(cs[best].plan);
   search.kept = best;
   search.step = steps + 1;
   search.search_steps = static_cast<double>(cs.size() * settings.trial_steps);
@@ -563,13 +579,32 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
   window.clear();
   const double change = reference_ms > 0 ? ms / reference_ms - 1 : 0;
   drifting = std::fabs(change) > settings.drift ? drifting + 1 : 0;
-  if (drifting < settings.drift_checks) {
+  if (drifting < drift_checks_needed()) {
     prepare_health_if_due();
     return std::nullopt;
   }
+  drift_search = true;
   return start_search(fmt::format("step time drifted {:+.0f}% ({:.1f} ms against {:.1f} ms) "
                                   "for {} checks",
                                   100 * change, ms, reference_ms, drifting));
+}
+
+// A search the drift started that ends with the plan it started from found nothing to change:
+// on a shared machine the step time swings by more than the threshold and back, and each
+// search costs its trials' steps (and the feedback a trial holds back). So the next search
+// then needs twice as many drifting checks in a row; a decision that changes the plan, or a
+// search started otherwise, makes the watch as quick as it was set again.
+void AutoScheduler::Impl::note_drift_outcome(const Plan& kept) {
+  const bool same = kept == searched_from;
+  if (drift_search && same) {
+    drift_backoff = std::min(drift_backoff + 1, kMaxDriftBackoff);
+    search.why += fmt::format("; it is the plan this search started from, so the next search "
+                              "waits for {} drifting checks in a row",
+                              drift_checks_needed());
+  } else if (!same) {
+    drift_backoff = 0;
+  }
+  drift_search = false;
 }
 
 // The step before a check measures the means' norms (for watch_residuals).
@@ -688,6 +723,8 @@ std::optional<Plan> AutoScheduler::on_step_end(const StepTimes& times) {
 
 const Plan& AutoScheduler::current_plan() const { return impl_->current; }
 
+bool AutoScheduler::in_trial() const { return impl_->current_is_trial; }
+
 std::string AutoScheduler::phase() const {
   switch (impl_->phase) {
     case Impl::Phase::kWarmup: return "warm-up";
@@ -726,6 +763,7 @@ json AutoScheduler::report() const {
           {"candidates", s.settings.candidates},
           {"plan", summarize(s.current)},
           {"reference_ms", s.reference_ms},
+          {"drift_checks", s.drift_checks_needed()},
           {"decisions", decisions},
           {"model_correction", {{"extra_latency_s", s.correction.extra_latency_s},
                                 {"lambda", s.correction.lambda},
@@ -746,6 +784,7 @@ json AutoScheduler::save() const {
           {"steps", s.steps},
           {"plan", s.current.to_json()},
           {"reference_ms", s.reference_ms},
+          {"drift_backoff", s.drift_backoff},
           {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)}};
 }
 
@@ -765,6 +804,7 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
     // a new search starts after the next step; after the decision, the kept plan runs and is
     // watched.
     s.steps = steps;
+    s.drift_backoff = std::min(saved.value("drift_backoff", uint64_t{0}), kMaxDriftBackoff);
     if (phase == "decided") {
       s.phase = Impl::Phase::kDecided;
       s.reference_ms = saved.at("reference_ms").get<double>();

@@ -117,6 +117,59 @@ TEST(PlanChange, ACheckpointKeepsTheCarriedMemory) {
             std::string::npos);
 }
 
+// A trial plan without feedback (compression="auto"'s uncompressed trial) leaves the residual
+// waiting instead of handing it over at once; the plan kept after it, here the same plan no
+// longer a trial, delivers it with the next gradient, once.
+TEST(PlanChange, ATrialWithoutFeedbackHoldsTheResidualUntilThePlanIsKept) {
+  Engine engine(testing::single_rank_transport(), small_plan(kTopk));
+  const auto g1 = testing::gradient(1000, 21);
+  const auto sent = step(engine, g1);
+  engine.set_plan(small_plan(), /*trial=*/true);
+  const auto g2 = testing::gradient(1000, 22);
+  EXPECT_EQ(step(engine, g2), g2);
+  const auto g3 = testing::gradient(1000, 23);
+  EXPECT_EQ(step(engine, g3), g3);
+  EXPECT_GT(engine.memory_bytes(), Engine(testing::single_rank_transport(), small_plan())
+                                       .memory_bytes());  // still held
+  engine.set_plan(small_plan());  // the same plan, kept
+  const auto g4 = testing::gradient(1000, 24);
+  const auto got = step(engine, g4);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], g4[i] + (g1[i] - sent[i])) << i;
+  EXPECT_EQ(step(engine, g1), g1);  // delivered once
+}
+
+// A trial plan whose buckets have feedback takes the residual into that feedback's memory,
+// exactly as a plan change that is not a trial; memory an earlier trial held back, too, in the
+// loss scale of the step that takes it.
+TEST(PlanChange, ATrialWithFeedbackTakesTheResidualAsAnyChange) {
+  const Option half{.codec = "topk:ratio=0.5", .feedback = "ef", .route = "allgather"};
+  std::vector<std::vector<float>> means[2];
+  for (bool trial : {false, true}) {
+    Engine engine(testing::single_rank_transport(), small_plan(kTopk));
+    auto& got = means[trial ? 1 : 0];
+    std::vector<float> g1 = testing::gradient(1000, 31);
+    for (float& x : g1) x *= 1024;
+    step(engine, g1, 1024);
+    if (trial) {  // held through an uncompressed trial first, in another loss scale
+      engine.set_plan(small_plan(), true);
+      std::vector<float> g2 = testing::gradient(1000, 32);
+      for (float& x : g2) x *= 512;
+      got.push_back(step(engine, g2, 512));
+    }
+    engine.set_plan(small_plan(half), trial);
+    std::vector<float> g3 = testing::gradient(1000, 33);
+    for (float& x : g3) x *= 256;
+    got.push_back(step(engine, g3, 256));
+    engine.set_plan(small_plan());  // kept: what top-k holds arrives
+    got.push_back(step(engine, testing::gradient(1000, 34)));
+  }
+  const auto plain = testing::gradient(1000, 32);
+  for (size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(means[1][0][i], plain[i] * 512) << i;
+  // From the change to top-k 50% on, the trial run gives what the plain changes give (the
+  // scales are powers of two: the same bits).
+  for (size_t s = 0; s < 2; ++s) EXPECT_EQ(means[1][s + 1], means[0][s]) << "step " << s;
+}
+
 TEST(PlanChange, BadChangesAreErrorsAndChangeNothing) {
   Engine engine(testing::single_rank_transport(), small_plan(kTopk));
   step(engine, testing::gradient(1000, 9));

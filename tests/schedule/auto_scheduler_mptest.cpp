@@ -5,6 +5,7 @@
 // decision resumes without a new search. Calibration and agreement are real collectives.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 
@@ -54,7 +55,8 @@ AutoSettings settings() {
 // runs (plus 1 ms per rank: the ranks' clocks differ) and backward produces the gradients one
 // millisecond apart. Returns how many times the plan changed.
 int drive_on(AutoScheduler& scheduler, uint64_t steps,
-             const std::function<double(const Plan&)>& ms_of) {
+             const std::function<double(const Plan&)>& ms_of,
+             const std::function<void(const Plan&)>& changed = {}) {
   int changes = 0;
   double now = 1000;
   const size_t n = model_tensors().size();
@@ -69,7 +71,10 @@ int drive_on(AutoScheduler& scheduler, uint64_t steps,
     t.exchange_end = now + 0.9 * ms / 1e3;
     t.step_end = now + ms / 1e3;
     now = t.step_end;
-    if (scheduler.on_step_end(t)) ++changes;
+    if (auto plan = scheduler.on_step_end(t)) {
+      ++changes;
+      if (changed) changed(*plan);
+    }
   }
   return changes;
 }
@@ -393,6 +398,70 @@ TEST(AutoScheduler, DecidesAgainWhenTheStepTimeDriftsAndNotOnNoise) {
   ASSERT_EQ(decisions.size(), 2u);
   EXPECT_NE(decisions[1]["reason"].get<std::string>().find("drifted"), std::string::npos);
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
+// On a shared machine the step time swings past the threshold and back: a search the drift
+// started that keeps the plan it started from makes the next one wait for twice as many
+// drifting checks; a search that changes the plan makes the watch as quick as it was set.
+TEST(AutoScheduler, DriftThatChangesNothingMakesTheNextSearchWaitLonger) {
+  // Every compressed plan slower than uncompressed (`inverted`), which each search keeps.
+  AutoScheduler scheduler(world(), model_tensors(), settings());  // 2 checks of 4 steps
+  drive(scheduler, 45, true);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const Plan kept = scheduler.current_plan();
+  EXPECT_EQ(scheduler.report()["drift_checks"], 2);
+  // Slower by half: a search, which keeps the same plan.
+  drive(scheduler, 60, true, 1.5);
+  auto report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 2u);
+  EXPECT_EQ(scheduler.current_plan(), kept);
+  EXPECT_NE(report["decisions"][1]["why"].get<std::string>().find("waits for 4 drifting"),
+            std::string::npos)
+      << report["decisions"][1]["why"];
+  EXPECT_EQ(report["drift_checks"], 4);
+  // Back to the first speed: 3 drifting checks no longer start a search, 4 do.
+  drive(scheduler, 12, true, 1.0);
+  EXPECT_EQ(scheduler.report()["decisions"].size(), 2u);
+  drive(scheduler, 60, true, 1.0);
+  report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 3u);
+  EXPECT_EQ(report["drift_checks"], 8);
+  // The backoff is saved with the decision.
+  AutoScheduler resumed(world(), model_tensors(), settings());
+  resumed.restore(scheduler.save());
+  EXPECT_EQ(resumed.report()["drift_checks"], 8);
+  // Where compression becomes the fastest, the search changes the plan: quick again.
+  drive(scheduler, 120, false, 1.5);
+  report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 4u);
+  EXPECT_NE(scheduler.current_plan(), kept);
+  EXPECT_EQ(report["drift_checks"], 2);
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
+// Every plan a search tries is a trial (Engine::set_plan holds feedback memory back for it);
+// the decision's plan is not, and when it is the last trial's plan it is returned once more, so
+// that the engine delivers what it held. Here each plan tried is faster than those before it,
+// so the last trial is the one kept.
+TEST(AutoScheduler, TrialsAreMarkedAndTheKeptTrialIsReturnedAgain) {
+  AutoScheduler scheduler(world(), model_tensors(), settings());
+  std::vector<Plan> seen;
+  std::vector<std::pair<Plan, bool>> changes;
+  const auto ms_of = [&](const Plan& plan) {
+    if (step_ms(plan, false, 1) == 100.0) return 100.0;  // uncompressed
+    auto at = std::find(seen.begin(), seen.end(), plan);
+    if (at == seen.end()) at = seen.insert(seen.end(), plan);
+    return 90.0 - 10.0 * static_cast<double>(at - seen.begin());
+  };
+  drive_on(scheduler, 60, ms_of,
+           [&](const Plan& plan) { changes.emplace_back(plan, scheduler.in_trial()); });
+  ASSERT_EQ(scheduler.phase(), "decided");
+  ASSERT_GE(changes.size(), 3u);
+  for (size_t i = 0; i + 1 < changes.size(); ++i) EXPECT_TRUE(changes[i].second) << i;
+  EXPECT_FALSE(changes.back().second);
+  EXPECT_FALSE(scheduler.in_trial());
+  EXPECT_EQ(changes.back().first, changes[changes.size() - 2].first);  // the last trial, kept
+  EXPECT_EQ(changes.back().first, scheduler.current_plan());
 }
 
 // The convergence guard: a residual that keeps growing against the mean in a compressed bucket
