@@ -135,6 +135,12 @@ class Codec {
   virtual void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
                                  const Context& ctx) const = 0;
 
+  // decode_accumulate into zeros, in one pass: `out` receives 0 + each decoded value (so a -0
+  // becomes +0, exactly as the accumulation gives), whatever it held. The default zeroes
+  // `out` and accumulates; a dense codec overrides it to write each element once.
+  virtual void decode_into(std::span<const std::byte> frame, std::span<float> out,
+                           const Context& ctx) const;
+
   // Turns the sum of `count` decoded frames into the aggregate: the mean by default.
   virtual void finalize(std::span<float> sum, uint32_t count) const;
 

@@ -90,6 +90,12 @@ FrameExpectation Codec::expectation(uint64_t elements, uint8_t round) const {
   return {static_cast<uint8_t>(id()), name(), param_hash(), round, elements};
 }
 
+void Codec::decode_into(std::span<const std::byte> frame, std::span<float> out,
+                        const Context& ctx) const {
+  std::fill(out.begin(), out.end(), 0.0f);
+  decode_accumulate(frame, out, ctx);
+}
+
 void Codec::finalize(std::span<float> sum, uint32_t count) const {
   if (count <= 1) return;
   const float inv = 1.0f / static_cast<float>(count);

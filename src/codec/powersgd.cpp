@@ -115,7 +115,13 @@ class PowerSgdCodec final : public Codec {
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
                 std::span<float> residual) override;
   void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
-                         const Context& ctx) const override;
+                         const Context& ctx) const override {
+    decode_last<true>(frame, sum, ctx);
+  }
+  void decode_into(std::span<const std::byte> frame, std::span<float> out,
+                   const Context& ctx) const override {
+    decode_last<false>(frame, out, ctx);
+  }
   std::vector<std::byte> save_state() const override;
   void load_state(std::span<const std::byte> state) override;
   void discard() override;
@@ -142,6 +148,11 @@ class PowerSgdCodec final : public Codec {
   size_t write_frame(uint8_t round, uint64_t n, std::span<const float> values,
                      std::span<std::byte> out) const;
   void read_q_blocks(StateReader& in, uint32_t version, uint64_t n);
+  // The last round's frame decoded, P_hat (sum Q)^T and the plain values, added into `out`
+  // (kAdd) or written over it (0 + value): the blocks and plain ranges cover every element.
+  template <bool kAdd>
+  void decode_last(std::span<const std::byte> frame, std::span<float> out,
+                   const Context& ctx) const;
 
   size_t rank_, cols_;
   bool warm_start_;
@@ -358,8 +369,10 @@ size_t PowerSgdCodec::encode(std::span<const float> input, std::span<std::byte> 
   return size;
 }
 
-void PowerSgdCodec::decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
-                                      const Context& ctx) const {
+template <bool kAdd>
+void PowerSgdCodec::decode_last(std::span<const std::byte> frame, std::span<float> sum,
+                                const Context& ctx) const {
+  const auto put = kAdd ? powersgd::add_row : powersgd::store_row;
   FrameHeader h;
   const auto payload = check_frame(frame, expectation(sum.size(), 1), &h);
   const auto held = checked_view(h, 1);
@@ -378,12 +391,12 @@ void PowerSgdCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
     powersgd::for_each_reconstructed_row(
         b.shape, p_.data() + b.p_at, values.data() + b.q_at, ctx.threads,
         [&](size_t begin, const float* row, size_t len) {
-          powersgd::add_row(row, sum.data() + b.offset + begin, len);
+          put(row, sum.data() + b.offset + begin, len);
         });
   }
   const float* plain = values.data() + v.q_values;
   for (const powersgd::Range& r : v.plain) {
-    powersgd::add_row(plain, sum.data() + r.offset, r.n);
+    put(plain, sum.data() + r.offset, r.n);
     plain += r.n;
   }
 }

@@ -309,6 +309,12 @@ inline void reconstruct_row(const Shape& s, const float* pt, const float* qt, si
   for (size_t c = 0; c < len; ++c) sum[c] += row[c];
 }
 
+// out[c] = 0 + row[c]: add_row into zeros (a -0 becomes +0) without reading `out`.
+[[gnu::noinline]] inline void store_row(const float* __restrict row, float* __restrict out,
+                                        size_t len) {
+  for (size_t c = 0; c < len; ++c) out[c] = 0.0f + row[c];
+}
+
 // res[c] = x[c] - row[c], into a separate array or over x itself (the error feedback's usual
 // call); two kernels so that neither needs a runtime alias check to vectorize.
 [[gnu::noinline]] inline void subtract_row(const float* __restrict x, const float* __restrict row,

@@ -83,11 +83,14 @@ float AllgatherRoute::decode_unscaled(std::span<float> out, const StepState& ste
   check_output(out);
   float factor = 1.0f;
   p.run("decode", [&] {
-    zero(out);
     size_t at = 0;
-    for (uint32_t r = 0; r < world_size_; ++r) {
-      codec_.decode_accumulate(std::span(gathered_).subspan(at, counts_[r]), out,
-                               context(step, r));
+    for (uint32_t r = 0; r < world_size_; ++r) {  // into zeros: the first frame writes
+      const auto frame = std::span(gathered_).subspan(at, counts_[r]);
+      if (r == 0) {
+        codec_.decode_into(frame, out, context(step, r));
+      } else {
+        codec_.decode_accumulate(frame, out, context(step, r));
+      }
       at += counts_[r];
     }
     factor = finish_sum(out);

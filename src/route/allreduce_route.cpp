@@ -153,8 +153,7 @@ float AllreduceRoute::decode_unscaled(std::span<float> out, const StepState& ste
       for (size_t i = 0; i < n_; ++i) out[i] = (0.0f + s[i]) * inv;
       return;
     }
-    zero(out);
-    codec_.decode_accumulate(std::span(frame_).first(frame_bytes_), out, context(step));
+    codec_.decode_into(std::span(frame_).first(frame_bytes_), out, context(step));
     factor = finish_sum(out);
   });
   return factor;

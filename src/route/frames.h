@@ -163,9 +163,4 @@ void check_length(const char* route, size_t bucket, const char* what, size_t siz
 // intra=fp16 of a route over nodes: `x` as float16 into `out` (its size), as phase "encode".
 void encode_half(std::span<const float> x, std::span<uint16_t> out, const Phases& p);
 
-// Sets every element of `out` to +0 (decode accumulates into it).
-inline void zero(std::span<float> out) {
-  if (!out.empty()) std::memset(out.data(), 0, out.size_bytes());
-}
-
 }  // namespace gradcomp::route

@@ -144,11 +144,15 @@ void TwowayRoute::send_shards(const Phases& p) {
 
 void TwowayRoute::serve(const StepState& step, const Phases& p) {
   p.run("server", [&] {
-    zero(shard_sum_);
     size_t at = 0;
-    for (uint32_t r = 0; r < world_size_; ++r) {
-        worker_.codec().decode_accumulate(std::span(shard_frames_).subspan(at, recv_counts_[r]),
-                                        shard_sum_, context(step, rank_, false, r));
+    for (uint32_t r = 0; r < world_size_; ++r) {  // into zeros: the first frame writes
+      const auto frame = std::span(shard_frames_).subspan(at, recv_counts_[r]);
+      const Context ctx = context(step, rank_, false, r);
+      if (r == 0) {
+        worker_.codec().decode_into(frame, shard_sum_, ctx);
+      } else {
+        worker_.codec().decode_accumulate(frame, shard_sum_, ctx);
+      }
       at += recv_counts_[r];
     }
     worker_.codec().finalize(shard_sum_, world_size_);
@@ -188,12 +192,11 @@ void TwowayRoute::exchange(const StepState& step, const Phases& p) {
 void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
   check_output(out);
   p.run("decode", [&] {
-    zero(out);
     size_t at = 0;
-    for (uint32_t s = 0; s < world_size_; ++s) {
+    for (uint32_t s = 0; s < world_size_; ++s) {  // the shards cover the bucket
       const Range r = shards_[s];
-      server_.codec().decode_accumulate(std::span(results_).subspan(at, result_counts_[s]),
-                                       out.subspan(r.begin, r.size()), context(step, s, true, s));
+      server_.codec().decode_into(std::span(results_).subspan(at, result_counts_[s]),
+                                  out.subspan(r.begin, r.size()), context(step, s, true, s));
       at += result_counts_[s];
     }
   });

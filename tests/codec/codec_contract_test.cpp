@@ -6,6 +6,7 @@
 #include <cctype>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -229,6 +230,28 @@ TEST_P(CodecContract, ResidualMayAliasTheInput) {
   const auto frame = encode(*codec_, x, ctx, x);  // in place
   EXPECT_EQ(frame, expected);
   EXPECT_EQ(x, separate);
+}
+
+// Routes decode the first (or only) frame with decode_into: it must give the bits of
+// decode_accumulate into zeros (a -0 becoming +0 as well) whatever `out` held before.
+TEST_P(CodecContract, DecodeIntoIsTheAccumulationIntoZeros) {
+  auto x = gradient(5000, 13);
+  for (size_t i = 0; i < 64; ++i) x[i] = -0.0f;  // a stretch of negative zeros
+  if (codec_->traits().uses_layout) {  // a vector (sent plain by PowerSGD), then a matrix
+    const std::vector<TensorShape> layout = {{64, {64}}, {4936, {8, 617}}};
+    codec_->set_layout(layout);
+  }
+  Context ctx{.seed = 7};
+  prepare(x, ctx);
+  const auto frame = encode(*codec_, x, ctx);
+  std::vector<float> expected(x.size(), 0.0f);
+  codec_->decode_accumulate(frame, expected, ctx);
+  std::vector<float> got(x.size(), std::numeric_limits<float>::quiet_NaN());
+  codec_->decode_into(frame, got, ctx);
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(expected[i]))
+        << "element " << i << ": " << got[i] << " against " << expected[i];
+  }
 }
 
 TEST_P(CodecContract, NanAndInfReachTheDecodedOutput) {
