@@ -723,7 +723,7 @@ void DistributedGradients::load_auto(const nlohmann::json& saved) {
   if (auto plan = s.scheduler->restore(saved)) {
     GradientOptions options = s.plan_options;
     options.plan = std::move(*plan);
-    s.switch_plan(options);
+    s.switch_plan(options, s.scheduler->in_trial());
   }
 }
 

@@ -182,7 +182,9 @@ class AutoScheduler {
   // What it decided so far, for auto_report(): phase, decisions, the profile and calibration.
   nlohmann::json report() const;
   // For checkpoints: the decision and calibration, so that a resumed run does not search
-  // again. restore() returns the plan to run (the one kept) and resumes watching.
+  // again. restore() returns the plan to run (the one kept) and resumes watching; a state
+  // saved during a search resumes in the trial's plan, still a trial (in_trial()), and searches
+  // again after one step.
   nlohmann::json save() const;
   std::optional<Plan> restore(const nlohmann::json& saved);
 

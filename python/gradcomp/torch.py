@@ -846,7 +846,7 @@ class CommHook:
         if auto_state is not None and self._auto is not None:
             plan = self._auto.restore(auto_state)
             if plan is not None:
-                self._engine.set_plan(plan)
+                self._engine.set_plan(plan, trial=self._auto.in_trial())
         self._engine.load_state(engine_state)
 
 

@@ -161,6 +161,7 @@ struct AutoScheduler::Impl {
   void learn_from_trials();
   void say(const std::string& text) const;
   std::optional<Plan> switch_to(const Plan& plan);
+  Plan resume_in(const Plan& plan, bool trial);  // restore(): the plan to run, always returned
   int node_size();    // ranks per node of the plans: 1 unless the world is nodes of several
   void calibrate();   // link(s) and codecs, into cluster, link, codec_costs
 
@@ -235,11 +236,18 @@ void AutoScheduler::Impl::say(const std::string& text) const {
   }
 }
 
-// A trial's plan kept by the decision is returned again, no longer a trial: the engine then
-// delivers the memory it held back during the trials (Engine::set_plan).
+// A plan that runs already is returned again when it becomes a trial or stops being one (a
+// trial's plan kept by the decision, the first trial when it is the plan in force): the engine
+// then holds back, or delivers, what a trial without feedback would receive (Engine::set_plan).
 std::optional<Plan> AutoScheduler::Impl::switch_to(const Plan& plan) {
   const bool trial = phase == Phase::kTrial;
-  if (plan == current && (trial || !current_is_trial)) return std::nullopt;
+  if (plan == current && trial == current_is_trial) return std::nullopt;
+  current = plan;
+  current_is_trial = trial;
+  return plan;
+}
+
+Plan AutoScheduler::Impl::resume_in(const Plan& plan, bool trial) {
   current = plan;
   current_is_trial = trial;
   return plan;
@@ -800,9 +808,10 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
     Plan plan = Plan::from_json(saved.at("plan"));
     std::optional<model::Profile> profile;
     if (!saved.at("profile").is_null()) profile = model::Profile::from_json(saved.at("profile"));
-    // A state saved during the warm-up starts it again; during a trial, that plan runs on and
-    // a new search starts after the next step; after the decision, the kept plan runs and is
-    // watched.
+    // A state saved during the warm-up starts it again; during a trial, that plan runs on, a
+    // trial still, and a new search starts after the next step; after the decision, the kept
+    // plan runs and is watched. The plan is returned even when it is the one in force, so that
+    // the engine learns whether it is a trial.
     s.steps = steps;
     s.drift_backoff = std::min(saved.value("drift_backoff", uint64_t{0}), kMaxDriftBackoff);
     if (phase == "decided") {
@@ -811,22 +820,24 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
       s.measured_profile = std::move(profile);
       s.window.clear();
       s.drifting = 0;
-      return s.switch_to(plan);
+      return s.resume_in(plan, false);
     }
     if (phase == "trial" && profile) {
       // The trial's plan runs on (the compression state saved with it belongs to it), and
-      // the search starts again after the next step, from the saved profile.
+      // the search starts again after the next step, from the saved profile. It stays a trial:
+      // memory the engine held back waits for the decision, as it would have without the
+      // checkpoint, instead of arriving all at once in the next step.
       s.phase = Impl::Phase::kDecided;
       s.measured_profile = std::move(profile);
       s.search_on_resume = true;
-      return s.switch_to(plan);
+      return s.resume_in(plan, true);
     }
     s.phase = Impl::Phase::kWarmup;
     s.steps = std::min(steps, s.settings.warmup_steps > s.settings.profile_steps
                                   ? s.settings.warmup_steps - s.settings.profile_steps
                                   : 0);
     s.profile.clear();
-    return s.switch_to(s.uncompressed);
+    return s.resume_in(s.uncompressed, false);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("auto state: {}", e.what()));
   } catch (const Error& e) {

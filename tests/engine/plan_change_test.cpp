@@ -170,6 +170,35 @@ TEST(PlanChange, ATrialWithFeedbackTakesTheResidualAsAnyChange) {
   for (size_t s = 0; s < 2; ++s) EXPECT_EQ(means[1][s + 1], means[0][s]) << "step " << s;
 }
 
+// Memory held back through a trial meets, at the next change, what the trial's feedback kept
+// for another slice of the same tensor: the held part is first brought to the loss scale of the
+// newer (the scales are powers of two, so the expected bits are exact).
+TEST(PlanChange, HeldMemoryMeetingALaterResidualIsBroughtToItsLossScale) {
+  const Option half{.codec = "topk:ratio=0.5", .feedback = "ef", .route = "allgather"};
+  Plan mixed = small_plan();
+  mixed.tensors[0].slices = 2;  // w: pieces 0 (uncompressed: w is held) and 1 (top-k); b: 2
+  mixed.buckets = {{{0}, Option{}}, {{1}, half}, {{2}, Option{}}};
+  Engine engine(testing::single_rank_transport(), small_plan(kTopk));
+  const auto scaled = [](uint64_t seed, float scale) {
+    std::vector<float> g = testing::gradient(1000, seed);
+    for (float& x : g) x *= scale;
+    return g;
+  };
+  const auto g1 = scaled(41, 1024);
+  const auto sent1 = step(engine, g1, 1024);
+  engine.set_plan(mixed, /*trial=*/true);
+  const auto g2 = scaled(42, 512);
+  const auto sent2 = step(engine, g2, 512);
+  for (size_t i = 0; i < 500; ++i) ASSERT_EQ(sent2[i], g2[i]) << i;  // nothing added: held
+  engine.set_plan(small_plan());  // kept: top-k's residual joins the held memory
+  const auto g3 = scaled(43, 256);
+  const auto got = step(engine, g3, 256);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float held = (g1[i] - sent1[i]) * 0.5f + (i < 500 ? 0.0f : g2[i] - sent2[i]);
+    ASSERT_EQ(got[i], std::fma(0.5f, held, g3[i])) << i;
+  }
+}
+
 TEST(PlanChange, BadChangesAreErrorsAndChangeNothing) {
   Engine engine(testing::single_rank_transport(), small_plan(kTopk));
   step(engine, testing::gradient(1000, 9));

@@ -530,16 +530,32 @@ TEST(AutoScheduler, ASavedDecisionResumesWithoutANewSearch) {
 }
 
 // A state saved during a trial resumes in that trial's plan (its compression state belongs to
-// it) and searches again after one step, from the saved profile.
+// it), still a trial, so that the engine keeps holding what it held back, and searches again
+// after one step, from the saved profile; the plan is returned even when it is the resumed
+// scheduler's own starting plan (the uncompressed trial), so that the engine is told.
 TEST(AutoScheduler, AStateSavedDuringATrialResumesInItsPlanAndSearchesAgain) {
+  for (const uint64_t into_search : {2, 3 + 4}) {  // in the uncompressed trial; in the next
+    AutoScheduler first(world(), model_tensors(), settings());
+    drive(first, 6 + into_search, false);  // the warm-up, then into the search
+    ASSERT_EQ(first.phase(), "trial");
+    ASSERT_TRUE(first.in_trial());
+    const auto resumed = resumed_from(first);  // returns first's plan
+    EXPECT_TRUE(resumed->in_trial()) << into_search;
+  }
   AutoScheduler first(world(), model_tensors(), settings());
-  drive(first, 6 + 3 + 4, false);  // the warm-up, the uncompressed trial, into the next one
-  ASSERT_EQ(first.phase(), "trial");
+  drive(first, 6 + 3 + 4, false);
   const auto resumed = resumed_from(first);
   drive(*resumed, 1, false);
   EXPECT_EQ(resumed->phase(), "trial");  // searching again, no new warm-up
-  drive(*resumed, 40, false);
+  EXPECT_TRUE(resumed->in_trial());
+  std::vector<bool> trial_at_change;
+  drive_on(
+      *resumed, 40, [](const Plan& p) { return step_ms(p, false, 1); },
+      [&](const Plan&) { trial_at_change.push_back(resumed->in_trial()); });
   ASSERT_EQ(resumed->phase(), "decided");
+  ASSERT_FALSE(trial_at_change.empty());
+  EXPECT_FALSE(trial_at_change.back());  // the decision delivers what was held
+  EXPECT_FALSE(resumed->in_trial());
   const auto decisions = resumed->report()["decisions"];
   ASSERT_EQ(decisions.size(), 1u);
   EXPECT_NE(decisions[0]["reason"].get<std::string>().find("resumed"), std::string::npos);
