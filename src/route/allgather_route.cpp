@@ -83,16 +83,7 @@ float AllgatherRoute::decode_unscaled(std::span<float> out, const StepState& ste
   check_output(out);
   float factor = 1.0f;
   p.run("decode", [&] {
-    size_t at = 0;
-    for (uint32_t r = 0; r < world_size_; ++r) {  // into zeros: the first frame writes
-      const auto frame = std::span(gathered_).subspan(at, counts_[r]);
-      if (r == 0) {
-        codec_.decode_into(frame, out, context(step, r));
-      } else {
-        codec_.decode_accumulate(frame, out, context(step, r));
-      }
-      at += counts_[r];
-    }
+    decode_sum(codec_, gathered_, counts_, out, [&](uint32_t r) { return context(step, r); });
     factor = finish_sum(out);
   });
   return factor;

@@ -22,6 +22,24 @@
 
 namespace gradcomp::route {
 
+// The sum of the frames laid end to end in `frames` (frame r of counts[r] bytes, from rank r)
+// into `out`: the first is decoded over what `out` holds (Codec::decode_into: no zeroing pass),
+// the others accumulate. `context_of(r)` is the Context frame r was encoded with.
+template <class ContextOf>
+void decode_sum(const Codec& codec, std::span<const std::byte> frames,
+                std::span<const size_t> counts, std::span<float> out, ContextOf context_of) {
+  size_t at = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    const auto frame = frames.subspan(at, counts[r]);
+    if (r == 0) {
+      codec.decode_into(frame, out, context_of(static_cast<uint32_t>(r)));
+    } else {
+      codec.decode_accumulate(frame, out, context_of(static_cast<uint32_t>(r)));
+    }
+    at += counts[r];
+  }
+}
+
 // The Context of a codec call on this rank. `key` goes into Context::bucket: the bucket id, or
 // a key derived from it (shard_key) when one bucket encodes several independent streams.
 inline Context codec_context(const RouteEnv& env, uint64_t key, const StepState& step,

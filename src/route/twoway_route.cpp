@@ -144,17 +144,8 @@ void TwowayRoute::send_shards(const Phases& p) {
 
 void TwowayRoute::serve(const StepState& step, const Phases& p) {
   p.run("server", [&] {
-    size_t at = 0;
-    for (uint32_t r = 0; r < world_size_; ++r) {  // into zeros: the first frame writes
-      const auto frame = std::span(shard_frames_).subspan(at, recv_counts_[r]);
-      const Context ctx = context(step, rank_, false, r);
-      if (r == 0) {
-        worker_.codec().decode_into(frame, shard_sum_, ctx);
-      } else {
-        worker_.codec().decode_accumulate(frame, shard_sum_, ctx);
-      }
-      at += recv_counts_[r];
-    }
+    decode_sum(worker_.codec(), shard_frames_, recv_counts_, shard_sum_,
+               [&](uint32_t r) { return context(step, rank_, false, r); });
     worker_.codec().finalize(shard_sum_, world_size_);
     server_size_[0] =
         server_.encode(shard_sum_, server_frame_, context(step, rank_, true, rank_), step,
