@@ -149,6 +149,9 @@ def parse_args(argv=None):
     p.add_argument("--train-epochs", type=float, default=2.0)
     p.add_argument("--train-rate", default="1gbit")
     p.add_argument("--train-workers", type=int, default=4)
+    p.add_argument("--train-optimizer", choices=["sgd", "adamw"], default="sgd",
+                   help="the training runs' optimizer: SGD with momentum (the main job's "
+                        "default) or AdamW; auto then takes the options recommended for it")
     p.add_argument("--target-accuracy", type=float, default=0.85)
     p.add_argument("--train-contenders", default=",".join(TRAIN_CONTENDERS),
                    help="the training runs' contenders, comma separated (default: "
@@ -611,10 +614,10 @@ def train_config(args, out, port):
     workers = args.train_workers
     config = {"rate": args.train_rate, "workers": workers, "dilation": 1,
               "epochs": args.train_epochs, "target_accuracy": args.target_accuracy,
-              "runs": []}
+              "optimizer": args.train_optimizer, "runs": []}
     out_dir = out / "runs" / f"train-{args.train_rate}-w{workers}"
     say(f"\n== Fashion-MNIST training: {workers} hosts at {args.train_rate}, "
-        f"{args.train_epochs:g} epochs each")
+        f"{args.train_epochs:g} epochs each, {args.train_optimizer}")
     with netns.Cluster(workers, rate_bps, run_id=f"{os.getpid()}") as cluster:
         runner = Runner(cluster, out_dir, port)
         for name in split(args.train_contenders):
@@ -626,6 +629,7 @@ def train_config(args, out, port):
                             if name == "auto" and args.train_auto else [])
                 ranks, seconds = runner.run(name, ["--workload", "train", "--contender", name,
                                                    "--epochs", str(args.train_epochs),
+                                                   "--train-optimizer", args.train_optimizer,
                                                    *settings], 1800)
             except netns.ClusterError as e:
                 config["runs"].append({**row, **failed_row(name, e)})

@@ -563,8 +563,10 @@ def _train_section(results, image_names):
         target = _train_target(results, entry)
         target_text = "?" if target is None else f"{target:.1%}"
         k = dilation(entry)
+        optimizer = {"sgd": "SGD with momentum", "adamw": "AdamW"}.get(entry.get("optimizer"))
         lines += [f"### {entry.get('rate', '?')}, {entry.get('workers', '?')} workers, "
-                  f"{entry.get('epochs', '?')} epochs, target {target_text}"
+                  f"{entry.get('epochs', '?')} epochs, "
+                  + (f"{optimizer}, " if optimizer else "") + f"target {target_text}"
                   + (f" {dilation_note(k)}" if k > 1 else ""), ""]
         lines += _table(["contender", f"time to {target_text}", "final accuracy", "total time",
                          "wire MB/step"],

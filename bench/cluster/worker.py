@@ -102,7 +102,10 @@ def parse_args(argv=None):
     p.add_argument("--train-auto", type=json.loads, default=None,
                    help="train, contender auto: its auto= settings as JSON (default: none)")
     p.add_argument("--batch-size", type=int, default=32, help="train: images per rank and step")
-    p.add_argument("--lr", type=float, default=0.05, help="train: SGD learning rate")
+    p.add_argument("--train-optimizer", choices=["sgd", "adamw"], default="sgd",
+                   help="train: SGD with momentum (the main job's default) or AdamW")
+    p.add_argument("--lr", type=float, default=None,
+                   help="train: peak learning rate (the main job's: sgd 0.05, adamw 1e-3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--iface", default="eth0", help="the interface whose bytes are counted")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds any collective may take")
@@ -623,22 +626,26 @@ def train(args, kind, argument):
     rank, world = exchange.rank, exchange.world
     torch.manual_seed(args.seed)
     model = mainjob.Net()
-    sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
-    step_model, optimizer = model, sgd
+    lr = args.lr if args.lr is not None else mainjob.DEFAULT_LR[args.train_optimizer]
+    if args.train_optimizer == "adamw":
+        inner = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    else:
+        inner = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    step_model, optimizer = model, inner
     if kind == "ddp":
         step_model = wrap_ddp(model, argument)
     else:
         import gradcomp.torch as gct
         # auto as a user would run it: compression="auto" and nothing else (its default
         # settings and candidates, the search counted in the training time).
-        optimizer = gct.DistributedOptimizer(sgd, model.named_parameters(),
+        optimizer = gct.DistributedOptimizer(inner, model.named_parameters(),
                                              compression="auto" if kind == "auto" else argument,
                                              transport=exchange.transport, seed=args.seed,
                                              auto=args.train_auto if kind == "auto" else None)
     per_rank = len(train_y) // world
     steps_per_epoch = -(-per_rank // args.batch_size)
     total_steps = max(1, round(args.epochs * steps_per_epoch))
-    schedule = mainjob.make_schedule(sgd, "cosine", total_steps)
+    schedule = mainjob.make_schedule(inner, "cosine", total_steps)
     exchange.barrier()
     tx0, _ = link_bytes(args.iface)
     # Test accuracy every half epoch (not counted as training time), for time to accuracy.
@@ -667,7 +674,7 @@ def train(args, kind, argument):
     tx1, _ = link_bytes(args.iface)
     return exchange, {
         "workload": "train", "contender": args.contender, "rank": rank, "world": world,
-        "epochs": args.epochs, "steps": step, "eval_epochs": eval_epochs,
+        "optimizer": args.train_optimizer, "epochs": args.epochs, "steps": step, "eval_epochs": eval_epochs,
         "epoch_seconds": eval_seconds, "epoch_accuracy": eval_accuracy,
         "tx_bytes_per_step": (tx1 - tx0) / step,
         **({"auto": train_auto_record(optimizer.auto_report())} if kind == "auto" else {}),
@@ -675,9 +682,11 @@ def train(args, kind, argument):
 
 
 def train_auto_record(report):
-    """What compression="auto" decided during training: each search's step, what it kept
-    and why, every candidate's measured step."""
+    """What compression="auto" decided during training: the options it chose among (those
+    recommended for the optimizer), each search's step, what it kept and why, every
+    candidate's measured step."""
     return {"phase": report["phase"], "plan": report["plan"],
+            "options": report.get("planner_codecs"),
             "decisions": [{"step": d.get("step"), "reason": d.get("reason"),
                            "kept": d.get("kept_name"), "why": d.get("why"),
                            "candidates": [{"name": c["name"], "summary": c.get("summary"),

@@ -167,6 +167,23 @@ def test_train_with_auto_decides_as_a_user_would_run_it(tmp_path):
     assert ranks[1]["epoch_accuracy"] == ranks[0]["epoch_accuracy"]
 
 
+def test_train_under_adamw_and_auto_takes_the_options_recommended_for_adam(tmp_path):
+    """--train-optimizer adamw: the training steps with AdamW, and auto chooses among the
+    options that held under Adam-family optimizers (not SGD's)."""
+    import gradcomp._C as C
+    adam, sgd = C.recommended_options("adam"), C.recommended_options("sgd")
+    assert set(adam) != set(sgd)
+    ranks = run_workers(tmp_path, "auto", extra=("--workload", "train", "--epochs", "0.04",
+                                                 "--train-optimizer", "adamw"))
+    r0 = ranks[0]
+    assert r0["optimizer"] == "adamw"
+    def codecs(options):
+        return {o.split("|")[0] for o in options} - {"none"}
+    assert codecs(r0["auto"]["options"]) == codecs(adam), r0["auto"]["options"]
+    assert r0["epoch_accuracy"][-1] > 0.3
+    assert ranks[1]["epoch_accuracy"] == r0["epoch_accuracy"]
+
+
 def test_train_auto_settings_reach_the_scheduler(tmp_path):
     """--train-auto: auto's settings in the training workload (its candidates here)."""
     settings = {"candidates": ["fp16"], "warmup_steps": 10, "profile_steps": 5,
