@@ -67,20 +67,22 @@ void encode_run(const float* x, size_t n, std::byte* out, float* residual) {
   }
 }
 
-// sum[i] += bf16(in[i]) for i in [0, n).
+// sum[i] += bf16(in[i]) for i in [0, n); without kAdd, sum[i] = 0 + bf16(in[i]).
+template <bool kAdd>
 void accumulate_run(const std::byte* in, size_t n, float* sum) {
   size_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
     const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    _mm512_storeu_ps(sum + i, _mm512_add_ps(_mm512_loadu_ps(sum + i), v));
+    const __m512 base = kAdd ? _mm512_loadu_ps(sum + i) : _mm512_setzero_ps();
+    _mm512_storeu_ps(sum + i, _mm512_add_ps(base, v));
   }
 #endif
   for (; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, in + 2 * i, 2);
-    sum[i] += bf16_to_float(h);
+    sum[i] = (kAdd ? sum[i] : 0.0f) + bf16_to_float(h);
   }
 }
 
@@ -93,7 +95,10 @@ struct Bf16 {
   static void encode(const float* x, size_t n, std::byte* out, float* residual) {
     encode_run<kResidual>(x, n, out, residual);
   }
-  static void accumulate(const std::byte* in, size_t n, float* sum) { accumulate_run(in, n, sum); }
+  template <bool kAdd>
+  static void accumulate(const std::byte* in, size_t n, float* sum) {
+    accumulate_run<kAdd>(in, n, sum);
+  }
 };
 
 }  // namespace

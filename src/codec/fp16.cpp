@@ -56,24 +56,28 @@ void encode_run(const float* x, size_t n, std::byte* out, float* residual) {
   }
 }
 
-// sum[i] += half(in[i]) for i in [0, n).
+// sum[i] += half(in[i]) for i in [0, n); without kAdd, sum[i] = 0 + half(in[i]) (the same bits
+// as adding into zeros, without reading `sum`).
+template <bool kAdd>
 void accumulate_run(const std::byte* in, size_t n, float* sum) {
   size_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + 2 * i));
-    _mm512_storeu_ps(sum + i, _mm512_add_ps(_mm512_loadu_ps(sum + i), _mm512_cvtph_ps(h)));
+    const __m512 base = kAdd ? _mm512_loadu_ps(sum + i) : _mm512_setzero_ps();
+    _mm512_storeu_ps(sum + i, _mm512_add_ps(base, _mm512_cvtph_ps(h)));
   }
 #elif defined(__F16C__)
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
-    _mm256_storeu_ps(sum + i, _mm256_add_ps(_mm256_loadu_ps(sum + i), _mm256_cvtph_ps(h)));
+    const __m256 base = kAdd ? _mm256_loadu_ps(sum + i) : _mm256_setzero_ps();
+    _mm256_storeu_ps(sum + i, _mm256_add_ps(base, _mm256_cvtph_ps(h)));
   }
 #endif
   for (; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, in + 2 * i, 2);
-    sum[i] += half_to_float(h);
+    sum[i] = (kAdd ? sum[i] : 0.0f) + half_to_float(h);
   }
 }
 
@@ -86,7 +90,10 @@ struct Fp16 {
   static void encode(const float* x, size_t n, std::byte* out, float* residual) {
     encode_run<kResidual>(x, n, out, residual);
   }
-  static void accumulate(const std::byte* in, size_t n, float* sum) { accumulate_run(in, n, sum); }
+  template <bool kAdd>
+  static void accumulate(const std::byte* in, size_t n, float* sum) {
+    accumulate_run<kAdd>(in, n, sum);
+  }
 };
 
 }  // namespace

@@ -3,8 +3,10 @@
 // two kernels:
 //   static constexpr const char* kName;  static constexpr CodecId kId;  static constexpr DType kType;
 //   template <bool kResidual> static void encode(const float* x, size_t n, std::byte* out, float* residual);
-//   static void accumulate(const std::byte* in, size_t n, float* sum);
+//   template <bool kAdd> static void accumulate(const std::byte* in, size_t n, float* sum);
+//     (sum[i] += value, or without kAdd sum[i] = 0 + value: decode_into without a fill)
 #pragma once
+
 
 #include "codec/casts_frame.h"
 #include "common/parallel.h"
@@ -44,13 +46,24 @@ class HalfCastCodec final : public Codec {
 
   void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
                          const Context& ctx) const override {
+    decode<false>(frame, sum, ctx);
+  }
+  void decode_into(std::span<const std::byte> frame, std::span<float> out,
+                   const Context& ctx) const override {
+    decode<true>(frame, out, ctx);
+  }
+
+ private:
+  // kInto: each value is stored as 0 + value, without reading `sum` (no fill first).
+  template <bool kInto>
+  void decode(std::span<const std::byte> frame, std::span<float> sum, const Context& ctx) const {
     FrameHeader h;
     const auto payload = check_frame(frame, expectation(sum.size()), &h);
     // Half precision carries NaN and Inf itself, so the non-finite flag is never written.
     check_header(Format::kName, h, payload.size(), 2 * sum.size(), /*summable=*/true,
                  /*allowed_flags=*/0);
     for_chunks(sum.size(), ctx.threads, [&](size_t b, size_t e, size_t) {
-      Format::accumulate(payload.data() + 2 * b, e - b, sum.data() + b);
+      Format::template accumulate<!kInto>(payload.data() + 2 * b, e - b, sum.data() + b);
     });
   }
 };

@@ -147,22 +147,28 @@ uint32_t quantize_span(const float* x, float* res, Out* out, size_t count, size_
   return quantize_pairs<Residual::kSeparate, kNibbles>(x, res, out, count, first, g, rng);
 }
 
+// Without kAdd each element is 0 + its value (decode_into: `sum` is not read).
+template <bool kAdd>
 [[gnu::noinline]] void decode_i8(const int8_t* __restrict codes, float* __restrict sum,
                                  size_t count, float scale) {
-  for (size_t i = 0; i < count; ++i) sum[i] = std::fma(static_cast<float>(codes[i]), scale, sum[i]);
+  for (size_t i = 0; i < count; ++i) {
+    sum[i] = std::fma(static_cast<float>(codes[i]), scale, kAdd ? sum[i] : 0.0f);
+  }
 }
 
 // count elements from byte 0 of `bytes`; offset = summands * q, the sum of the code offsets.
+template <bool kAdd>
 [[gnu::noinline]] void decode_i4(const uint8_t* __restrict bytes, float* __restrict sum,
                                  size_t count, float scale, float offset) {
+  const auto base = [&](size_t i) { return kAdd ? sum[i] : 0.0f; };
   for (size_t j = 0; j < count / 2; ++j) {
     const uint32_t v = bytes[j];
-    sum[2 * j] = std::fma(static_cast<float>(v & 15U) - offset, scale, sum[2 * j]);
-    sum[2 * j + 1] = std::fma(static_cast<float>(v >> 4) - offset, scale, sum[2 * j + 1]);
+    sum[2 * j] = std::fma(static_cast<float>(v & 15U) - offset, scale, base(2 * j));
+    sum[2 * j + 1] = std::fma(static_cast<float>(v >> 4) - offset, scale, base(2 * j + 1));
   }
   if (count % 2 != 0) {
     const size_t last = count - 1;
-    sum[last] = std::fma(static_cast<float>(bytes[last / 2] & 15U) - offset, scale, sum[last]);
+    sum[last] = std::fma(static_cast<float>(bytes[last / 2] & 15U) - offset, scale, base(last));
   }
 }
 
@@ -213,9 +219,18 @@ class IntQCodec final : public Codec {
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
                 std::span<float> residual) override;
   void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
-                         const Context& ctx) const override;
+                         const Context& ctx) const override {
+    decode<false>(frame, sum, ctx);
+  }
+  void decode_into(std::span<const std::byte> frame, std::span<float> out,
+                   const Context& ctx) const override {
+    decode<true>(frame, out, ctx);
+  }
 
  private:
+  // kInto: each element is written as 0 + its value, without reading `sum` (no fill first).
+  template <bool kInto>
+  void decode(std::span<const std::byte> frame, std::span<float> sum, const Context& ctx) const;
   size_t code_bytes(size_t n) const { return bits_ == 8 ? n : (n + 1) / 2; }
   uint32_t max_code(uint32_t world) const;
   void check_round(int round, int last, const char* what) const;
@@ -399,8 +414,9 @@ float IntQCodec::checked_scale(const FrameHeader& h, std::span<const std::byte> 
   return scale;
 }
 
-void IntQCodec::decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
-                                  const Context& ctx) const {
+template <bool kInto>
+void IntQCodec::decode(std::span<const std::byte> frame, std::span<float> sum,
+                       const Context& ctx) const {
   FrameHeader h;
   const auto payload = check_frame(frame, expectation(sum.size(), 1), &h);
   const size_t n = sum.size();
@@ -412,16 +428,16 @@ void IntQCodec::decode_accumulate(std::span<const std::byte> frame, std::span<fl
   }
   const float scale = checked_scale(h, payload);
   if (h.flags & kFlagNonFinite) {  // the input held NaN or Inf somewhere
-    for (float& s : sum) s += std::numeric_limits<float>::quiet_NaN();
+    for (float& s : sum) s = (kInto ? 0.0f : s) + std::numeric_limits<float>::quiet_NaN();
     return;
   }
   const auto offset = static_cast<float>(std::to_integer<uint8_t>(payload.back()));
   const std::byte* codes = payload.data();
   for_chunks(n, ctx.threads, [&](size_t b, size_t e, size_t) {
     if (bits_ == 8) {
-      decode_i8(reinterpret_cast<const int8_t*>(codes) + b, sum.data() + b, e - b, scale);
+      decode_i8<!kInto>(reinterpret_cast<const int8_t*>(codes) + b, sum.data() + b, e - b, scale);
     } else {  // chunks start at even elements, so on a byte
-      decode_i4(reinterpret_cast<const uint8_t*>(codes) + b / 2, sum.data() + b, e - b, scale,
+      decode_i4<!kInto>(reinterpret_cast<const uint8_t*>(codes) + b / 2, sum.data() + b, e - b, scale,
                 offset);
     }
   });

@@ -39,6 +39,8 @@ TEST(Cli, BenchWritesJsonWithMemcpyBaseline) {
   for (const auto& row : doc["results"]) {
     EXPECT_GT(row["encode_gbps"].get<double>(), 0);
     EXPECT_GT(row["decode_gbps"].get<double>(), 0);
+    EXPECT_GT(row["fill_decode_gbps"].get<double>(), 0);
+    EXPECT_GT(row["decode_into_gbps"].get<double>(), 0);
     EXPECT_GT(row["memcpy_gbps"].get<double>(), 0);
   }
   EXPECT_EQ(doc["results"][1]["spec"], "topk:ratio=0.01");

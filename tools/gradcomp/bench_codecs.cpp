@@ -102,6 +102,9 @@ void run_early_rounds(Codec& codec, const std::vector<float>& x, std::vector<std
 struct CodecResult {
   std::string spec;
   double encode_gbps, encode_ef_gbps, decode_gbps;
+  // The first frame of a sum: zeroing the buffer and accumulating into it (what routes did), and
+  // decoding over the buffer (decode_into, what they do).
+  double fill_decode_gbps, decode_into_gbps;
   size_t frame_bytes;
 };
 
@@ -126,9 +129,15 @@ CodecResult measure_codec(const std::string& spec, const std::vector<float>& x,
   // A sum buffer larger than the caches is in memory when a frame from another rank arrives;
   // a small one stays cached in a real step too, as it does here.
   const bool cold = bytes >= kColdBytes;
-  const double dec = best_seconds([&] { codec->decode_accumulate(view, sum, ctx); }, o,
-                                  cold ? evict_caches : std::function<void()>{});
-  return {codec->spec(), bytes / enc / 1e9, bytes / enc_ef / 1e9, bytes / dec / 1e9, len};
+  const auto evict = cold ? evict_caches : std::function<void()>{};
+  const double dec = best_seconds([&] { codec->decode_accumulate(view, sum, ctx); }, o, evict);
+  const double fill_dec = best_seconds([&] {
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    codec->decode_accumulate(view, sum, ctx);
+  }, o, evict);
+  const double into = best_seconds([&] { codec->decode_into(view, sum, ctx); }, o, evict);
+  return {codec->spec(), bytes / enc / 1e9, bytes / enc_ef / 1e9, bytes / dec / 1e9,
+          bytes / fill_dec / 1e9, bytes / into / 1e9, len};
 }
 
 }  // namespace
@@ -155,21 +164,25 @@ int bench_codecs(const BenchCodecsOptions& o) {
     fmt::print("\n2^{} elements ({:.1f} MB):  memcpy {:.2f} GB/s   read {:.2f} GB/s ({:.2f}x memcpy)\n",
                log2n, 4.0 * n / 1e6, base.memcpy_gbps, base.read_gbps,
                base.read_gbps / base.memcpy_gbps);
-    fmt::print("{:<28} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9}\n", "codec", "encode", "x mcpy",
-               "enc+EF", "x mcpy", "decode", "x mcpy", "ratio");
+    fmt::print("{:<28} {:>9} {:>7} {:>9} {:>7} {:>9} {:>7} {:>9} {:>9} {:>9}\n", "codec",
+               "encode", "x mcpy", "enc+EF", "x mcpy", "decode", "x mcpy", "fill+dec", "dec into",
+               "ratio");
     doc["baselines"].push_back({{"elements", n}, {"memcpy_gbps", base.memcpy_gbps},
                                 {"read_gbps", base.read_gbps}});
     for (const auto& spec : specs) {
       const CodecResult r = measure_codec(spec, x, o);
       const double ratio = 4.0 * n / static_cast<double>(r.frame_bytes);
-      fmt::print("{:<28} {:>9.2f} {:>6.2f}x {:>9.2f} {:>6.2f}x {:>9.2f} {:>6.2f}x {:>8.1f}x\n",
+      fmt::print("{:<28} {:>9.2f} {:>6.2f}x {:>9.2f} {:>6.2f}x {:>9.2f} {:>6.2f}x {:>9.2f} "
+                 "{:>9.2f} {:>8.1f}x\n",
                  spec, r.encode_gbps, r.encode_gbps / base.memcpy_gbps, r.encode_ef_gbps,
                  r.encode_ef_gbps / base.memcpy_gbps, r.decode_gbps,
-                 r.decode_gbps / base.memcpy_gbps, ratio);
+                 r.decode_gbps / base.memcpy_gbps, r.fill_decode_gbps, r.decode_into_gbps, ratio);
       std::fflush(stdout);
       doc["results"].push_back({{"codec", Spec::parse(spec).name()}, {"spec", r.spec},
                                 {"elements", n}, {"encode_gbps", r.encode_gbps},
                                 {"encode_ef_gbps", r.encode_ef_gbps}, {"decode_gbps", r.decode_gbps},
+                                {"fill_decode_gbps", r.fill_decode_gbps},
+                                {"decode_into_gbps", r.decode_into_gbps},
                                 {"memcpy_gbps", base.memcpy_gbps}, {"read_gbps", base.read_gbps},
                                 {"encode_x_memcpy", r.encode_gbps / base.memcpy_gbps},
                                 {"encode_ef_x_memcpy", r.encode_ef_gbps / base.memcpy_gbps},

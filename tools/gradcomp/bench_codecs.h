@@ -1,5 +1,5 @@
-// `gradcomp bench codecs`: encode and decode-accumulate throughput of every codec on one core,
-// next to memcpy and a pure read of the same bytes measured in the same run.
+// `gradcomp bench codecs`: encode, decode-accumulate and decode-into throughput of every codec
+// on one core, next to memcpy and a pure read of the same bytes measured in the same run.
 #pragma once
 
 #include <string>

@@ -118,7 +118,7 @@ int run(int argc, char** argv) {
   bench->require_subcommand(1);
   gradcomp::tools::BenchCodecsOptions options;
   auto* codecs = bench->add_subcommand(
-      "codecs", "Encode and decode-accumulate throughput of every codec on one core, with "
+      "codecs", "Encode, decode-accumulate and decode-into throughput of every codec on one core, with "
                 "memcpy and a pure read of the same bytes as the physical limit");
   gradcomp::tools::add_list_option(*codecs, "--codecs", options.specs,
                   "Codec specs to measure (default: every codec, recommended settings)", ';');
