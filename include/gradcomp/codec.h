@@ -67,6 +67,10 @@ struct CodecTraits {
   int rounds = 1;
   // Nominal wire bits per input element, indices and scales included, for large n.
   double bits_per_element = 32;
+  // The fraction of the elements a frame carries (a sparsifier's ratio; 1 for a dense codec, and
+  // where it depends on the data). Under error feedback an element left behind waits about
+  // 1 / kept_fraction steps for its turn, so the memory takes that long to reach its steady size.
+  double kept_fraction = 1;
   // E[decode(encode(x))] == x.
   bool unbiased = true;
   Aggregation aggregation = Aggregation::kMean;

@@ -56,6 +56,7 @@ class DgcCodec final : public Codec {
     return {.summable = false,
             .payload_type = DType::kNone,
             .bits_per_element = 64 * p_.ratio,  // after warm-up: u32 index + f32 value each
+            .kept_fraction = p_.ratio,
             .unbiased = false,
             .fixed_frame_size = false};  // the count follows the warm-up schedule
   }

@@ -69,6 +69,7 @@ class RandomKCodec final : public Codec {
             .payload_type = DType::kF32,
             .shared_randomness = true,
             .bits_per_element = 32 * count_.nominal_ratio(),  // values only
+            .kept_fraction = count_.kept_fraction(),
             .unbiased = unbiased_};
   }
   size_t max_frame_bytes(size_t n) const override {

@@ -61,6 +61,8 @@ class SparseCount {
   }
   // The share of elements sent for large n: the ratio, or 0 for a fixed k.
   double nominal_ratio() const { return ratio_.value_or(0.0); }
+  // CodecTraits::kept_fraction: the ratio; for a fixed k it depends on the tensor, so 1.
+  double kept_fraction() const { return ratio_.value_or(1.0); }
 
  private:
   std::optional<double> ratio_;

@@ -25,6 +25,7 @@ class TopKCodec final : public Codec {
     return {.summable = false,
             .payload_type = DType::kNone,
             .bits_per_element = 64 * count_.nominal_ratio(),  // u32 index + f32 value each
+            .kept_fraction = count_.kept_fraction(),
             .unbiased = false};
   }
   size_t max_frame_bytes(size_t n) const override {

@@ -45,6 +45,15 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Steps a bucket's error-feedback memory takes to fill after a plan change: an element a
+// sparsifier leaves behind waits about 1 / kept_fraction steps for its turn (random-k 0.1%:
+// a thousand), so its residual grows that long by design; dense codecs fill within a step.
+uint64_t fill_steps(const Bucket& bucket) {
+  if (bucket.option.codec == "none" || bucket.option.feedback == "none") return 0;
+  const double kept = make_codec(bucket.option.codec)->traits().kept_fraction;
+  return static_cast<uint64_t>(std::ceil(1.0 / std::max(kept, 1e-9)));
+}
+
 bool compresses(const Plan& plan) {
   return std::any_of(plan.buckets.begin(), plan.buckets.end(),
                      [](const Bucket& b) { return b.option.codec != "none"; });
@@ -155,6 +164,7 @@ struct AutoScheduler::Impl {
   void prepare_health_if_due();
   std::optional<Plan> back_off(size_t bucket, double growth);
   std::vector<std::string> allowed_candidates() const;
+  bool uses_excluded(const Plan& plan) const;  // a bucket with a codec backed off from
   std::vector<AutoCandidate> propose(const model::Profile& p, const model::CostModel& cost,
                                      const model::SimulatorSettings& sim);
   schedule::ModelCorrection fit_to_trials() const;
@@ -204,6 +214,7 @@ struct AutoScheduler::Impl {
   void mark(const std::string& name, Clock::time_point start, const AutoDecision& d) const;
   std::vector<double> first_ratio, last_ratio;  // per bucket of the plan in force
   std::vector<uint64_t> rising;                 // consecutive checks each ratio rose
+  uint64_t watch_from = 0;  // the step from which the plan in force is watched
   std::set<std::string> excluded_codecs;        // backed off from: left out of later searches
   bool search_on_resume = false;  // restored from a state saved during a trial
   std::shared_ptr<const NodeGroups> nodes;  // at the first search that finds several nodes
@@ -228,6 +239,12 @@ std::vector<std::string> AutoScheduler::Impl::allowed_candidates() const {
     if (!excluded_codecs.contains(make_codec(parse_option(c).codec)->name())) out.push_back(c);
   }
   return out;
+}
+
+bool AutoScheduler::Impl::uses_excluded(const Plan& plan) const {
+  return std::any_of(plan.buckets.begin(), plan.buckets.end(), [&](const Bucket& b) {
+    return b.option.codec != "none" && excluded_codecs.contains(make_codec(b.option.codec)->name());
+  });
 }
 
 void AutoScheduler::Impl::say(const std::string& text) const {
@@ -555,6 +572,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   window.clear();
   drifting = 0;
   first_ratio.clear();
+  watch_from = search.step;
   phase = Phase::kDecided;
   std::vector<std::string> lines;
   for (const auto& c : cs) {
@@ -653,7 +671,10 @@ void AutoScheduler::Impl::learn_from_trials() {
 
 // The convergence guard: error feedback that keeps more and more of the gradient unsent
 // (the residual's norm against the mean's, rising check after check) is a codec too lossy for
-// this model now; a faster step is worth nothing if the model ends worse.
+// this model now; a faster step is worth nothing if the model ends worse. A bucket is judged
+// once its memory has had time to fill (fill_steps): until then its ratio only moves its
+// baseline, since a sparsifier's residual grows for 1 / ratio steps after every plan change
+// (random-k 0.1% grew 4.5x between steps 74 and 799 and was backed off from, wrongly).
 std::optional<Plan> AutoScheduler::Impl::watch_residuals() {
   if (!health.read || !compresses(current)) return std::nullopt;
   const auto buckets = health.read();
@@ -666,6 +687,10 @@ std::optional<Plan> AutoScheduler::Impl::watch_residuals() {
     return std::nullopt;
   }
   for (size_t b = 0; b < ratios.size(); ++b) {
+    if (steps < watch_from + fill_steps(current.buckets[b])) {
+      first_ratio[b] = ratios[b];
+      continue;
+    }
     rising[b] = ratios[b] > last_ratio[b] ? rising[b] + 1 : 0;
     const double growth = ratios[b] / std::max(first_ratio[b], 1e-30);
     const bool compressed = current.buckets[b].option.codec != "none";
@@ -694,7 +719,10 @@ std::optional<Plan> AutoScheduler::Impl::back_off(size_t bucket, double growth) 
   d.kept = 0;
   for (size_t i = 1; i < d.candidates.size(); ++i) {
     const AutoCandidate& c = d.candidates[i];
-    if (plan_bits(c.plan) > bits && c.measured_ms < d.candidates[d.kept].measured_ms) d.kept = i;
+    if (plan_bits(c.plan) > bits && !uses_excluded(c.plan) &&
+        c.measured_ms < d.candidates[d.kept].measured_ms) {
+      d.kept = i;
+    }
   }
   d.why = fmt::format("backed off to a gentler plan: '{}' ({:.1f} bits per element against "
                       "{:.1f}); {} is left out of later searches",
@@ -706,6 +734,7 @@ std::optional<Plan> AutoScheduler::Impl::back_off(size_t bucket, double growth) 
   window.clear();
   drifting = 0;
   first_ratio.clear();
+  watch_from = d.step;
   mark("auto: backed off", Clock::now(), d);
   say(fmt::format("{} at step {}: {}", d.reason, steps, d.why));
   decisions.push_back(d);
@@ -793,6 +822,7 @@ json AutoScheduler::save() const {
           {"plan", s.current.to_json()},
           {"reference_ms", s.reference_ms},
           {"drift_backoff", s.drift_backoff},
+          {"watch_from", s.watch_from},
           {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)}};
 }
 
@@ -820,6 +850,7 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
       s.measured_profile = std::move(profile);
       s.window.clear();
       s.drifting = 0;
+      s.watch_from = std::min(saved.value("watch_from", steps), steps);
       return s.resume_in(plan, false);
     }
     if (phase == "trial" && profile) {

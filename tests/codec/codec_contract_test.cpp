@@ -324,6 +324,19 @@ std::vector<std::string> summable_specs() {
   return out;
 }
 
+// kept_fraction: the sparsifiers with a ratio carry that share of the elements (the auto
+// scheduler waits 1 / it steps for their error-feedback memory to fill); every other codec,
+// and a fixed k, says 1.
+TEST(KeptFraction, IsTheRatioOfTheSparsifiersAndOneOtherwise) {
+  for (const auto& s : kSpecs) {
+    const double kept = make_codec(s)->traits().kept_fraction;
+    const bool sparse = s.starts_with("topk") || s.starts_with("randomk") || s.starts_with("dgc");
+    EXPECT_EQ(kept, sparse ? 0.01 : 1.0) << s;
+  }
+  EXPECT_EQ(make_codec("topk:k=10")->traits().kept_fraction, 1.0);
+  EXPECT_EQ(make_codec("randomk:ratio=0.001")->traits().kept_fraction, 0.001);
+}
+
 TEST(SummableCodec, TheSummableOnesAreTheExpectedOnes) {
   EXPECT_EQ(summable_specs(),
             (std::vector<std::string>{"none", "fp16", "bf16", "randomk:ratio=0.01"}));
