@@ -7,7 +7,6 @@
 //     (sum[i] += value, or without kAdd sum[i] = 0 + value: decode_into without a fill)
 #pragma once
 
-
 #include "codec/casts_frame.h"
 #include "common/parallel.h"
 #include "gradcomp/codec.h"

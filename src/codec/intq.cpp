@@ -437,8 +437,8 @@ void IntQCodec::decode(std::span<const std::byte> frame, std::span<float> sum,
     if (bits_ == 8) {
       decode_i8<!kInto>(reinterpret_cast<const int8_t*>(codes) + b, sum.data() + b, e - b, scale);
     } else {  // chunks start at even elements, so on a byte
-      decode_i4<!kInto>(reinterpret_cast<const uint8_t*>(codes) + b / 2, sum.data() + b, e - b, scale,
-                offset);
+      decode_i4<!kInto>(reinterpret_cast<const uint8_t*>(codes) + b / 2, sum.data() + b, e - b,
+                        scale, offset);
     }
   });
 }
