@@ -16,8 +16,9 @@
 //   refine     the trials correct the model (a cost per message, compute slowed while
 //              exchanging, time outside the model); the corrected model proposes again, and
 //              plans it predicts faster than the fastest measured get a trial too;
-//   decide     the fastest measured plan is kept, never one slower than the measured
-//              uncompressed plan of the same run (do no harm);
+//   decide     the fastest measured plan is kept, unless a lossless plan (the measured
+//              uncompressed plan of the same run first) is within the trials' noise or 3% of
+//              it (do no harm); a larger gain that only the noise hides is measured again;
 //   watch      when the step time drifts by more than `drift` for several checks in a row (a link
 //              got slower, another job arrived), it calibrates and decides again; when the
 //              error feedback's residual keeps growing against the mean (compression costs
@@ -69,7 +70,9 @@ struct AutoSettings {
   // The convergence guard's watch, at every check: per compressed bucket, the norm of the
   // residual error feedback holds over the norm of the mean (the largest over ranks). A bucket
   // whose ratio rose at `residual_checks` checks in a row, to more than `residual_growth`
-  // times its value at the first check after the decision, makes the scheduler back off.
+  // times its value at the first check after the decision (after its memory filled: a
+  // sparsifier's takes 1/ratio steps), makes the scheduler back off, if the residual's own
+  // norm grew as much (a ratio raised only by a shrinking mean is no codec failing).
   double residual_growth = 4;
   uint64_t residual_checks = 3;
   // Calibration to use instead of measuring it, each on its own: a link known or recorded

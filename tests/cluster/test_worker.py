@@ -197,7 +197,8 @@ def test_train_auto_settings_reach_the_scheduler(tmp_path):
     for c in candidates:  # "3 buckets: 1 fp16/none/allgather, 2 none"
         codecs = {part.split()[1].split("/")[0] for part in c["summary"].split(": ")[1].split(", ")}
         assert codecs <= {"fp16", "none"}, c
-    assert decision["step"] <= 10 + 3 * len(candidates) + 1
+    # The trials, and two more when a gain the noise hid is measured again.
+    assert decision["step"] <= 10 + 3 * (len(candidates) + 2) + 1
 
 
 # ---------------------------------------------------------------------------- --optimizer

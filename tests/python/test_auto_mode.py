@@ -14,10 +14,10 @@ from conftest import GRADCOMP
 
 @pytest.fixture(scope="module")
 def runs(module_runner, tmp_path_factory):
-    """30 steps at 2 ranks, saving a checkpoint after step 24 (after the decision), and the
+    """36 steps at 2 ranks, saving a checkpoint after step 30 (after the decision), and the
     last 6 steps again in new processes from that checkpoint."""
-    straight = module_runner("auto_mode.py", "--save-at", 24, "--errors").check()
-    resumed = module_runner("auto_mode.py", "--begin", 24, "--load",
+    straight = module_runner("auto_mode.py", "--save-at", 30, "--errors").check()
+    resumed = module_runner("auto_mode.py", "--begin", 30, "--load",
                             straight.out / "ckpt").check()
     return straight, resumed
 
@@ -119,8 +119,8 @@ def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):
 
 @pytest.fixture(scope="module")
 def ddp_runs(module_runner):
-    straight = module_runner("ddp_auto.py", "--save-at", 26).check()
-    resumed = module_runner("ddp_auto.py", "--begin", 26, "--load", straight.out / "ckpt").check()
+    straight = module_runner("ddp_auto.py", "--save-at", 30).check()
+    resumed = module_runner("ddp_auto.py", "--begin", 30, "--load", straight.out / "ckpt").check()
     return straight, resumed
 
 

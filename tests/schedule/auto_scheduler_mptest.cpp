@@ -340,31 +340,67 @@ int drive_noisy(AutoScheduler& scheduler, uint64_t steps, double jitter,
   });
 }
 
+size_t trials_of(const nlohmann::json& decision, const AutoSettings& s) {
+  return static_cast<size_t>(decision["search_steps"].get<double>()) / s.trial_steps;
+}
+
 // Compressed plans measure 8-10% faster than uncompressed, more than kMinGain, but each step
-// is 10 ms off: the clock cannot tell them from uncompressed, so no lossy plan is kept.
+// is 10 ms off: the clock cannot tell them from uncompressed. The gain is worth a second look:
+// the fastest and uncompressed are measured again, still within the noise, so no lossy plan is
+// kept.
 TEST(AutoScheduler, AGainWithinTheTrialsNoiseKeepsUncompressed) {
-  AutoScheduler scheduler(world(), model_tensors(), settings());
-  drive_noisy(scheduler, 45, 10, [](const Plan& p) {
+  const auto ms_of = [](const Plan& p) {
     return is_compressed(p) ? 90.0 + static_cast<double>(p.hash() % 3) : 100.0;
+  };
+  AutoScheduler scheduler(world(), model_tensors(), settings());
+  drive_noisy(scheduler, 60, 10, ms_of);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto decision = scheduler.report()["decisions"][0];
+  const std::string why = decision["why"].get<std::string>();
+  EXPECT_EQ(decision["kept"].get<size_t>(), 0u) << why;
+  EXPECT_NE(why.find("noise"), std::string::npos) << why;
+  EXPECT_NE(why.find("measured twice"), std::string::npos) << why;
+  EXPECT_EQ(trials_of(decision, settings()), decision["candidates"].size() + 2);
+  for (const auto& c : decision["candidates"]) EXPECT_GT(c["noise_ms"].get<double>(), 5) << c["name"];
+  // Without the noise the same gain is kept, measured once.
+  AutoScheduler quiet(world(), model_tensors(), settings());
+  drive_noisy(quiet, 60, 0, ms_of);
+  ASSERT_EQ(quiet.phase(), "decided");
+  const auto quiet_decision = quiet.report()["decisions"][0];
+  EXPECT_NE(quiet_decision["kept"].get<size_t>(), 0u);
+  EXPECT_EQ(trials_of(quiet_decision, settings()), quiet_decision["candidates"].size());
+}
+
+// A 15% gain the first trials' noise hides (every step 10 ms off) while the machine is busy:
+// measured again once it is quiet, with the first trials' steps, the gain shows and is kept.
+TEST(AutoScheduler, AGainTheNoiseHidIsKeptWhenMeasuringAgainShowsIt) {
+  AutoSettings s = settings();
+  s.trial_steps = 5;
+  const auto ms_of = [](const Plan& p) { return is_compressed(p) ? 85.0 : 100.0; };
+  // Where the first search decides on a quiet clock: the noisy run is noisy until then.
+  AutoScheduler quiet(world(), model_tensors(), s);
+  drive_noisy(quiet, 80, 0, ms_of);
+  ASSERT_EQ(quiet.phase(), "decided");
+  const auto decided_at = quiet.report()["decisions"][0]["step"].get<uint64_t>();
+  AutoScheduler scheduler(world(), model_tensors(), s);
+  uint64_t step = 0;
+  drive_on(scheduler, 80, [&](const Plan& p) {
+    const double jitter = step + 1 < decided_at ? (step % 2 == 0 ? 10.0 : -10.0) : 0.0;
+    ++step;
+    return ms_of(p) + jitter;
   });
   ASSERT_EQ(scheduler.phase(), "decided");
   const auto decision = scheduler.report()["decisions"][0];
-  EXPECT_EQ(decision["kept"].get<size_t>(), 0u) << decision["why"];
-  EXPECT_NE(decision["why"].get<std::string>().find("noise"), std::string::npos) << decision["why"];
-  for (const auto& c : decision["candidates"]) EXPECT_GT(c["noise_ms"].get<double>(), 5) << c["name"];
-  // Without the noise the same gain is kept.
-  AutoScheduler quiet(world(), model_tensors(), settings());
-  drive_noisy(quiet, 45, 0, [](const Plan& p) {
-    return is_compressed(p) ? 90.0 + static_cast<double>(p.hash() % 3) : 100.0;
-  });
-  ASSERT_EQ(quiet.phase(), "decided");
-  EXPECT_NE(quiet.report()["decisions"][0]["kept"].get<size_t>(), 0u);
+  const std::string why = decision["why"].get<std::string>();
+  EXPECT_NE(decision["kept"].get<size_t>(), 0u) << why;
+  EXPECT_NE(why.find("measured twice"), std::string::npos) << why;
+  EXPECT_EQ(trials_of(decision, s), decision["candidates"].size() + 2);
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
 }
 
-// Compressed plans that the noisy clock cannot tell apart (they differ by less than the noise):
-// the first of them in the model's ranking is kept, whichever measured fastest, so repeated
-// runs keep the same plan.
-TEST(AutoScheduler, PlansWithinTheNoiseOfEachOtherKeepTheModelsFirst) {
+// Compressed plans close to each other on a noisy clock: the fastest measured is kept, not the
+// model's first (the trials are there to overrule the model's ranking).
+TEST(AutoScheduler, AmongLossyPlansTheFastestMeasuredIsKept) {
   AutoSettings s = settings();
   s.max_proposals = 4;
   s.link = model::Link{.bytes_per_s = 1.25e9, .latency_s = 50e-6};  // the same proposals always
@@ -384,8 +420,8 @@ TEST(AutoScheduler, PlansWithinTheNoiseOfEachOtherKeepTheModelsFirst) {
   }
   ASSERT_NE(fastest, 1u) << "the test needs a fastest plan other than the model's first"
                          << trials_text(decision);
-  EXPECT_EQ(decision["kept"].get<size_t>(), 1u) << decision["why"];
-  EXPECT_NE(decision["why"].get<std::string>().find("within the trials' noise"), std::string::npos)
+  EXPECT_EQ(decision["kept"].get<size_t>(), fastest) << decision["why"];
+  EXPECT_NE(decision["why"].get<std::string>().find("fastest measured"), std::string::npos)
       << decision["why"];
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
 }
@@ -553,6 +589,37 @@ TEST(AutoScheduler, AResidualFillingAfterAPlanChangeIsNotABackOff) {
   ASSERT_EQ(decisions.size(), 2u) << "growth after the fill was not seen";
   EXPECT_NE(decisions[1]["reason"].get<std::string>().find("randomk"), std::string::npos);
   EXPECT_FALSE(compresses_any(scheduler.current_plan()));  // nothing gentler but uncompressed
+}
+
+// Under AdamW the gradients shrink as the model converges: the residual's ratio to the mean
+// rises check after check although the residual holds steady. No codec is failing: no back-off.
+// A residual that then grows itself is one.
+TEST(AutoScheduler, AMeanThatShrinksUnderASteadyResidualIsNoBackOff) {
+  AutoScheduler scheduler(world(), model_tensors(), settings());
+  double residual = 1, mean = 1;
+  bool residual_grows = false;
+  scheduler.set_health_source(
+      {[] {},
+       [&] {
+         std::vector<Engine::BucketHealth> health;
+         for (const auto& b : scheduler.current_plan().buckets) {
+           health.push_back({b.option.codec != "none" ? residual : 0.0, mean});
+         }
+         mean /= 1.5;
+         if (residual_grows) residual *= 1.8;
+         return health;
+       }});
+  drive(scheduler, 45, false);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  ASSERT_TRUE(compresses_any(scheduler.current_plan()));
+  drive(scheduler, 140, false);  // past top-k 1%'s 100 steps of filling, the mean 1e5x smaller
+  EXPECT_LT(mean, 1e-5);
+  EXPECT_EQ(scheduler.report()["decisions"].size(), 1u) << scheduler.report()["decisions"].dump(1);
+  residual_grows = true;
+  drive(scheduler, 24, false);
+  const auto decisions = scheduler.report()["decisions"];
+  ASSERT_GE(decisions.size(), 2u) << "a growing residual was not seen";
+  EXPECT_NE(decisions[1]["reason"].get<std::string>().find("residual"), std::string::npos);
 }
 
 // A new scheduler restored from what `first` saved; the plan restore() returns is first's.

@@ -9,7 +9,8 @@ import common
 import gradcomp
 import gradcomp.torch as gc
 
-# At most 6 + (1 + 2 + 2) x 3 = 21 steps to the decision (the checkpoint is taken after 24).
+# At most 6 + (1 + 2 + 2 + 2) x 3 = 27 steps to the decision (1 uncompressed, 2 proposed, 2
+# refined, 2 measured again; the checkpoint is taken after 30).
 AUTO = {"warmup_steps": 6, "profile_steps": 3, "trial_steps": 3, "max_proposals": 2,
         "verbose": False,
         "drift": 9.0}  # no new search from timing noise: the runs must be reproducible
@@ -48,7 +49,7 @@ def refusals(model):
 
 
 def main():
-    p = common.resumable_parser(__doc__, steps=30)
+    p = common.resumable_parser(__doc__, steps=36)
     p.add_argument("--errors", action="store_true")
     p.add_argument("--local-size", type=int, default=0, help="ranks per node (0: the launcher's)")
     p.add_argument("--candidates", help="';'-separated options instead of the recommended ones")
