@@ -8,13 +8,14 @@
 #pragma once
 
 #include "codec/casts_frame.h"
+#include "codec/one_decoder_codec.h"
 #include "common/parallel.h"
 #include "gradcomp/codec.h"
 
 namespace gradcomp::casts {
 
 template <typename Format>
-class HalfCastCodec final : public Codec {
+class HalfCastCodec final : public OneDecoderCodec<HalfCastCodec<Format>> {
  public:
   CodecId id() const override { return Format::kId; }
   std::string spec() const override { return Format::kName; }
@@ -37,32 +38,25 @@ class HalfCastCodec final : public Codec {
                                       residual.data() + b);
       }
     });
-    write_frame_header({.codec_id = static_cast<uint8_t>(id()), .param_hash = param_hash(),
-                        .elements = n, .payload_bytes = 2 * n},
+    write_frame_header({.codec_id = static_cast<uint8_t>(id()),
+                        .param_hash = this->param_hash(),
+                        .elements = n,
+                        .payload_bytes = 2 * n},
                        out);
     return max_frame_bytes(n);
   }
 
-  void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
-                         const Context& ctx) const override {
-    decode<false>(frame, sum, ctx);
-  }
-  void decode_into(std::span<const std::byte> frame, std::span<float> out,
-                   const Context& ctx) const override {
-    decode<true>(frame, out, ctx);
-  }
-
  private:
-  // kInto: each value is stored as 0 + value, without reading `sum` (no fill first).
-  template <bool kInto>
+  friend class OneDecoderCodec<HalfCastCodec<Format>>;
+  template <bool kAdd>
   void decode(std::span<const std::byte> frame, std::span<float> sum, const Context& ctx) const {
     FrameHeader h;
-    const auto payload = check_frame(frame, expectation(sum.size()), &h);
+    const auto payload = check_frame(frame, this->expectation(sum.size()), &h);
     // Half precision carries NaN and Inf itself, so the non-finite flag is never written.
     check_header(Format::kName, h, payload.size(), 2 * sum.size(), /*summable=*/true,
                  /*allowed_flags=*/0);
     for_chunks(sum.size(), ctx.threads, [&](size_t b, size_t e, size_t) {
-      Format::template accumulate<!kInto>(payload.data() + 2 * b, e - b, sum.data() + b);
+      Format::template accumulate<kAdd>(payload.data() + 2 * b, e - b, sum.data() + b);
     });
   }
 };

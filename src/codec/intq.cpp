@@ -29,6 +29,7 @@
 #include <limits>
 
 #include "codec/factories.h"
+#include "codec/one_decoder_codec.h"
 #include "common/parallel.h"
 #include "gradcomp/error.h"
 #include "gradcomp/random.h"
@@ -190,7 +191,7 @@ void check_residual(const char* codec, std::span<const float> input, std::span<f
   }
 }
 
-class IntQCodec final : public Codec {
+class IntQCodec final : public OneDecoderCodec<IntQCodec> {
  public:
   explicit IntQCodec(unsigned bits) : bits_(bits) {}
 
@@ -218,18 +219,10 @@ class IntQCodec final : public Codec {
   void absorb_round(int round, std::span<const std::byte> reduced, const Context& ctx) override;
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
                 std::span<float> residual) override;
-  void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
-                         const Context& ctx) const override {
-    decode<false>(frame, sum, ctx);
-  }
-  void decode_into(std::span<const std::byte> frame, std::span<float> out,
-                   const Context& ctx) const override {
-    decode<true>(frame, out, ctx);
-  }
 
  private:
-  // kInto: each element is written as 0 + its value, without reading `sum` (no fill first).
-  template <bool kInto>
+  friend class OneDecoderCodec<IntQCodec>;
+  template <bool kAdd>  // OneDecoderCodec
   void decode(std::span<const std::byte> frame, std::span<float> sum, const Context& ctx) const;
   size_t code_bytes(size_t n) const { return bits_ == 8 ? n : (n + 1) / 2; }
   uint32_t max_code(uint32_t world) const;
@@ -414,7 +407,7 @@ float IntQCodec::checked_scale(const FrameHeader& h, std::span<const std::byte> 
   return scale;
 }
 
-template <bool kInto>
+template <bool kAdd>
 void IntQCodec::decode(std::span<const std::byte> frame, std::span<float> sum,
                        const Context& ctx) const {
   FrameHeader h;
@@ -428,17 +421,17 @@ void IntQCodec::decode(std::span<const std::byte> frame, std::span<float> sum,
   }
   const float scale = checked_scale(h, payload);
   if (h.flags & kFlagNonFinite) {  // the input held NaN or Inf somewhere
-    for (float& s : sum) s = (kInto ? 0.0f : s) + std::numeric_limits<float>::quiet_NaN();
+    for (float& s : sum) s = (kAdd ? s : 0.0f) + std::numeric_limits<float>::quiet_NaN();
     return;
   }
   const auto offset = static_cast<float>(std::to_integer<uint8_t>(payload.back()));
   const std::byte* codes = payload.data();
   for_chunks(n, ctx.threads, [&](size_t b, size_t e, size_t) {
     if (bits_ == 8) {
-      decode_i8<!kInto>(reinterpret_cast<const int8_t*>(codes) + b, sum.data() + b, e - b, scale);
+      decode_i8<kAdd>(reinterpret_cast<const int8_t*>(codes) + b, sum.data() + b, e - b, scale);
     } else {  // chunks start at even elements, so on a byte
-      decode_i4<!kInto>(reinterpret_cast<const uint8_t*>(codes) + b / 2, sum.data() + b, e - b,
-                        scale, offset);
+      decode_i4<kAdd>(reinterpret_cast<const uint8_t*>(codes) + b / 2, sum.data() + b, e - b, scale,
+                      offset);
     }
   });
 }

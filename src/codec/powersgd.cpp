@@ -33,10 +33,11 @@
 #include <optional>
 
 #include "codec/factories.h"
-#include "common/buffer.h"
-#include "common/state_io.h"
+#include "codec/one_decoder_codec.h"
 #include "codec/powersgd_matrix.h"
 #include "codec/powersgd_view.h"
+#include "common/buffer.h"
+#include "common/state_io.h"
 #include "gradcomp/error.h"
 #include "gradcomp/random.h"
 
@@ -69,7 +70,7 @@ void check_residual(const char* codec, std::span<const float> input, std::span<f
   }
 }
 
-class PowerSgdCodec final : public Codec {
+class PowerSgdCodec final : public OneDecoderCodec<PowerSgdCodec> {
  public:
   PowerSgdCodec(size_t rank, size_t cols, bool warm_start)
       : rank_(rank), cols_(cols), warm_start_(warm_start) {}
@@ -114,14 +115,6 @@ class PowerSgdCodec final : public Codec {
   void absorb_round(int round, std::span<const std::byte> reduced, const Context& ctx) override;
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
                 std::span<float> residual) override;
-  void decode_accumulate(std::span<const std::byte> frame, std::span<float> sum,
-                         const Context& ctx) const override {
-    decode_last<true>(frame, sum, ctx);
-  }
-  void decode_into(std::span<const std::byte> frame, std::span<float> out,
-                   const Context& ctx) const override {
-    decode_last<false>(frame, out, ctx);
-  }
   std::vector<std::byte> save_state() const override;
   void load_state(std::span<const std::byte> state) override;
   void discard() override;
@@ -150,9 +143,9 @@ class PowerSgdCodec final : public Codec {
   void read_q_blocks(StateReader& in, uint32_t version, uint64_t n);
   // The last round's frame decoded, P_hat (sum Q)^T and the plain values, added into `out`
   // (kAdd) or written over it (0 + value): the blocks and plain ranges cover every element.
+  friend class OneDecoderCodec<PowerSgdCodec>;
   template <bool kAdd>
-  void decode_last(std::span<const std::byte> frame, std::span<float> out,
-                   const Context& ctx) const;
+  void decode(std::span<const std::byte> frame, std::span<float> out, const Context& ctx) const;
 
   size_t rank_, cols_;
   bool warm_start_;
@@ -370,8 +363,8 @@ size_t PowerSgdCodec::encode(std::span<const float> input, std::span<std::byte> 
 }
 
 template <bool kAdd>
-void PowerSgdCodec::decode_last(std::span<const std::byte> frame, std::span<float> sum,
-                                const Context& ctx) const {
+void PowerSgdCodec::decode(std::span<const std::byte> frame, std::span<float> sum,
+                           const Context& ctx) const {
   const auto put = kAdd ? powersgd::add_row : powersgd::store_row;
   FrameHeader h;
   const auto payload = check_frame(frame, expectation(sum.size(), 1), &h);

@@ -229,6 +229,7 @@ struct AutoScheduler::Impl {
   void mark(const std::string& name, Clock::time_point start, const AutoDecision& d) const;
   std::vector<double> first_ratio, last_ratio;  // per bucket of the plan in force
   std::vector<double> first_residual;           // the residual's norm where first_ratio is
+  std::vector<uint64_t> judged_from;            // the step each bucket's memory has filled
   std::vector<uint64_t> rising;                 // consecutive checks each ratio rose
   uint64_t watch_from = 0;  // the step from which the plan in force is watched
   std::set<std::string> excluded_codecs;        // backed off from: left out of later searches
@@ -740,10 +741,13 @@ std::optional<Plan> AutoScheduler::Impl::watch_residuals() {
     first_ratio = last_ratio = ratios;
     first_residual = residuals;
     rising.assign(n, 0);
+    judged_from.clear();
+    for (const auto& bucket : current.buckets)
+      judged_from.push_back(watch_from + fill_steps(bucket));
     return std::nullopt;
   }
   for (size_t b = 0; b < n; ++b) {
-    if (steps < watch_from + fill_steps(current.buckets[b])) {
+    if (steps < judged_from[b]) {
       first_ratio[b] = ratios[b];
       first_residual[b] = residuals[b];
       continue;
