@@ -288,7 +288,7 @@ std::vector<TensorPiece> slice_tensor(const TensorInfo& tensor, size_t index) {
   size_t first = 0;
   for (size_t i = 0; i < k; ++i) {
     const size_t count = units / k + (i < units % k ? 1 : 0);  // the first slices one more
-    TensorPiece piece{.tensor = index, .slice = i, .offset = first * row};
+    TensorPiece piece{.tensor = index, .slice = i, .offset = first * row, .info = {}};
     piece.info.name = fmt::format("{}#{}", tensor.name, i);
     piece.info.elements = count * row;
     if (by_rows) {

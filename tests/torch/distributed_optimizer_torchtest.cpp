@@ -228,8 +228,13 @@ TEST(DistributedOptimizer, CheckpointResumesBitExactlyWithErrorFeedback) {
 TEST(DistributedOptimizer, AutoDecidesAndResumesItsDecision) {
   GradientOptions options;
   options.min_compress_elements = 1;
-  options.auto_settings = AutoSettings{.warmup_steps = 4, .profile_steps = 2, .trial_steps = 2,
-                                       .drift = 9, .verbose = false};
+  AutoSettings settings;
+  settings.warmup_steps = 4;
+  settings.profile_steps = 2;
+  settings.trial_steps = 2;
+  settings.drift = 9;
+  settings.verbose = false;
+  options.auto_settings = settings;
   Parameters p = make_parameters();
   ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
   DistributedOptimizer opt(sgd, p, world(), options);
