@@ -104,8 +104,8 @@ struct AutoCandidate {
   std::string name;          // "planner's best", "powersgd:rank=4|ef alone", "uncompressed"
   std::string summary;       // "12 buckets: 9 powersgd:rank=4/ef/allreduce, 3 none"
   double predicted_ms = 0;   // the calibrated model's iteration time
-  double measured_ms = 0;    // median over the trial's measured steps of the slowest rank's
-  uint64_t first_step = 0;   // the engine step its trial began
+  double measured_ms = 0;    // median over its trials' measured steps of the slowest rank's
+  uint64_t first_step = 0;   // the engine step its (last) trial began
   Plan plan;                 // the plan itself
   int round = 1;             // 1: proposed by the model as calibrated; 2: as corrected by round 1
   double noise_ms = 0;       // measured_ms's uncertainty, from the spread of the trial's steps
