@@ -77,6 +77,7 @@ class ProcessGroupTransport final : public Transport {
   Milliseconds timeout() const override { return timeout_; }
   bool drain(Milliseconds timeout) override { return queue_.drain(timeout); }
 
+  bool can_split() const override { return false; }
   std::unique_ptr<Transport> split(int, int) override {
     throw Error(
         "torch.distributed transport: a process group cannot be split from gradcomp; the "

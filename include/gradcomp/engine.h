@@ -35,6 +35,12 @@ struct EngineOptions {
   std::string timeline{};      // Chrome-trace path; empty: GRADCOMP_TIMELINE (may be empty)
   int local_size = 0;          // ranks per node for the hierarchical route; 0: from launcher
   int codec_threads = 1;       // threads one codec call may use
+  // Buckets exchanged at once: bucket b travels on stream b % streams (Transport::stream), each
+  // with its own exchange thread, so a small bucket does not wait behind a large one (as under
+  // c10d's Gloo, which runs two collectives at once). Buckets of routes over nodes take stream
+  // 0. One stream on a single rank and on a transport that cannot split. 0: GRADCOMP_STREAMS,
+  // else 2.
+  int streams = 0;
 };
 
 // What the last completed step did on this rank.
@@ -45,7 +51,8 @@ struct StepStats {
   size_t uncompressed_bytes = 0;  // 4 bytes per element of every bucket
   double step_seconds = 0;       // first ready() to the end of synchronize()
   double exchange_seconds = 0;   // time in the exchange stage: collectives and the work between
-                                 // them (the two-way server step, PowerSGD's rounds)
+                                 // them (the two-way server step, PowerSGD's rounds), summed
+                                 // over the buckets (streams overlap)
   bool finite = true;            // every bucket's mean was finite; if not, every feedback and
                                  // codec state took the step back (a loss scaler skips it)
 };

@@ -100,6 +100,17 @@ class Transport {
   // size is not a multiple of the local size, or the backend cannot split.
   std::shared_ptr<const NodeGroups> nodes(int local_size);
 
+  // Stream `index` of this transport: 0 is this transport itself; stream i >= 1 is another
+  // communicator over the same ranks, split from this one by the first call for i (a
+  // collective: every rank makes that call at the same point of its sequence) and kept while
+  // this transport lives. Collectives on different streams run at the same time, each stream's
+  // in its own order: the engine exchanges its buckets on several, so a small bucket does not
+  // wait behind a large one (c10d's Gloo process group runs two collectives at once too).
+  // Throws Error when the backend cannot split (can_split()).
+  Transport& stream(size_t index);
+  // Whether split() can make new communicators (a torch.distributed group cannot).
+  virtual bool can_split() const { return true; }
+
   // The timeout of one collective.
   virtual Milliseconds timeout() const = 0;
 
@@ -130,6 +141,8 @@ class Transport {
   // node group does not need its parent alive (an MPI communicator, a Gloo context of its own).
   std::mutex nodes_mutex_;
   std::map<int, std::shared_ptr<const NodeGroups>> nodes_;  // by local size
+  std::mutex streams_mutex_;
+  std::vector<std::unique_ptr<Transport>> streams_;  // stream i + 1 at index i
 };
 
 // How to start a transport. Fields left at their defaults come from the environment, so a job

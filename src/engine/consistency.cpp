@@ -13,7 +13,7 @@
 namespace gradcomp {
 namespace {
 
-constexpr size_t kSummaryWords = 5;  // plan hash, tensors, buckets, seed, local size
+constexpr size_t kSummaryWords = 6;  // plan hash, tensors, buckets, seed, local size, streams
 
 uint64_t tensor_hash(const TensorInfo& t) {
   return fnv1a64(t.name + '\0' + std::to_string(t.elements));
@@ -127,17 +127,19 @@ void check_consistency(Transport& world, const Plan& plan, const SharedSettings&
   const nlohmann::json json = plan.to_json();
   for (const auto& b : json["buckets"]) buckets.push_back(fnv1a64(b.dump()));
 
-  const std::array<uint64_t, kSummaryWords> summary = {
-      plan.hash(), tensors.size(), buckets.size(), settings.seed, settings.local_size};
+  const std::array<uint64_t, kSummaryWords> summary = {plan.hash(),         tensors.size(),
+                                                       buckets.size(),      settings.seed,
+                                                       settings.local_size, settings.streams};
   const auto all = gather_words(world, summary, timeout);
   const auto ranks = static_cast<size_t>(world.size());
-  bool same_plan = true, same_seed = true, same_local = true;
+  bool same_plan = true, same_seed = true, same_local = true, same_streams = true;
   std::vector<uint64_t> tensor_counts, bucket_counts;
   for (size_t r = 0; r < ranks; ++r) {
     const uint64_t* theirs = &all[r * kSummaryWords];
     same_plan = same_plan && theirs[0] == summary[0];
     same_seed = same_seed && theirs[3] == summary[3];
     same_local = same_local && theirs[4] == summary[4];
+    same_streams = same_streams && theirs[5] == summary[5];
     tensor_counts.push_back(theirs[1]);
     bucket_counts.push_back(theirs[2]);
   }
@@ -153,6 +155,10 @@ void check_consistency(Transport& world, const Plan& plan, const SharedSettings&
   if (!same_seed) settings_differ("seeds", settings.seed, world.rank(), all, 3);
   if (!same_local) {
     settings_differ("local sizes (ranks per node)", settings.local_size, world.rank(), all, 4);
+  }
+  if (!same_streams) {
+    settings_differ("stream counts (EngineOptions::streams, GRADCOMP_STREAMS)", settings.streams,
+                    world.rank(), all, 5);
   }
 }
 

@@ -11,6 +11,7 @@ namespace gradcomp {
 struct SharedSettings {
   uint64_t seed = 0;        // keys the codecs' (shared) randomness
   uint64_t local_size = 0;  // ranks per node (hierarchical plans; 0 otherwise)
+  uint64_t streams = 1;     // buckets exchanged at once (EngineOptions::streams)
 };
 
 // A collective over `world`. Returns when all ranks agree; otherwise throws CommError naming the

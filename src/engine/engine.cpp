@@ -3,7 +3,10 @@
 // docs/architecture.md for the threading and ordering rules.
 #include "gradcomp/engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -12,14 +15,12 @@
 #include <mutex>
 #include <unordered_map>
 
-#include <fmt/format.h>
-
-#include "gradcomp/kept_thread.h"
-#include "engine/live_bucket.h"
 #include "engine/consistency.h"
+#include "engine/live_bucket.h"
 #include "engine/rank_path.h"
 #include "engine/state_file.h"
 #include "gradcomp/error.h"
+#include "gradcomp/kept_thread.h"
 #include "gradcomp/timeline.h"
 #include "route/frames.h"
 #include "route/route.h"
@@ -49,6 +50,24 @@ std::string timeline_from_environment() {
   return path == nullptr ? std::string() : std::string(path);
 }
 
+constexpr int kDefaultStreams = 2;
+constexpr int kMaxStreams = 16;
+
+int streams_from_environment() {
+  const char* text = std::getenv("GRADCOMP_STREAMS");
+  if (text == nullptr || *text == '\0') return kDefaultStreams;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(text, &end, 10);
+  if (*end != '\0' || errno != 0 || n < 1 || n > kMaxStreams) {
+    throw Error(
+        fmt::format("GRADCOMP_STREAMS is '{}'; it must be a whole number from 1 to {} "
+                    "(buckets exchanged at once)",
+                    text, kMaxStreams));
+  }
+  return static_cast<int>(n);
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -61,7 +80,7 @@ struct Engine::Impl {
 
   // Stage threads.
   void encoder_loop();
-  void exchanger_loop();
+  void exchanger_loop(size_t stream);
   void decoder_loop();
 
   // Launches every complete bucket whose predecessors are launched (under mutex); returns the
@@ -82,6 +101,7 @@ struct Engine::Impl {
   void attach_timeline();  // points every bucket's Phases at the current timeline
   bool plan_needs_nodes() const;  // some bucket's route needs nodes (route_needs_nodes)
   void check_plans_agree();  // the collective check of the constructor and of set_plan
+  void open_streams();
   void make_routes(bool with_nodes);
   void name_lanes();
   // set_plan: adds what the old plan's routes hold and have not delivered to `carried`, by
@@ -104,6 +124,9 @@ struct Engine::Impl {
   PieceTable layout;  // of `plan`: what the buckets hold
   EngineOptions options;
   std::shared_ptr<const NodeGroups> nodes;  // routes that need nodes only (the transport's)
+  std::vector<Transport*> streams;          // the transport's streams in use: [0] is the transport
+  std::vector<size_t> stream_of;            // per bucket: the stream (and exchange thread) it takes
+  uint64_t plan_changes = 0;                // set_plan calls that changed the plan
   std::unique_ptr<Timeline> timeline;
   std::vector<LiveBucket> buckets;
   bool settles_steps = false;  // some route keeps state: every step is kept or taken back whole
@@ -138,7 +161,8 @@ struct Engine::Impl {
   bool step_started = false;
   double exchange_seconds = 0;
 
-  KeptThread encoder, exchanger, decoder;
+  KeptThread encoder, decoder;
+  std::vector<KeptThread> exchangers;  // one per stream
 };
 
 Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
@@ -153,11 +177,19 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
     throw Error(fmt::format("Engine: codec_threads is {}; it must be at least 1",
                             options.codec_threads));
   }
+  if (options.streams == 0) options.streams = streams_from_environment();
+  if (options.streams < 1 || options.streams > kMaxStreams) {
+    throw Error(
+        fmt::format("Engine: streams is {}; it must be from 1 to {} (0: GRADCOMP_STREAMS, "
+                    "else {})",
+                    options.streams, kMaxStreams, kDefaultStreams));
+  }
   for (size_t t = 0; t < plan.tensors.size(); ++t) index_of.emplace(plan.tensors[t].name, t);
   carried.resize(plan.tensors.size());
   // First of all collectives, so that ranks with different plans fail here with a message
   // naming the difference, before they could issue different collectives (the node split).
   check_plans_agree();
+  open_streams();
   make_routes(plan_needs_nodes());
   const std::string path = options.timeline.empty() ? timeline_from_environment()
                                                     : options.timeline;
@@ -167,7 +199,11 @@ Engine::Impl::Impl(std::shared_ptr<Transport> transport_in, Plan plan_in,
   // a rebuilt engine runs on the threads (and malloc arenas) of the one before.
   try {
     encoder = KeptThread("gc-encoder", [this] { encoder_loop(); });
-    exchanger = KeptThread("gc-exchanger", [this] { exchanger_loop(); });
+    for (size_t k = 0; k < streams.size(); ++k) {
+      exchangers.emplace_back(
+          k == 0 ? std::string("gc-exchanger") : fmt::format("gc-exchanger{}", k),
+          [this, k] { exchanger_loop(k); });
+    }
     decoder = KeptThread("gc-decoder", [this] { decoder_loop(); });
   } catch (...) {
     // No thread to be had: the stages already started must end, or their handles, destroyed
@@ -188,7 +224,7 @@ void Engine::Impl::stop_stages() {
 Engine::Impl::~Impl() {
   stop_stages();
   encoder.join();
-  exchanger.join();
+  for (KeptThread& e : exchangers) e.join();
   decoder.join();
   if (error) release_after_failure();
 }
@@ -205,7 +241,9 @@ void Engine::Impl::release_after_failure() {
     timed_out = true;
   } catch (...) {
   }
-  if (!transport->drain(options.timeout) || timed_out) {
+  bool drained = true;
+  for (Transport* s : streams) drained = s->drain(options.timeout) && drained;
+  if (!drained || timed_out) {
     static_cast<void>(new std::vector<LiveBucket>(std::move(buckets)));  // deliberately kept
   }
 }
@@ -221,8 +259,16 @@ void Engine::Impl::check_plans_agree() {
     options.local_size = launch_info_from_environment().local_size;
   }
   check_consistency(*transport, plan,
-                    {options.seed, static_cast<uint64_t>(with_nodes ? options.local_size : 0)},
+                    {options.seed, static_cast<uint64_t>(with_nodes ? options.local_size : 0),
+                     static_cast<uint64_t>(options.streams)},
                     transport->timeout());
+}
+
+// The streams are split once per transport (Transport::stream), by every rank at this point of
+// the engine's construction, and kept for later engines on the same transport.
+void Engine::Impl::open_streams() {
+  const int count = transport->size() > 1 && transport->can_split() ? options.streams : 1;
+  for (int k = 0; k < count; ++k) streams.push_back(&transport->stream(static_cast<size_t>(k)));
 }
 
 void Engine::Impl::make_routes(bool with_nodes) {
@@ -235,7 +281,11 @@ void Engine::Impl::make_routes(bool with_nodes) {
   }
   slots.assign(layout.pieces.size(), TensorSlot{});
   buckets.reserve(plan.buckets.size());
+  stream_of.assign(plan.buckets.size(), 0);
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    // Routes over nodes stay on stream 0, whose node groups they use.
+    if (!options_of[b].over_nodes) stream_of[b] = b % streams.size();
+    env.world = streams[stream_of[b]];
     buckets.emplace_back(layout.plan, b, options_of[b], env, slots, options.timeout);
     settles_steps = settles_steps || buckets.back().route->stateful();
   }
@@ -359,6 +409,8 @@ void Engine::Impl::set_plan(Plan next, bool next_is_trial) {
   }
   carry_out(old_buckets, old_slots, next_layout);  // next_layout: the old plan's, swapped
   trial = next_is_trial;
+  ++plan_changes;
+  changed.notify_all();  // an exchange thread waiting for a bucket of the old plan starts over
   old_buckets.clear();  // the old routes go; the threads stay
   next_launch = 0;
   encode_queue.clear();
@@ -500,14 +552,33 @@ void Engine::Impl::encoder_loop() {
   }
 }
 
-void Engine::Impl::exchanger_loop() {
+// Exchanges the buckets of one stream in order; the threads of the streams run side by side.
+// A plan change between steps (set_plan) may move buckets to this stream or away from it while
+// this thread waits for the step: it then starts over on the new plan's buckets, and it ends
+// its part of a step only once the step is closed, so a bucket added late is not missed.
+void Engine::Impl::exchanger_loop(size_t stream) {
   uint64_t current = 0;  // the step this thread works on
   std::unique_lock lock(mutex);
   for (;;) {
     if (!wait_for(lock, [&] { return cycle == current; })) return;
     try {
-      for (size_t b = 0; b < buckets.size(); ++b) {
-        if (!wait_for(lock, [&] { return buckets[b].encoded_step == current; })) return;
+      uint64_t plan_seen = plan_changes;
+      size_t b = 0;
+      for (;;) {
+        while (b < buckets.size() && stream_of[b] != stream) ++b;
+        const bool all_done = b == buckets.size();
+        if (!wait_for(lock, [&] {
+              return plan_changes != plan_seen || cycle > current ||
+                     (!all_done && buckets[b].encoded_step == current);
+            })) {
+          return;
+        }
+        if (cycle > current) break;  // the step is closed
+        if (plan_changes != plan_seen) {
+          plan_seen = plan_changes;
+          b = 0;
+          continue;
+        }
         ++working;
         lock.unlock();
         const auto start = Clock::now();
@@ -518,6 +589,7 @@ void Engine::Impl::exchanger_loop() {
         exchange_seconds += seconds;
         buckets[b].exchanged_step = current;
         changed.notify_all();
+        ++b;
       }
     } catch (...) {
       if (!lock.owns_lock()) {

@@ -206,8 +206,8 @@ struct AutoScheduler::Impl {
   // Each candidate's agreed steps (the slowest rank's), over all of its trials.
   std::vector<std::vector<double>> candidate_times;
   std::vector<size_t> again;  // candidates to measure once more before deciding (decide())
-  bool measured_again = false;
-  std::pair<size_t, size_t> again_pair;  // the lossless plan and the faster lossy one
+  // The lossless plan and the faster lossy one, once measured twice (decide()).
+  std::optional<std::pair<size_t, size_t>> measured_again;
   uint64_t trials_run = 0;
   size_t trying() const { return again.empty() ? trial : again.front(); }  // the trial's plan
   Clock::time_point search_start;
@@ -350,7 +350,7 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   trial_times.clear();
   candidate_times.clear();
   again.clear();
-  measured_again = false;
+  measured_again.reset();
   trials_run = 0;
   phase = Phase::kTrial;
   const std::string nodes_text =
@@ -577,9 +577,8 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
     }
   }
   if (best != fastest && !measured_again && noise_hides_gain(best, fastest)) {
-    measured_again = true;
+    measured_again = {best, fastest};
     again = {best, fastest};
-    again_pair = {best, fastest};
     say(
         fmt::format("{} measured {}, {} {}: a gain above {:.0f}% that the trials' noise hides; "
                     "measuring both again",
@@ -612,7 +611,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   }
   if (measured_again) {
     search.why += fmt::format("; {} and {} were measured twice (a gain the noise hid)",
-                              cs[again_pair.first].name, cs[again_pair.second].name);
+                              cs[measured_again->first].name, cs[measured_again->second].name);
   }
   note_drift_outcome(cs[best].plan);
   search.kept = best;

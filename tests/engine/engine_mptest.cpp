@@ -101,6 +101,31 @@ TEST(Engine, SlicedTensorsCompressedAreBitIdentical) {
   }
 }
 
+// Buckets exchanged side by side on several streams end with the same bits as one after
+// another on one: each bucket's collectives are the same, only when they run changes.
+TEST(Engine, StreamsGiveTheSameBitsAsOneStream) {
+  for (const Option& option :
+       {Option{}, Option{.codec = "topk:ratio=0.05", .feedback = "ef", .route = "allgather"},
+        Option{.codec = "powersgd", .feedback = "ef"},
+        Option{.codec = "qsgd", .route = "twoway"}}) {
+    SCOPED_TRACE(option.codec);
+    std::vector<std::vector<std::vector<float>>> runs;
+    for (const int streams : {1, 2, 3}) {
+      Engine engine(world(), plan_with(option), EngineOptions{.seed = 3, .streams = streams});
+      ASSERT_GE(engine.plan().buckets.size(), 3u);
+      std::vector<std::vector<float>> all;
+      for (uint64_t step = 0; step < 3; ++step) {
+        const auto got = run_step(engine, step, backward_order(model_tensors().size()));
+        expect_identical_across_ranks(got);
+        all.insert(all.end(), got.begin(), got.end());
+      }
+      runs.push_back(std::move(all));
+    }
+    EXPECT_EQ(runs[1], runs[0]);
+    EXPECT_EQ(runs[2], runs[0]);
+  }
+}
+
 struct RouteCase {
   std::string name;
   Option option;
@@ -353,6 +378,9 @@ TEST(Engine, DifferentPlansSeedsAndNodesAreErrors) {
   EXPECT_NE(text.find("different seeds"), std::string::npos) << text;
   text = construction_error(plan_with({.route = "hierarchical"}), {.local_size = odd ? 1 : 2});
   EXPECT_NE(text.find("different local sizes"), std::string::npos) << text;
+  // Before any stream is split: a rank splitting alone would wait for the others.
+  text = construction_error(plan_with({}), {.streams = odd ? 1 : 2});
+  EXPECT_NE(text.find("different stream counts"), std::string::npos) << text;
   world()->barrier()->wait(world()->timeout());
 }
 

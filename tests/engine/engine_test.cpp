@@ -1,21 +1,23 @@
 // The engine in one process (a real Gloo transport of one rank): W = 1 gives back the
 // gradient itself, bad input is a clear Error, and a broken engine stays broken.
+#include "gradcomp/engine.h"
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cmath>
-#include <limits>
+#include <cstring>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <thread>
 
-#include "gradcomp/engine.h"
+#include "engine_testing.h"
 #include "gradcomp/error.h"
 #include "gradcomp/frame.h"
-#include "engine_testing.h"
 #include "support/codec_testing.h"
 #include "support/sanitizers.h"
 #include "support/single_rank.h"
@@ -118,6 +120,22 @@ TEST(EngineSingleRank, RejectsBadPlansAndOptions) {
               Engine e(single_rank(), small_plan(), EngineOptions{.timeline = "/nonexistent/x.json"});
             }).find("/nonexistent"),
             std::string::npos);
+  for (const int streams : {-1, 17}) {
+    const std::string text = error_text(
+        [&] { Engine e(single_rank(), small_plan(), EngineOptions{.streams = streams}); });
+    EXPECT_NE(text.find(fmt::format("streams is {}; it must be from 1 to 16", streams)),
+              std::string::npos)
+        << text;
+  }
+  // GRADCOMP_STREAMS when streams is 0: a bad value is an error naming it, a good one is used.
+  for (const char* bad : {"0", "two", "2x", "99"}) {
+    setenv("GRADCOMP_STREAMS", bad, 1);
+    const std::string text = error_text([&] { Engine e(single_rank(), small_plan()); });
+    EXPECT_NE(text.find(fmt::format("GRADCOMP_STREAMS is '{}'", bad)), std::string::npos) << text;
+  }
+  setenv("GRADCOMP_STREAMS", "3", 1);
+  EXPECT_EQ(error_text([&] { Engine e(single_rank(), small_plan()); }), "no error");
+  unsetenv("GRADCOMP_STREAMS");
 }
 
 TEST(EngineSingleRank, StateOfAStepInFlightIsRefused) {

@@ -3,15 +3,16 @@
 // applied plus what is still held equals the sum of the mean gradients; every rank ends every
 // step with the same bits; ranks that change to different plans get an error and go on with
 // the plan they had.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
-#include <fmt/format.h>
-
+#include "engine_testing.h"
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
-#include "engine_testing.h"
 
 namespace gradcomp {
 namespace {
@@ -85,6 +86,41 @@ TEST(PlanChange, NothingIsLostOverSwitchesThroughEveryRoute) {
   // Delivered, the carried memory is let go: as much memory as an engine built with this plan.
   Engine fresh(world(), plan_with({}), EngineOptions{.seed = 5});
   EXPECT_EQ(engine.memory_bytes(), fresh.memory_bytes());
+}
+
+// A plan of one bucket leaves stream 1 idle; its exchange thread may finish its (empty) part of
+// the next step before set_plan gives it a bucket. It must still exchange that bucket: before,
+// the step never ended.
+TEST(PlanChange, ABucketMovedOntoAnIdleStreamIsExchanged) {
+  const auto tensors = model_tensors();
+  Plan one;
+  one.tensors = tensors;
+  one.buckets.push_back(Bucket{{}, Option{}});
+  for (size_t t = 0; t < tensors.size(); ++t) one.buckets[0].tensors.push_back(t);
+  const Plan many = plan_with({});
+  ASSERT_GE(many.buckets.size(), 2u);
+  Engine engine(world(), one, EngineOptions{.streams = 2});
+  const int W = world()->size();
+  for (uint64_t step = 0; step < 4; ++step) {
+    // The idle stream's thread sees the step begin before the plan changes.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    engine.set_plan(step % 2 == 0 ? many : one);
+    std::vector<std::vector<float>> got;
+    for (size_t t = 0; t < tensors.size(); ++t) got.push_back(gradient(t, world()->rank(), step));
+    for (size_t t = tensors.size(); t-- > 0;) engine.ready(t, got[t]);
+    engine.synchronize();
+    expect_identical_across_ranks(got, fmt::format("step {}", step));
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      std::vector<double> mean(tensors[t].elements, 0.0);
+      for (int r = 0; r < W; ++r) {
+        const auto g = gradient(t, r, step);
+        for (size_t i = 0; i < g.size(); ++i) mean[i] += double{g[i]} / W;
+      }
+      for (size_t i = 0; i < got[t].size(); ++i) {
+        ASSERT_NEAR(got[t][i], mean[i], 1e-5) << tensors[t].name << "[" << i << "] step " << step;
+      }
+    }
+  }
 }
 
 // A plan change is a collective check, as construction is: ranks that change to different plans

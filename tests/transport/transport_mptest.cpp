@@ -582,6 +582,33 @@ TEST(Transport, NodeGroupsAreSplitOnceAndKept) {
       << error;
 }
 
+// Stream 1 is a communicator of its own, split once and kept: its collectives complete while
+// stream 0 holds one that cannot finish yet (rank 0 waits in a barrier the other ranks join
+// only after the stream-1 allreduce). On one queue, rank 0's allreduce would wait behind its
+// barrier, and the barrier for the allreduce: a deadlock.
+TEST(Transport, StreamsRunSideBySide) {
+  Transport& t = world();
+  EXPECT_EQ(&t.stream(0), &t);
+  Transport& s1 = t.stream(1);
+  EXPECT_NE(&s1, &t);
+  EXPECT_EQ(&t.stream(1), &s1);  // kept: a second split would be a collective
+  EXPECT_EQ(s1.rank(), t.rank());
+  EXPECT_EQ(s1.size(), t.size());
+  WorkPtr held;
+  if (t.rank() == 0) held = t.barrier();
+  std::vector<float> x{static_cast<float>(t.rank() + 1)};
+  finish(s1.allreduce(x), s1);
+  const int w = t.size();
+  EXPECT_EQ(x[0], static_cast<float>(w * (w + 1) / 2));
+  if (t.rank() != 0) held = t.barrier();
+  finish(held, t);
+  // Stream 2 is split after stream 1 (streams are made in order), and differs from both.
+  Transport& s2 = t.stream(2);
+  EXPECT_NE(&s2, &s1);
+  EXPECT_NE(&s2, &t);
+  finish(s2.barrier(), s2);
+}
+
 // ---- argument errors, thrown on the calling thread before anything starts -------------------
 
 TEST(Transport, ArgumentErrorsAtIssueTime) {
