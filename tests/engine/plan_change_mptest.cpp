@@ -26,6 +26,29 @@ std::vector<float> gradient(size_t t, int rank, uint64_t step) {
   return engine_testing::gradient(model_tensors(), t, rank, step);
 }
 
+// Rank r's gradients of `step` handed over in backward order; after synchronize(), the same bits
+// on every rank.
+std::vector<std::vector<float>> run_step(Engine& engine, uint64_t step) {
+  const size_t n = model_tensors().size();
+  std::vector<std::vector<float>> got;
+  for (size_t t = 0; t < n; ++t) got.push_back(gradient(t, world()->rank(), step));
+  for (size_t t = n; t-- > 0;) engine.ready(t, got[t]);
+  engine.synchronize();
+  expect_identical_across_ranks(got, fmt::format("step {}", step));
+  return got;
+}
+
+// The mean over ranks of tensor t's gradient in `step`, in double.
+std::vector<double> mean_gradient(size_t t, uint64_t step) {
+  const int W = world()->size();
+  std::vector<double> mean(model_tensors()[t].elements, 0.0);
+  for (int r = 0; r < W; ++r) {
+    const auto g = gradient(t, r, step);
+    for (size_t i = 0; i < g.size(); ++i) mean[i] += double{g[i]} / W;
+  }
+  return mean;
+}
+
 // Each option for two steps, then the uncompressed plan, which keeps nothing: at the end every
 // residual has been delivered. Error feedback everywhere (worker and two-way servers), so the
 // means add up to the gradients' (momenta would not: DGC and nesterov are left out).
@@ -49,7 +72,6 @@ TEST(PlanChange, NothingIsLostOverSwitchesThroughEveryRoute) {
   }
   plans.push_back(plan_with(options.back()));
   const auto tensors = model_tensors();
-  const int W = world()->size();
   Engine engine(world(), plans[0], EngineOptions{.seed = 5, .local_size = 2});
   std::vector<std::vector<double>> applied, expected;
   for (const auto& t : tensors) {
@@ -60,16 +82,10 @@ TEST(PlanChange, NothingIsLostOverSwitchesThroughEveryRoute) {
   for (size_t o = 0; o < plans.size(); ++o) {
     if (o > 0) engine.set_plan(plans[o]);
     for (int repeat = 0; repeat < 2; ++repeat, ++step) {
-      std::vector<std::vector<float>> got;
-      for (size_t t = 0; t < tensors.size(); ++t) got.push_back(gradient(t, world()->rank(), step));
-      for (size_t t = tensors.size(); t-- > 0;) engine.ready(t, got[t]);
-      engine.synchronize();
-      expect_identical_across_ranks(got, fmt::format("step {}", step));
+      const auto got = run_step(engine, step);
       for (size_t t = 0; t < tensors.size(); ++t) {
-        for (int r = 0; r < W; ++r) {
-          const auto g = gradient(t, r, step);
-          for (size_t i = 0; i < g.size(); ++i) expected[t][i] += double{g[i]} / W;
-        }
+        const auto mean = mean_gradient(t, step);
+        for (size_t i = 0; i < mean.size(); ++i) expected[t][i] += mean[i];
         for (size_t i = 0; i < got[t].size(); ++i) applied[t][i] += got[t][i];
       }
     }
@@ -100,22 +116,13 @@ TEST(PlanChange, ABucketMovedOntoAnIdleStreamIsExchanged) {
   const Plan many = plan_with({});
   ASSERT_GE(many.buckets.size(), 2u);
   Engine engine(world(), one, EngineOptions{.streams = 2});
-  const int W = world()->size();
   for (uint64_t step = 0; step < 4; ++step) {
     // The idle stream's thread sees the step begin before the plan changes.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     engine.set_plan(step % 2 == 0 ? many : one);
-    std::vector<std::vector<float>> got;
-    for (size_t t = 0; t < tensors.size(); ++t) got.push_back(gradient(t, world()->rank(), step));
-    for (size_t t = tensors.size(); t-- > 0;) engine.ready(t, got[t]);
-    engine.synchronize();
-    expect_identical_across_ranks(got, fmt::format("step {}", step));
+    const auto got = run_step(engine, step);
     for (size_t t = 0; t < tensors.size(); ++t) {
-      std::vector<double> mean(tensors[t].elements, 0.0);
-      for (int r = 0; r < W; ++r) {
-        const auto g = gradient(t, r, step);
-        for (size_t i = 0; i < g.size(); ++i) mean[i] += double{g[i]} / W;
-      }
+      const auto mean = mean_gradient(t, step);
       for (size_t i = 0; i < got[t].size(); ++i) {
         ASSERT_NEAR(got[t][i], mean[i], 1e-5) << tensors[t].name << "[" << i << "] step " << step;
       }
