@@ -102,6 +102,9 @@ struct Engine::Impl {
   bool plan_needs_nodes() const;  // some bucket's route needs nodes (route_needs_nodes)
   void check_plans_agree();  // the collective check of the constructor and of set_plan
   void open_streams();
+  // The stream (and exchange thread) of bucket b: routes over nodes stay on stream 0, whose
+  // node groups they use.
+  size_t stream_of(size_t b) const { return options_of[b].over_nodes ? 0 : b % streams.size(); }
   void make_routes(bool with_nodes);
   void name_lanes();
   // set_plan: adds what the old plan's routes hold and have not delivered to `carried`, by
@@ -125,7 +128,6 @@ struct Engine::Impl {
   EngineOptions options;
   std::shared_ptr<const NodeGroups> nodes;  // routes that need nodes only (the transport's)
   std::vector<Transport*> streams;          // the transport's streams in use: [0] is the transport
-  std::vector<size_t> stream_of;            // per bucket: the stream (and exchange thread) it takes
   uint64_t plan_changes = 0;                // set_plan calls that changed the plan
   std::unique_ptr<Timeline> timeline;
   std::vector<LiveBucket> buckets;
@@ -281,11 +283,8 @@ void Engine::Impl::make_routes(bool with_nodes) {
   }
   slots.assign(layout.pieces.size(), TensorSlot{});
   buckets.reserve(plan.buckets.size());
-  stream_of.assign(plan.buckets.size(), 0);
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
-    // Routes over nodes stay on stream 0, whose node groups they use.
-    if (!options_of[b].over_nodes) stream_of[b] = b % streams.size();
-    env.world = streams[stream_of[b]];
+    env.world = streams[stream_of(b)];
     buckets.emplace_back(layout.plan, b, options_of[b], env, slots, options.timeout);
     settles_steps = settles_steps || buckets.back().route->stateful();
   }
@@ -565,7 +564,7 @@ void Engine::Impl::exchanger_loop(size_t stream) {
       uint64_t plan_seen = plan_changes;
       size_t b = 0;
       for (;;) {
-        while (b < buckets.size() && stream_of[b] != stream) ++b;
+        while (b < buckets.size() && stream_of(b) != stream) ++b;
         const bool all_done = b == buckets.size();
         if (!wait_for(lock, [&] {
               return plan_changes != plan_seen || cycle > current ||
