@@ -72,7 +72,8 @@ std::span<std::byte> byte_span(const at::Tensor& t, const std::string& what) {
   if (!t.is_contiguous() || !t.device().is_cpu() || t.is_sparse()) {
     throw Error(what + " must be a dense contiguous CPU tensor");
   }
-  return {static_cast<std::byte*>(t.data_ptr()), t.numel() * t.element_size()};
+  return {static_cast<std::byte*>(t.data_ptr()),
+          static_cast<size_t>(t.numel()) * static_cast<size_t>(t.element_size())};
 }
 
 // A Python-owned engine over caller tensors (the DDP hook's buckets).

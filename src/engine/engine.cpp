@@ -6,15 +6,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <condition_variable>
-#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <mutex>
 #include <unordered_map>
 
+#include "common/environment.h"
 #include "engine/consistency.h"
 #include "engine/live_bucket.h"
 #include "engine/rank_path.h"
@@ -45,27 +44,14 @@ struct PieceTable {
   std::vector<size_t> first;  // tensor t's pieces are [first[t], first[t + 1])
 };
 
-std::string timeline_from_environment() {
-  const char* path = std::getenv("GRADCOMP_TIMELINE");
-  return path == nullptr ? std::string() : std::string(path);
-}
+std::string timeline_from_environment() { return env_text("GRADCOMP_TIMELINE").value_or(""); }
 
 constexpr int kDefaultStreams = 2;
 constexpr int kMaxStreams = 16;
 
 int streams_from_environment() {
-  const char* text = std::getenv("GRADCOMP_STREAMS");
-  if (text == nullptr || *text == '\0') return kDefaultStreams;
-  char* end = nullptr;
-  errno = 0;
-  const long n = std::strtol(text, &end, 10);
-  if (*end != '\0' || errno != 0 || n < 1 || n > kMaxStreams) {
-    throw Error(
-        fmt::format("GRADCOMP_STREAMS is '{}'; it must be a whole number from 1 to {} "
-                    "(buckets exchanged at once)",
-                    text, kMaxStreams));
-  }
-  return static_cast<int>(n);
+  return static_cast<int>(env_int("GRADCOMP_STREAMS", 1, kMaxStreams, "buckets exchanged at once")
+                              .value_or(kDefaultStreams));
 }
 
 }  // namespace

@@ -5,14 +5,13 @@
 
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
-#include "gradcomp/json_text.h"
+#include "common/environment.h"
 #include "gradcomp/error.h"
+#include "gradcomp/json_text.h"
 #include "gradcomp/model/cost_model.h"
 #include "gradcomp/spec.h"
 
@@ -175,8 +174,7 @@ CodecCosts CodecCosts::fit_bench(const json& bench) {
 }
 
 CodecCosts CodecCosts::shipped() {
-  const char* env = std::getenv("GRADCOMP_PROFILES");
-  const std::string dir = env != nullptr && *env != '\0' ? env : GRADCOMP_PROFILES_DIR;
+  const std::string dir = env_text("GRADCOMP_PROFILES").value_or(GRADCOMP_PROFILES_DIR);
   const std::string path = dir + "/codec-costs.json";
   std::ifstream in(path);
   if (!in) {

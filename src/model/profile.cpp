@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -17,8 +16,9 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "gradcomp/json_text.h"
+#include "common/environment.h"
 #include "gradcomp/error.h"
+#include "gradcomp/json_text.h"
 
 #ifndef GRADCOMP_PROFILES_DIR
 #error "GRADCOMP_PROFILES_DIR (the shipped profiles/ directory) is set by the top CMakeLists.txt"
@@ -153,10 +153,7 @@ void check_tensor(const Profile& profile, size_t i,
 
 // ---- Files.
 
-fs::path profiles_dir() {
-  const char* env = std::getenv("GRADCOMP_PROFILES");
-  return (env != nullptr && *env != '\0') ? fs::path(env) : fs::path(GRADCOMP_PROFILES_DIR);
-}
+fs::path profiles_dir() { return env_text("GRADCOMP_PROFILES").value_or(GRADCOMP_PROFILES_DIR); }
 
 bool looks_like_path(const std::string& text) {
   return text.find('/') != std::string::npos ||

@@ -22,8 +22,8 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <pthread.h>
-#include <unistd.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -38,12 +38,13 @@
 #include <thread>
 #include <utility>
 
-#include "gradcomp/error.h"
-#include "transport/backends.h"
+#include "common/environment.h"
 #include "common/reduce.h"
-#include "transport/local_address.h"
+#include "gradcomp/error.h"
 #include "gradcomp/op_queue.h"
 #include "gradcomp/roll_call.h"
+#include "transport/backends.h"
+#include "transport/local_address.h"
 #include "transport/tcp_store.h"
 
 namespace gradcomp {
@@ -53,12 +54,6 @@ using gloo::rendezvous::Store;
 using Device = gloo::transport::Device;
 
 std::string seconds(Milliseconds t) { return fmt::format("{:.3g}", t.count() / 1000.0); }
-
-std::optional<std::string> env(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  return std::string(value);
-}
 
 // ---- rendezvous ----------------------------------------------------------------------------
 
@@ -107,9 +102,9 @@ StoreSpec parse_store_spec(const std::string& text, const std::string& where) {
 // options.store, else GRADCOMP_STORE, else MASTER_ADDR + MASTER_PORT (as torchrun sets them).
 StoreSpec choose_store(const TransportOptions& options) {
   if (!options.store.empty()) return parse_store_spec(options.store, "TransportOptions::store");
-  if (auto store = env("GRADCOMP_STORE")) return parse_store_spec(*store, "GRADCOMP_STORE");
-  const auto addr = env("MASTER_ADDR");
-  const auto port = env("MASTER_PORT");
+  if (auto store = env_text("GRADCOMP_STORE")) return parse_store_spec(*store, "GRADCOMP_STORE");
+  const auto addr = env_text("MASTER_ADDR");
+  const auto port = env_text("MASTER_PORT");
   if (addr && port) {
     StoreSpec spec{fmt::format("tcp://{}:{}", *addr, *port), {}, *addr, 0};
     spec.port = parse_port(*port, "MASTER_PORT");
@@ -722,7 +717,8 @@ std::unique_ptr<Transport> GlooTransport::split(int color, int key) {
 // gives a run id.
 std::string world_prefix() {
   static std::atomic<int> instances{0};
-  const auto run = env("GRADCOMP_RUN_ID").value_or(env("TORCHELASTIC_RUN_ID").value_or("run"));
+  const auto run =
+      env_text("GRADCOMP_RUN_ID").value_or(env_text("TORCHELASTIC_RUN_ID").value_or("run"));
   return fmt::format("gradcomp/{}/{}", run, instances++);
 }
 

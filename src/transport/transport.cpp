@@ -1,42 +1,26 @@
 // make_transport: reads the launcher's environment and starts a backend.
+#include "gradcomp/transport.h"
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <optional>
 #include <string>
 
-#include <fmt/format.h>
-
+#include "common/environment.h"
 #include "gradcomp/error.h"
-#include "gradcomp/transport.h"
 #include "transport/backends.h"
 
 namespace gradcomp {
 namespace {
 
-std::optional<std::string> env(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  return std::string(value);
-}
-
-// A non-negative integer from the environment, or nullopt when unset.
-std::optional<long> env_int(const char* name) {
-  auto text = env(name);
-  if (!text) return std::nullopt;
-  char* end = nullptr;
-  const long value = std::strtol(text->c_str(), &end, 10);
-  if (*end != '\0' || value < 0 || value > INT_MAX) {  // also keeps the int casts below exact
-    throw Error(fmt::format("environment variable {}='{}' must be a non-negative integer", name,
-                            *text));
-  }
-  return value;
-}
-
 // The first of the variables that is set.
+// INT_MAX keeps the int casts below exact.
 std::optional<long> first_int(std::initializer_list<const char*> names) {
   for (const char* name : names) {
-    if (auto value = env_int(name)) return value;
+    if (auto value = env_int(name, 0, INT_MAX, "a rank or a count of ranks")) return value;
   }
   return std::nullopt;
 }
@@ -49,7 +33,7 @@ WorkPtr Transport::allreduce(std::span<float> buffer, ReduceOp op) {
 
 LaunchInfo launch_info_from_environment() {
   LaunchInfo info;
-  info.under_mpirun = env("OMPI_COMM_WORLD_SIZE").has_value();
+  info.under_mpirun = env_text("OMPI_COMM_WORLD_SIZE").has_value();
   info.rank = static_cast<int>(first_int({"RANK", "OMPI_COMM_WORLD_RANK"}).value_or(0));
   info.world_size =
       static_cast<int>(first_int({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"}).value_or(1));
@@ -71,7 +55,7 @@ LaunchInfo launch_info_from_environment() {
 }
 
 Milliseconds timeout_from_environment() {
-  auto text = env("GRADCOMP_TIMEOUT");
+  auto text = env_text("GRADCOMP_TIMEOUT");
   if (!text) return Milliseconds(300'000);
   char* end = nullptr;
   const double seconds = std::strtod(text->c_str(), &end);
@@ -96,7 +80,7 @@ std::unique_ptr<Transport> make_transport(TransportOptions options) {
   }
   if (options.timeout.count() <= 0) options.timeout = timeout_from_environment();
   if (options.backend.empty()) {
-    options.backend = env("GRADCOMP_TRANSPORT").value_or(launch.under_mpirun ? "mpi" : "gloo");
+    options.backend = env_text("GRADCOMP_TRANSPORT").value_or(launch.under_mpirun ? "mpi" : "gloo");
   }
   if (options.backend == "mpi") return make_mpi_transport(options, launch);
   if (options.backend == "gloo") return make_gloo_transport(options, launch);

@@ -115,7 +115,8 @@ TEST_F(TransportEnv, MalformedIntegersAreErrors) {
     set("RANK", bad);
     const std::string text = error_text([] { launch_info_from_environment(); });
     EXPECT_TRUE(contains(text, "RANK")) << bad << ": " << text;
-    EXPECT_TRUE(contains(text, "non-negative integer")) << bad << ": " << text;
+    EXPECT_TRUE(contains(text, "must be a whole number from 0 to 2147483647"))
+        << bad << ": " << text;
   }
 }
 
