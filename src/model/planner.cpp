@@ -456,13 +456,10 @@ std::vector<TensorInfo> sliced_tensors(const Profile& profile, size_t from, size
   return tensors;
 }
 
-}  // namespace
-
-PlanResult make_plan(const Profile& profile, const CostModel& cost,
-                     const PlannerSettings& settings) {
-  const auto began = Clock::now();
-  profile.validate();
-  if (profile.tensors.empty()) throw Error("planner: the profile has no tensors");
+// The planner without the small-tensor rule: every tensor may travel compressed (in buckets of
+// at least min_compress_elements).
+PlanResult plan_every_tensor(const Profile& profile, const CostModel& cost,
+                             const PlannerSettings& settings) {
   PlanResult result = plan_pieces(profile, cost, settings);
   size_t largest = 0;
   for (const auto& t : profile.tensors) largest = std::max(largest, t.elements);
@@ -495,6 +492,80 @@ PlanResult make_plan(const Profile& profile, const CostModel& cost,
     result.plan = result.uncompressed_plan;
     result.predicted = simulate(profile, result.plan, cost, settings.simulator);
   }
+  return result;
+}
+
+// `part`'s plan, made for the tensors `large` of `profile`, as a plan of all of profile's
+// tensors: its buckets (and slices) mapped back, and the tensors `small` in one uncompressed
+// bucket, launched in order of their last piece as the default plan's buckets are.
+Plan with_small_bucket(const Profile& profile, const Plan& part, const std::vector<size_t>& large,
+                       const std::vector<size_t>& small) {
+  Plan plan;
+  plan.tensors = profile.tensor_infos();
+  for (size_t i = 0; i < large.size(); ++i) plan.tensors[large[i]].slices = part.tensors[i].slices;
+  std::vector<size_t> first_piece(plan.tensors.size() + 1, 0);
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    first_piece[t + 1] = first_piece[t] + plan.tensors[t].slices;
+  }
+  const auto pieces = part.pieces();
+  for (const Bucket& b : part.buckets) {
+    Bucket mapped{{}, b.option};
+    for (size_t p : b.tensors) {
+      mapped.tensors.push_back(first_piece[large[pieces[p].tensor]] + pieces[p].slice);
+    }
+    plan.buckets.push_back(std::move(mapped));
+  }
+  Bucket rest;
+  for (size_t t : small) rest.tensors.push_back(first_piece[t]);
+  plan.buckets.push_back(std::move(rest));
+  std::stable_sort(plan.buckets.begin(), plan.buckets.end(), [](const Bucket& a, const Bucket& b) {
+    return a.tensors.back() < b.tensors.back();
+  });
+  plan.validate();
+  return plan;
+}
+
+// PlannerSettings::small_tensor_elements: the large tensors planned as a profile of their own,
+// the small ones added in an uncompressed bucket, the result priced on the whole profile and
+// kept only if it beats the best uncompressed plan of all tensors.
+PlanResult plan_small_apart(const Profile& profile, const CostModel& cost,
+                            const PlannerSettings& settings) {
+  PlannerSettings every = settings;
+  every.small_tensor_elements = 0;
+  PlannerSettings plain = every;
+  plain.codecs = {"none"};
+  std::vector<size_t> large, small;
+  for (size_t t = 0; t < profile.tensors.size(); ++t) {
+    (profile.tensors[t].elements >= settings.small_tensor_elements ? large : small).push_back(t);
+  }
+  if (small.empty()) return plan_every_tensor(profile, cost, every);
+  if (large.empty()) return plan_every_tensor(profile, cost, plain);
+
+  Profile part = profile;
+  part.tensors.clear();
+  for (size_t t : large) part.tensors.push_back(profile.tensors[t]);
+  const PlanResult planned = plan_every_tensor(part, cost, every);
+  PlanResult result = plan_every_tensor(profile, cost, plain);  // all tensors, uncompressed
+  result.options_considered += planned.options_considered;
+  Plan plan = with_small_bucket(profile, planned.plan, large, small);
+  SimResult predicted = simulate(profile, plan, cost, settings.simulator);
+  if (predicted.iteration_s < result.uncompressed_s) {
+    result.plan = std::move(plan);
+    result.predicted = std::move(predicted);
+  }
+  return result;
+}
+
+}  // namespace
+
+PlanResult make_plan(const Profile& profile, const CostModel& cost,
+                     const PlannerSettings& settings) {
+  const auto began = Clock::now();
+  profile.validate();
+  if (profile.tensors.empty()) throw Error("planner: the profile has no tensors");
+  PlanResult result = settings.small_tensor_elements > 0
+                          ? plan_small_apart(profile, cost, settings)
+                          : plan_every_tensor(profile, cost, settings);
   result.decision_s = std::chrono::duration<double>(Clock::now() - began).count();
   return result;
 }

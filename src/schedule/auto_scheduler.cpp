@@ -415,7 +415,8 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
                                                         const model::CostModel& cost,
                                                         const model::SimulatorSettings& sim) {
   model::PlannerSettings planner;
-  planner.min_compress_elements = settings.min_compress_elements;
+  // The default plan's rule, per tensor: the planner's plans compress no small tensor either.
+  planner.small_tensor_elements = settings.min_compress_elements;
   planner.simulator = sim;
   std::vector<AutoCandidate> compressed;
   std::set<uint64_t> seen{uncompressed.hash()}, default_plans;

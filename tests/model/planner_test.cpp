@@ -263,6 +263,62 @@ TEST(Planner, UsesOnlyAllowedOptionsAndRespectsMinimumSize) {
   }
 }
 
+// Whether a compressed bucket of the plan holds a piece of a tensor under `small` elements.
+bool compresses_a_small_tensor(const Plan& plan, size_t small) {
+  const auto pieces = plan.pieces();
+  for (const Bucket& b : plan.buckets) {
+    if (b.option.codec == "none") continue;
+    for (size_t p : b.tensors) {
+      if (plan.tensors[pieces[p].tensor].elements < small) return true;
+    }
+  }
+  return false;
+}
+
+// small_tensor_elements: tensors under it never travel compressed, whatever the bucket; they
+// share one uncompressed bucket; the others are still compressed where that pays, sliced too;
+// the plan is priced on the whole profile and never predicted worse than uncompressed.
+TEST(Planner, SmallTensorsNeverTravelCompressed) {
+  constexpr size_t kSmall = size_t{1} << 14;
+  std::mt19937 rng(11);
+  Profile profile = random_profile(rng, 40);
+  profile.tensors[3].elements = size_t{1} << 24;  // a tensor worth slicing
+  const CostModel cost(slow_cluster(), test_costs());
+  PlannerSettings settings = three_options();
+  settings.slice_from_elements = size_t{1} << 22;
+  const auto every = make_plan(profile, cost, settings);
+  ASSERT_TRUE(compresses_a_small_tensor(every.plan, kSmall));  // else the test shows nothing
+  settings.small_tensor_elements = kSmall;
+  const auto apart = make_plan(profile, cost, settings);
+  EXPECT_FALSE(compresses_a_small_tensor(apart.plan, kSmall));
+  EXPECT_NO_THROW(apart.plan.validate());  // every piece in exactly one bucket
+  EXPECT_TRUE(apart.plan.sliced());
+  size_t compressed = 0, holding_small = 0;
+  for (const Bucket& b : apart.plan.buckets) {
+    compressed += b.option.codec != "none";
+    bool small = false;
+    for (size_t p : b.tensors)
+      small |= apart.plan.tensors[apart.plan.pieces()[p].tensor].elements < kSmall;
+    holding_small += small;
+  }
+  EXPECT_GT(compressed, 0u);
+  EXPECT_EQ(holding_small, 1u);
+  for (size_t t = 0; t < profile.tensors.size(); ++t) {
+    EXPECT_EQ(apart.plan.tensors[t].name, profile.tensors[t].name);
+  }
+  EXPECT_EQ(simulate(profile, apart.plan, cost).iteration_s, apart.predicted.iteration_s);
+  EXPECT_LE(apart.predicted.iteration_s, apart.uncompressed_s);
+  // Launch order: by each bucket's last piece, as tensors become ready.
+  for (size_t b = 1; b < apart.plan.buckets.size(); ++b) {
+    EXPECT_LT(apart.plan.buckets[b - 1].tensors.back(), apart.plan.buckets[b].tensors.back());
+  }
+  // All small, or none: the plan is uncompressed, or the rule changes nothing.
+  settings.small_tensor_elements = size_t{1} << 30;
+  EXPECT_FALSE(compresses_a_small_tensor(make_plan(profile, cost, settings).plan, 1u << 30));
+  settings.small_tensor_elements = 1;
+  EXPECT_EQ(make_plan(profile, cost, settings).plan, every.plan);
+}
+
 TEST(Planner, OneLossyStepExcludesTwoWayAndHierarchicalTwoWay) {
   Cluster cluster;
   cluster.workers = 16;

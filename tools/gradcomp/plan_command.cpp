@@ -31,6 +31,7 @@ struct PlanFlags {
   bool one_lossy_step = false;
   bool no_caller_encoding = false;
   size_t min_compress_elements = 0;
+  size_t small_tensor_elements = 0;
   size_t slice_from_elements = model::PlannerSettings{}.slice_from_elements;
   uint64_t start_step = 0;
   std::string json_path;
@@ -93,6 +94,7 @@ int run_plan(const PlanFlags& flags) {
   settings.one_lossy_step = flags.one_lossy_step;
   settings.try_caller_encoding = !flags.no_caller_encoding;
   settings.min_compress_elements = flags.min_compress_elements;
+  settings.small_tensor_elements = flags.small_tensor_elements;
   settings.start_step = flags.start_step;
   settings.slice_from_elements = flags.slice_from_elements;
   settings.simulator.lambda = flags.lambda;
@@ -173,6 +175,10 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                  "Encode on the engine's thread only");
   plan->add_option("--min-compress", flags.min_compress_elements,
                    "Buckets under this many elements stay uncompressed");
+  plan->add_option("--small-tensors", flags.small_tensor_elements,
+                   "Tensors under this many elements (biases, norms) stay uncompressed, in one "
+                   "bucket of their own, as in the default plan (compression=\"auto\": its "
+                   "min_compress_elements; default 0: any tensor may be compressed)");
   plan->add_option("--slice-from", flags.slice_from_elements,
                    "Tensors of at least this many elements may be cut into slices (default 0: "
                    "never; 4194304 = 2^22 is where slices gain in docs/simulation.md)");

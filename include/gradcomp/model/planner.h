@@ -31,6 +31,11 @@ struct PlannerSettings {
   bool try_caller_encoding = true;   // also consider encoding on the compute thread
   bool one_lossy_step = false;       // forbid twoway and lossy-inside-the-node hierarchical
   size_t min_compress_elements = 0;  // smaller buckets stay uncompressed
+  // When not 0, tensors under this many elements (biases, norms) never travel compressed:
+  // the others are planned as a model of their own, and these join one uncompressed bucket,
+  // sent once its last tensor is ready, as in the default plan. Quantizing them gains few bytes
+  // and, under Adam-family optimizers, costs accuracy (docs/auto.md, "Small tensors").
+  size_t small_tensor_elements = 0;
   size_t max_bucket_bytes = 256u << 20;  // no bucket larger than this (bounds the search)
   // When not 0, the Option::start_step of every bucket the plan compresses (codec other than
   // none): they travel uncompressed before this engine step. The search prices the steady
