@@ -41,10 +41,14 @@ from train import (Collectives, StepTotals, TrainError, check_identical,  # noqa
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compression", default="none",
-                   help='gradcomp option "codec[|feedback[|route]]" (default: none)')
+                   help='gradcomp option "codec[|feedback[|route]]", or "auto" (chosen and '
+                        're-chosen while training, docs/auto.md) (default: none)')
     p.add_argument("--plan", metavar="PATH",
                    help="a gradcomp plan file (docs/plan-format.md; its tensors are the "
                         "parameter names) to run instead of --compression")
+    p.add_argument("--auto", type=json.loads, default=None, metavar="JSON",
+                   help='with --compression auto: its settings, e.g. \'{"candidates": '
+                        '["powersgd:rank=4|ef"]}\' (docs/auto.md)')
     p.add_argument("--steps", type=int, default=600, help="optimizer steps (600)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per rank and step (16)")
     p.add_argument("--context", type=int, default=64, help="tokens per window (64)")
@@ -226,7 +230,7 @@ def make_distributed(args, model, comm):
     optimizer = gct.DistributedOptimizer(
         inner, model.named_parameters(), compression=args.compression, plan=args.plan,
         transport=comm.transport, seed=args.seed, local_size=args.local_size,
-        min_compress_elements=args.min_compress_elements)
+        min_compress_elements=args.min_compress_elements, auto=args.auto)
     return optimizer, inner
 
 
@@ -325,7 +329,11 @@ def train(args):
         "train_loss_curve": curve,
         **exchange_summary(comm, totals, train_seconds),
         "parameter_hash": digest,
+        "plan": optimizer.plan if hasattr(optimizer, "plan") else None,  # at the end
     }
+    if args.compression == "auto":  # what it decided, and why (docs/auto.md)
+        summary["auto"] = [{k: d[k] for k in ("step", "reason", "kept_name", "why")}
+                           for d in optimizer.auto_report()["decisions"]]
     if rank == 0:
         print(f"result ({label(args)}, {world} ranks over {comm.transport.name}):\n"
               f"  validation loss {val_loss:.4f} (perplexity {math.exp(val_loss):.1f}), "

@@ -91,6 +91,19 @@ def test_trainer_runs_one_bit_adam_under_either_variance_policy(tmp_path, varian
     assert len(exact) == (6 if variance == "doubling" else 1), summary["bytes_sent_curve"]
 
 
+def test_trainer_runs_compression_auto_and_reports_its_decision(tmp_path):
+    # A short search (the defaults need 30 warm-up steps and 6 per trial): it decides within
+    # the run, ranks stay identical through its plan changes, and the summary says what it kept.
+    settings = {"warmup_steps": 2, "profile_steps": 2, "trial_steps": 2, "verbose": False}
+    summary, stdout = train(tmp_path, "--compression", "auto", "--auto", json.dumps(settings),
+                            "--steps", "30", "--min-compress-elements", "4096")
+    assert "identical parameters on all ranks" in stdout
+    assert summary["compression"] == "auto"
+    assert len(summary["auto"]) >= 1, summary.get("auto")
+    first = summary["auto"][0]
+    assert first["step"] <= 30 and first["kept_name"] and first["why"]
+
+
 def test_trainer_refuses_a_width_the_heads_do_not_divide(tmp_path):
     proc = subprocess.run([PYTHON, str(TRAIN), "--width", "130", "--heads", "4"],
                           capture_output=True, text=True, timeout=60)
