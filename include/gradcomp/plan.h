@@ -78,6 +78,10 @@ struct Bucket {
 // Settings of the default plan.
 struct DefaultPlanSettings {
   size_t bucket_bytes = 25u << 20;     // fusion buffer size, as DDP's 25 MB buckets
+  // Uncompressed plans: the first bucket (the gradients ready first) is closed once it holds
+  // this many bytes, as DDP's 1 MiB first bucket, so the exchange starts early in backward;
+  // 0: as any other. Compressed plans keep whole buckets (measured faster).
+  size_t first_bucket_bytes = 1u << 20;
   size_t min_compress_elements = 16384;  // smaller tensors (biases, norms) stay uncompressed
   Option compressed{};                  // the option of buckets of large tensors
   // When not 0, the start_step of the buckets of large tensors (it overrides

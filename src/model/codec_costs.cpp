@@ -9,15 +9,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "common/environment.h"
 #include "gradcomp/error.h"
 #include "gradcomp/json_text.h"
 #include "gradcomp/model/cost_model.h"
+#include "gradcomp/model/profile.h"
 #include "gradcomp/spec.h"
-
-#ifndef GRADCOMP_PROFILES_DIR
-#define GRADCOMP_PROFILES_DIR "profiles"
-#endif
 
 namespace gradcomp::model {
 namespace {
@@ -174,8 +170,7 @@ CodecCosts CodecCosts::fit_bench(const json& bench) {
 }
 
 CodecCosts CodecCosts::shipped() {
-  const std::string dir = env_text("GRADCOMP_PROFILES").value_or(GRADCOMP_PROFILES_DIR);
-  const std::string path = dir + "/codec-costs.json";
+  const std::string path = profiles_directory() + "/codec-costs.json";
   std::ifstream in(path);
   if (!in) {
     throw Error(fmt::format("codec costs: cannot open '{}'; set GRADCOMP_PROFILES to the "

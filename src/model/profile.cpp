@@ -153,8 +153,6 @@ void check_tensor(const Profile& profile, size_t i,
 
 // ---- Files.
 
-fs::path profiles_dir() { return env_text("GRADCOMP_PROFILES").value_or(GRADCOMP_PROFILES_DIR); }
-
 bool looks_like_path(const std::string& text) {
   return text.find('/') != std::string::npos ||
          (text.size() >= 5 && text.compare(text.size() - 5, 5, ".json") == 0);
@@ -259,7 +257,7 @@ void Profile::validate() const {
 
 Profile load_profile(const std::string& name_or_path) {
   if (looks_like_path(name_or_path)) return read_profile_file(name_or_path);
-  const fs::path dir = profiles_dir();
+  const fs::path dir = profiles_directory();
   const fs::path file = dir / (name_or_path + ".json");
   if (name_or_path.empty() || !fs::is_regular_file(file)) {
     const std::vector<std::string> names = profile_names();
@@ -275,7 +273,7 @@ Profile load_profile(const std::string& name_or_path) {
 std::vector<std::string> profile_names() {
   std::vector<std::string> names;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(profiles_dir(), ec)) {
+  for (const auto& entry : fs::directory_iterator(profiles_directory(), ec)) {
     const fs::path& path = entry.path();
     if (entry.is_regular_file() && path.extension() == ".json" && is_profile_file(path)) {
       names.push_back(path.stem().string());
@@ -283,6 +281,10 @@ std::vector<std::string> profile_names() {
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+std::string profiles_directory() {
+  return env_text("GRADCOMP_PROFILES").value_or(GRADCOMP_PROFILES_DIR);
 }
 
 }  // namespace gradcomp::model

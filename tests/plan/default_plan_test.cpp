@@ -140,6 +140,49 @@ TEST(DefaultPlan, FillsBucketsUpToTheLimitExactly) {
   EXPECT_EQ(plan.buckets[1].tensors, (std::vector<size_t>{2}));
 }
 
+// DDP's first bucket, in uncompressed plans: closed once it holds first_bucket_bytes (the tensor
+// that reaches the cap included), so the gradients ready first leave early; later buckets fill
+// to bucket_bytes. Compressed plans keep whole buckets.
+TEST(DefaultPlan, FirstBucketClosesOnceItHoldsItsCap) {
+  DefaultPlanSettings s;       // uncompressed
+  s.bucket_bytes = 4000;       // 1000 elements
+  s.first_bucket_bytes = 400;  // 100 elements
+  const std::vector<TensorInfo> tensors = {{"a", 60}, {"b", 60}, {"c", 60}, {"d", 60}};
+  const auto buckets_of = [&](const DefaultPlanSettings& settings) {
+    std::vector<std::vector<size_t>> out;
+    for (const Bucket& b : make_default_plan(tensors, settings).buckets) out.push_back(b.tensors);
+    return out;
+  };
+  EXPECT_EQ(buckets_of(s), (std::vector<std::vector<size_t>>{{0, 1}, {2, 3}}));
+  expect_default_plan_rules(tensors, make_default_plan(tensors, s), s);
+  s.first_bucket_bytes = 0;  // no first bucket of its own
+  EXPECT_EQ(buckets_of(s), (std::vector<std::vector<size_t>>{{0, 1, 2, 3}}));
+  s.first_bucket_bytes = 4000;  // not below the bucket limit: no effect
+  EXPECT_EQ(buckets_of(s), (std::vector<std::vector<size_t>>{{0, 1, 2, 3}}));
+  DefaultPlanSettings topk = topk_settings(4000);
+  topk.min_compress_elements = 50;
+  topk.first_bucket_bytes = 400;
+  EXPECT_EQ(buckets_of(topk), (std::vector<std::vector<size_t>>{{0, 1, 2, 3}}));
+}
+
+// Uncompressed, large and small tensors share one sequence of buckets, as DDP's: the main
+// job's CNN in backward order gives DDP's two buckets, the classifier's leaving first.
+TEST(DefaultPlan, UncompressedTensorsFuseAsInDDP) {
+  const std::vector<TensorInfo> cnn = {
+      {"fc2.bias", 10},   {"fc2.weight", 1280},    {"fc1.bias", 128},  {"fc1.weight", 401408},
+      {"conv2.bias", 64}, {"conv2.weight", 18432}, {"conv1.bias", 32}, {"conv1.weight", 288}};
+  const Plan plan = make_default_plan(cnn);
+  ASSERT_EQ(plan.buckets.size(), 2u);
+  EXPECT_EQ(plan.buckets[0].tensors, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(plan.buckets[1].tensors, (std::vector<size_t>{4, 5, 6, 7}));
+  for (const Bucket& b : plan.buckets) EXPECT_EQ(b.option, kUncompressed);
+  // Compressed, the small tensors still go apart, after the large ones, in whole buckets.
+  const Plan fp16 = make_default_plan(cnn, DefaultPlanSettings{.compressed = {.codec = "fp16"}});
+  ASSERT_EQ(fp16.buckets.size(), 2u);
+  EXPECT_EQ(fp16.buckets[0].tensors, (std::vector<size_t>{3, 5}));
+  EXPECT_EQ(fp16.buckets[1].tensors, (std::vector<size_t>{0, 1, 2, 4, 6, 7}));
+}
+
 TEST(DefaultPlan, DefaultsAndEdgeCases) {
   // Default settings: DDP's 25 MB, the default (uncompressed) option for large tensors too.
   const Plan plan = make_default_plan({{"w", 1 << 20}, {"b", 10}});

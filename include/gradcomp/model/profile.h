@@ -47,5 +47,7 @@ struct Profile {
 Profile load_profile(const std::string& name_or_path);
 // The names of the shipped profiles.
 std::vector<std::string> profile_names();
+// Where profiles and codec-costs.json are read: GRADCOMP_PROFILES, else the shipped profiles/.
+std::string profiles_directory();
 
 }  // namespace gradcomp::model
