@@ -156,6 +156,10 @@ def parse_args(argv=None):
     p.add_argument("--train-contenders", default=",".join(TRAIN_CONTENDERS),
                    help="the training runs' contenders, comma separated (default: "
                         f"{', '.join(TRAIN_CONTENDERS)})")
+    p.add_argument("--auto-candidates", default=None, metavar="SPECS",
+                   help="replay, contender auto: the options it may choose, ';'-separated "
+                        "(they may hold commas); default: those recommended for the "
+                        "replay's optimizer (with none: under both SGD and Adam)")
     p.add_argument("--train-auto", type=json.loads, default=None, metavar="JSON",
                    help="training, contender auto: its auto= settings (default: none, as a "
                         "user would run it)")
@@ -197,6 +201,12 @@ def parse_args(argv=None):
                 f"{', '.join(TRAIN_CONTENDERS)}, or gradcomp:SPEC")
     if args.train and args.optimizers:
         p.error("--optimizers replays profiles only; drop --train")
+    args.auto = dict(AUTO)
+    if args.auto_candidates is not None:
+        candidates = [c.strip() for c in args.auto_candidates.split(";") if c.strip()]
+        if not candidates:
+            p.error("--auto-candidates: give at least one option, e.g. 'fp16;powersgd:rank=4|ef'")
+        args.auto["candidates"] = candidates
     if args.rounds < 1 or (args.rounds > 1 and not args.optimizers):
         p.error("--rounds must be >= 1, and is for --optimizers only")
     if min(args.workers) < 2:
@@ -594,7 +604,7 @@ def run_contender(args, runner, name, contender, profile, dilation, expect_s, **
     unmeasured = args.warmup
     if contender == "auto":
         # Its search, and the kept plan's first step, are unmeasured steps too.
-        worker_args += ["--auto", json.dumps(AUTO)]
+        worker_args += ["--auto", json.dumps(args.auto)]
         unmeasured = max(args.warmup, AUTO_SEARCH_STEPS) + 1
     if args.burn:
         worker_args.append("--burn")
@@ -856,7 +866,7 @@ def run_all(args, names, profiles):
         "settings": {"warmup": args.warmup, "steps": args.steps, "burn": args.burn,
                      "max_real_rate": args.max_real_rate,
                      "target_accuracy": args.target_accuracy, "codecs": split(args.codecs),
-                     "optimizer": args.optimizer, "auto": AUTO},
+                     "optimizer": args.optimizer, "auto": args.auto},
         "replay": [], "train": [],
     }
     costs = {}  # workers -> codec costs measured with that many copies

@@ -64,3 +64,20 @@ def test_report_shows_the_decision_under_the_table():
     # Time-dilated: the candidates' times are divided by the dilation, as every step time.
     assert "| uncompressed | 4 buckets: 4 none | 130.0 | 140.0 |" in "\n".join(
         report._auto_block(auto, 10))
+
+
+def test_auto_candidates_reach_the_replay_settings(capsys):
+    base = ["--profiles", "resnet50", "--rates", "1gbit", "--workers", "4", "--no-train"]
+    assert "candidates" not in bench.parse_args(base).auto
+    args = bench.parse_args(base + ["--auto-candidates",
+                                    "qsgd:levels=15,block=512; randomk:ratio=0.01|ef"])
+    assert args.auto == dict(bench.AUTO, candidates=["qsgd:levels=15,block=512",
+                                                      "randomk:ratio=0.01|ef"])
+    assert bench.AUTO.get("candidates") is None  # the shared default is left alone
+    try:
+        bench.parse_args(base + ["--auto-candidates", " ; "])
+    except SystemExit:
+        pass
+    else:
+        raise AssertionError("an empty --auto-candidates was accepted")
+    assert "--auto-candidates: give at least one option" in capsys.readouterr().err
