@@ -136,10 +136,10 @@ CodecCosts CodecCosts::fit_bench(const json& bench) {
     throw Error("codec bench: expected the JSON of `gradcomp bench codecs --json`, an object "
                 "with a \"results\" array");
   }
-  // When several specs of one codec were measured (intq:bits=8 and bits=4), the first one
-  // listed is fitted: the bench lists the recommended setting first.
-  std::map<std::string, std::string> spec_of;
-  std::map<std::string, std::array<std::vector<Sample>, 3>> samples;
+  // Every spec measured gets an entry of its own; a codec's name gets the first spec listed
+  // (the bench lists the recommended setting first), for the settings not measured.
+  std::map<std::string, std::string> first_spec_of;
+  std::map<std::string, std::array<std::vector<Sample>, 3>> samples;  // by spec
   size_t index = 0;
   for (const json& row : bench["results"]) {
     if (!row.is_object() || !row.contains("codec") || !row["codec"].is_string() ||
@@ -154,18 +154,18 @@ CodecCosts CodecCosts::fit_bench(const json& bench) {
     }
     const std::string name = row["codec"].get<std::string>();
     const std::string spec = row.value("spec", name);
-    if (spec_of.emplace(name, spec).first->second == spec) {
-      const double n = row["elements"].get<double>();
-      auto& s = samples[name];
-      s[0].push_back({n, seconds_of(row, "encode_gbps", index, n)});
-      s[1].push_back({n, seconds_of(row, "encode_ef_gbps", index, n)});
-      s[2].push_back({n, seconds_of(row, "decode_gbps", index, n)});
-    }
+    first_spec_of.emplace(name, spec);
+    const double n = row["elements"].get<double>();
+    auto& s = samples[spec];
+    s[0].push_back({n, seconds_of(row, "encode_gbps", index, n)});
+    s[1].push_back({n, seconds_of(row, "encode_ef_gbps", index, n)});
+    s[2].push_back({n, seconds_of(row, "decode_gbps", index, n)});
     ++index;
   }
   if (samples.empty()) throw Error("codec bench: \"results\" is empty; nothing to fit");
   CodecCosts costs;
-  for (const auto& [name, s] : samples) costs.set(name, {fit(s[0]), fit(s[1]), fit(s[2])});
+  for (const auto& [spec, s] : samples) costs.set(spec, {fit(s[0]), fit(s[1]), fit(s[2])});
+  for (const auto& [name, spec] : first_spec_of) costs.set(name, costs.of(spec));
   return costs;
 }
 
@@ -181,15 +181,21 @@ CodecCosts CodecCosts::shipped() {
   return with_context(fmt::format("codec costs file '{}'", path), [&] { return from_json(root); });
 }
 
-const CodecCost& CodecCosts::of(const std::string& codec_name) const {
-  if (const CodecCost* cost = find(codec_name)) return *cost;
-  throw Error(fmt::format("codec costs: no entry for codec '{}'; entries: {} (measure it with "
-                          "`gradcomp bench codecs` and fit, or give its costs)",
-                          codec_name, fmt::join(names(), ", ")));
+const CodecCost& CodecCosts::of(const std::string& spec_or_name) const {
+  if (const CodecCost* cost = find(spec_or_name)) return *cost;
+  throw Error(
+      fmt::format("codec costs: no entry for codec '{}'; entries: {} (measure it with "
+                  "`gradcomp bench codecs` and fit, or give its costs)",
+                  spec_or_name, fmt::join(names(), ", ")));
 }
 
-const CodecCost* CodecCosts::find(const std::string& codec_name) const {
-  const auto it = costs_.find(codec_name);
+const CodecCost& CodecCosts::of(const Codec& codec) const {
+  if (const CodecCost* cost = find(codec.spec())) return *cost;
+  return of(codec.name());
+}
+
+const CodecCost* CodecCosts::find(const std::string& spec_or_name) const {
+  const auto it = costs_.find(spec_or_name);
   return it == costs_.end() ? nullptr : &it->second;
 }
 
@@ -199,8 +205,8 @@ std::vector<std::string> CodecCosts::names() const {
   return out;
 }
 
-void CodecCosts::set(const std::string& codec_name, CodecCost cost) {
-  costs_[codec_name] = cost;
+void CodecCosts::set(const std::string& spec_or_name, CodecCost cost) {
+  costs_[spec_or_name] = cost;
 }
 
 CodecCosts CodecCosts::scaled(double factor) const {

@@ -178,7 +178,7 @@ std::unique_ptr<RouteModel> OptionCache::build_flat(const BucketOption& option,
     m->kind = RouteModel::Kind::kDirect;  // the raw float32 buffer: no codec cost needed
     return m;
   }
-  m->cost = costs_.of(m->codec->name());
+  m->cost = costs_.of(*m->codec);
   switch (kind) {
     case RouteKind::kAllreduce: m->kind = RouteModel::Kind::kAllreduce; break;
     case RouteKind::kAllgather: m->kind = RouteModel::Kind::kAllgather; break;

@@ -103,7 +103,7 @@ UtilityMethod utility_method(const std::string& codec_spec, double gradient_elem
   m.ratio = 32 / traits.bits_per_element;
   m.collective = kind == RouteKind::kAllreduce ? Collective::kAllreduce : Collective::kAllgather;
   m.rounds = m.collective == Collective::kAllreduce ? traits.rounds : 1;
-  const CodecCost& cost = codecs.of(codec->name());
+  const CodecCost& cost = codecs.of(*codec);
   const CodecCost* none = codecs.find("none");
   const double compensate = feedback && none != nullptr ? none->decode.at(gradient_elements) : 0;
   m.encode_s = compensate + (feedback ? cost.encode_ef : cost.encode).at(gradient_elements);

@@ -170,15 +170,19 @@ model::Link fit_ring_link(const std::vector<LinkProbe>& probes, int world) {
 
 model::CodecCosts calibrate_codecs(Transport& transport,
                                    const std::vector<std::string>& options) {
-  // One spec per codec name (the cost model keys costs by name), "none" always.
-  std::map<std::string, std::string> spec_of{{"none", "none"}};
+  // Every codec spec of the options (canonical: the cost model looks a codec's spec up first),
+  // "none" always; a codec's name gets its first spec's costs, for settings not timed here.
+  std::map<std::string, std::string> spec_of{{"none", "none"}};  // canonical spec -> text
+  std::map<std::string, std::string> first_spec_of{{"none", "none"}};
   for (const auto& text : options) {
-    const Option option = parse_option(text);
-    spec_of.emplace(make_codec(option.codec)->name(), option.codec);
+    const std::string written = parse_option(text).codec;
+    const auto codec = make_codec(written);
+    spec_of.emplace(codec->spec(), written);
+    first_spec_of.emplace(codec->name(), codec->spec());
   }
   constexpr size_t kSmall = size_t{1} << 14, kLarge = size_t{1} << 18;
   std::vector<double> mine;
-  for (const auto& [name, spec] : spec_of) {
+  for (const auto& [canonical, spec] : spec_of) {
     const auto small = time_codec(spec, kSmall);
     const auto large = time_codec(spec, kLarge);
     mine.insert(mine.end(), small.begin(), small.end());
@@ -188,13 +192,14 @@ model::CodecCosts calibrate_codecs(Transport& transport,
   model::CodecCosts costs;
   size_t at = 0;
   const auto n1 = static_cast<double>(kSmall), n2 = static_cast<double>(kLarge);
-  for (const auto& [name, spec] : spec_of) {
+  for (const auto& [canonical, spec] : spec_of) {
     const double* s = agreed.data() + at;
-    costs.set(name, {.encode = linear_through(n1, s[0], n2, s[3]),
-                     .encode_ef = linear_through(n1, s[1], n2, s[4]),
-                     .decode = linear_through(n1, s[2], n2, s[5])});
+    costs.set(canonical, {.encode = linear_through(n1, s[0], n2, s[3]),
+                          .encode_ef = linear_through(n1, s[1], n2, s[4]),
+                          .decode = linear_through(n1, s[2], n2, s[5])});
     at += 6;
   }
+  for (const auto& [name, canonical] : first_spec_of) costs.set(name, costs.of(canonical));
   return costs;
 }
 

@@ -312,7 +312,7 @@ json synthetic_bench(Linear encode, Linear encode_ef, Linear decode) {
     results.push_back({{"codec", "topk"}, {"spec", "topk:ratio=0.01"}, {"elements", n},
                        {"encode_gbps", gbps(encode, n)}, {"encode_ef_gbps", gbps(encode_ef, n)},
                        {"decode_gbps", gbps(decode, n)}});
-    // A second spec of the same codec, listed later, is not mixed in.
+    // A second spec of the same codec, listed later, is not mixed in: it gets its own entry.
     results.push_back({{"codec", "topk"}, {"spec", "topk:ratio=0.1"}, {"elements", n},
                        {"encode_gbps", 1.0}, {"encode_ef_gbps", 1.0}, {"decode_gbps", 1.0}});
   }
@@ -329,6 +329,28 @@ TEST(CodecCosts, FitBenchRecoversAAndB) {
   EXPECT_NEAR(c.encode_ef.b, encode_ef.b, 1e-6 * encode_ef.b);
   EXPECT_NEAR(c.decode.a, decode.a, 1e-6 * decode.a);
   EXPECT_NEAR(c.decode.b, decode.b, 1e-6 * decode.b);
+}
+
+// Each spec measured prices that spec: PowerSGD rank 4 costs more than rank 1, and a model
+// given both must not price one with the other's costs. A spec not measured takes its codec
+// name's entry, the first spec listed.
+TEST(CodecCosts, EachSpecMeasuredIsPricedOnItsOwn) {
+  const Linear encode{20e-6, 0.3e-9}, encode_ef{35e-6, 0.5e-9}, decode{4e-6, 0.05e-9};
+  const CodecCosts fitted = CodecCosts::fit_bench(synthetic_bench(encode, encode_ef, decode));
+  const auto first = make_codec("topk:ratio=0.01");
+  const auto second = make_codec("topk:ratio=0.1");
+  const auto unmeasured = make_codec("topk:ratio=0.5");
+  EXPECT_NEAR(fitted.of(*first).encode.b, encode.b, 1e-6 * encode.b);
+  // 1 GB/s at every size: 4 ns per element, no fixed cost.
+  EXPECT_NEAR(fitted.of(*second).encode.b, 4e-9, 1e-12);
+  EXPECT_NEAR(fitted.of(*second).decode.a, 0, 1e-12);
+  EXPECT_EQ(fitted.of(*unmeasured).encode.b, fitted.of("topk").encode.b);
+  EXPECT_EQ(fitted.of("topk").encode.b, fitted.of(*first).encode.b);
+  // Saved and read again, the entries by spec stay.
+  const CodecCosts again = CodecCosts::from_json(fitted.to_json());
+  EXPECT_EQ(again.of(*second).encode.b, fitted.of(*second).encode.b);
+  EXPECT_TRUE(
+      contains(error_text([&] { fitted.of(*make_codec("qsgd")); }), "no entry for codec 'qsgd'"));
 }
 
 TEST(CodecCosts, FitNeverGivesNegativeCosts) {

@@ -600,8 +600,13 @@ TEST(AutoScheduler, AResidualFillingAfterAPlanChangeIsNotABackOff) {
   drive(scheduler, 100, false);
   const auto first = scheduler.report()["decisions"];
   ASSERT_GE(first.size(), 1u);
-  EXPECT_NE(first[0]["kept_name"].get<std::string>().find("randomk"), std::string::npos)
-      << first.dump(1);
+  // Random-k is kept: its default plan or the planner's best of it (their synthetic times,
+  // from the plans' hashes, may tie).
+  EXPECT_TRUE(compresses_any(scheduler.current_plan())) << first.dump(1);
+  for (const auto& b : scheduler.current_plan().buckets) {
+    EXPECT_TRUE(b.option.codec == "none" || b.option.codec.starts_with("randomk"))
+        << b.option.codec;
+  }
   EXPECT_GT(residual, 50.0);
   EXPECT_EQ(first.size(), 1u) << "backed off while the memory filled: " << first.dump(1);
   growing_again = true;

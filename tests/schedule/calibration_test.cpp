@@ -7,6 +7,9 @@
 
 #include <vector>
 
+#include "gradcomp/codec.h"
+#include "support/single_rank.h"
+
 namespace gradcomp::schedule {
 namespace {
 
@@ -45,6 +48,25 @@ TEST(Calibration, FlatProbesGiveAConservativeLinkNotAnInfiniteOne) {
 TEST(Calibration, NothingToFitIsAFreeLink) {
   EXPECT_EQ(fit_ring_link({}, 4).bytes_per_s, model::kMaxBytesPerS);
   EXPECT_EQ(fit_ring_link(ring_probes({1e9, 1e-5}, 2), 1).latency_s, 0);
+}
+
+// Two settings of one codec among the options are timed apart, each under its canonical spec
+// (what the cost model looks up first); the codec's name gets the first one's costs, and
+// "none" is always timed (the routes' plain passes).
+TEST(Calibration, EachCodecSpecOfTheOptionsIsTimedOnItsOwn) {
+  const auto transport = testing::single_rank_transport();
+  const model::CodecCosts costs =
+      calibrate_codecs(*transport, {"powersgd:rank=1|ef", "fp16", "powersgd:rank=8|ef|allreduce"});
+  const auto rank1 = make_codec("powersgd:rank=1");
+  const auto rank8 = make_codec("powersgd:rank=8");
+  ASSERT_NE(costs.find(rank1->spec()), nullptr);
+  ASSERT_NE(costs.find(rank8->spec()), nullptr);
+  EXPECT_EQ(&costs.of(*rank8), costs.find(rank8->spec()));
+  const model::CodecCost& by_name = costs.of("powersgd");
+  EXPECT_EQ(by_name.encode_ef.b, costs.find(rank1->spec())->encode_ef.b);
+  EXPECT_EQ(by_name.decode.a, costs.find(rank1->spec())->decode.a);
+  EXPECT_NE(costs.find("fp16"), nullptr);
+  EXPECT_NE(costs.find("none"), nullptr);
 }
 
 }  // namespace

@@ -4,12 +4,13 @@
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "gradcomp/json_text.h"
 #include "gradcomp/error.h"
+#include "gradcomp/json_text.h"
 #include "model_commands.h"
 #include "model_options.h"
 
@@ -30,14 +31,16 @@ double gbps(const model::Linear& l) { return l.b > 0 ? 4 / l.b / 1e9 : INFINITY;
 
 void print_costs(const model::CodecCosts& costs) {
   constexpr double kN = 1 << 22;  // a 16 MB bucket
-  fmt::print("{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "codec",
+  size_t width = 10;              // entries by spec are longer than codec names
+  for (const auto& name : costs.names()) width = std::max(width, name.size());
+  fmt::print("{:<{}} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "codec", width,
              "enc a us", "enc GB/s", "ef a us", "ef GB/s", "dec a us", "dec GB/s", "enc 2^22",
              "ef 2^22", "dec 2^22");
   for (const auto& name : costs.names()) {
     const model::CodecCost& c = costs.of(name);
-    fmt::print("{:<10} {:>9.1f} {:>9.2f} {:>9.1f} {:>9.2f} {:>9.1f} {:>9.2f} {:>9} {:>9} {:>9}\n",
-               name, c.encode.a * 1e6, gbps(c.encode), c.encode_ef.a * 1e6, gbps(c.encode_ef),
-               c.decode.a * 1e6, gbps(c.decode), format_ms(c.encode.at(kN)),
+    fmt::print("{:<{}} {:>9.1f} {:>9.2f} {:>9.1f} {:>9.2f} {:>9.1f} {:>9.2f} {:>9} {:>9} {:>9}\n",
+               name, width, c.encode.a * 1e6, gbps(c.encode), c.encode_ef.a * 1e6,
+               gbps(c.encode_ef), c.decode.a * 1e6, gbps(c.decode), format_ms(c.encode.at(kN)),
                format_ms(c.encode_ef.at(kN)), format_ms(c.decode.at(kN)));
   }
 }

@@ -19,11 +19,11 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
+#include "gradcomp/codec.h"
 #include "gradcomp/model/cluster.h"
 #include "gradcomp/plan.h"
 
@@ -60,11 +60,16 @@ class CodecCosts {
   // Fits a + b n per codec to `gradcomp bench codecs --json` output (least squares over sizes).
   static CodecCosts fit_bench(const nlohmann::json& bench);
   nlohmann::json to_json() const;
-  // Throws Error naming the codec when there is no entry (listing the ones there are).
-  const CodecCost& of(const std::string& codec_name) const;
-  const CodecCost* find(const std::string& codec_name) const;  // nullptr when absent
+  // Entries are keyed by a codec's canonical spec ("powersgd:rank=4,cols=0,warm_start=true")
+  // or by its name alone ("powersgd"), which prices every setting of the codec without an
+  // entry of its own. Throws Error naming the codec when there is no entry (listing the ones
+  // there are).
+  const CodecCost& of(const std::string& spec_or_name) const;
+  // The costs of this codec's spec, else of its name.
+  const CodecCost& of(const Codec& codec) const;
+  const CodecCost* find(const std::string& spec_or_name) const;  // nullptr when absent
   std::vector<std::string> names() const;
-  void set(const std::string& codec_name, CodecCost cost);
+  void set(const std::string& spec_or_name, CodecCost cost);
   // Multiplies every cost by `factor` (a faster or slower device than the one measured).
   CodecCosts scaled(double factor) const;
 
