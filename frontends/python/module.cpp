@@ -368,6 +368,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("warmup_steps", &AutoSettings::warmup_steps)
       .def_readwrite("profile_steps", &AutoSettings::profile_steps)
       .def_readwrite("trial_steps", &AutoSettings::trial_steps)
+      .def_readwrite("stop_after", &AutoSettings::stop_after)
+      .def_readwrite("stop_margin", &AutoSettings::stop_margin)
       .def_readwrite("max_proposals", &AutoSettings::max_proposals)
       .def_readwrite("refine_proposals", &AutoSettings::refine_proposals)
       .def_readwrite("drift", &AutoSettings::drift)

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "gradcomp/error.h"
 #include "gradcomp/json_text.h"
@@ -138,7 +140,7 @@ CodecCosts CodecCosts::fit_bench(const json& bench) {
   }
   // Every spec measured gets an entry of its own; a codec's name gets the first spec listed
   // (the bench lists the recommended setting first), for the settings not measured.
-  std::map<std::string, std::string> first_spec_of;
+  std::vector<std::pair<std::string, std::string>> listed;  // (name, spec), as first listed
   std::map<std::string, std::array<std::vector<Sample>, 3>> samples;  // by spec
   size_t index = 0;
   for (const json& row : bench["results"]) {
@@ -154,7 +156,7 @@ CodecCosts CodecCosts::fit_bench(const json& bench) {
     }
     const std::string name = row["codec"].get<std::string>();
     const std::string spec = row.value("spec", name);
-    first_spec_of.emplace(name, spec);
+    if (!samples.contains(spec)) listed.emplace_back(name, spec);
     const double n = row["elements"].get<double>();
     auto& s = samples[spec];
     s[0].push_back({n, seconds_of(row, "encode_gbps", index, n)});
@@ -164,8 +166,10 @@ CodecCosts CodecCosts::fit_bench(const json& bench) {
   }
   if (samples.empty()) throw Error("codec bench: \"results\" is empty; nothing to fit");
   CodecCosts costs;
-  for (const auto& [spec, s] : samples) costs.set(spec, {fit(s[0]), fit(s[1]), fit(s[2])});
-  for (const auto& [name, spec] : first_spec_of) costs.set(name, costs.of(spec));
+  for (const auto& [name, spec] : listed) {
+    const auto& s = samples.at(spec);
+    costs.set_measured(name, spec, {fit(s[0]), fit(s[1]), fit(s[2])});
+  }
   return costs;
 }
 
@@ -207,6 +211,11 @@ std::vector<std::string> CodecCosts::names() const {
 
 void CodecCosts::set(const std::string& spec_or_name, CodecCost cost) {
   costs_[spec_or_name] = cost;
+}
+
+void CodecCosts::set_measured(const std::string& name, const std::string& spec, CodecCost cost) {
+  if (!costs_.contains(name)) set(name, cost);
+  set(spec, cost);
 }
 
 CodecCosts CodecCosts::scaled(double factor) const {

@@ -1,22 +1,22 @@
 // The auto scheduler's state machine (scheduler.h): warm-up -> (calibrate, propose) -> a trial
 // per proposal -> (correct the model, propose again) -> a trial per new proposal -> decided,
 // watching for drift -> calibrate again.
-#include "gradcomp/scheduler.h"
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <set>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
 
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
+#include "gradcomp/scheduler.h"
 #include "schedule/agreement.h"
 #include "schedule/calibration.h"
 #include "schedule/model_correction.h"
@@ -84,9 +84,16 @@ std::string measured_text(const AutoCandidate& c) {
 }
 
 json candidate_json(const AutoCandidate& c) {
-  return {{"name", c.name}, {"summary", c.summary}, {"predicted_ms", c.predicted_ms},
-          {"measured_ms", c.measured_ms}, {"noise_ms", c.noise_ms}, {"first_step", c.first_step},
-          {"round", c.round}, {"plan", c.plan.to_json()}};
+  return {{"name", c.name},
+          {"summary", c.summary},
+          {"predicted_ms", c.predicted_ms},
+          {"measured_ms", c.measured_ms},
+          {"noise_ms", c.noise_ms},
+          {"first_step", c.first_step},
+          {"round", c.round},
+          {"measured_steps", c.measured_steps},
+          {"stopped_early", c.stopped_early},
+          {"plan", c.plan.to_json()}};
 }
 
 // Mean |predicted - measured| / measured over the candidates of `round`; -1 when it has none.
@@ -122,6 +129,10 @@ void AutoSettings::validate() const {
     throw SpecError(fmt::format("auto: warmup_steps ({}) must be at least profile_steps ({}), "
                                 "which must be at least 1",
                                 warmup_steps, profile_steps));
+  }
+  if (!(stop_margin >= 0 && stop_margin < 1e6)) {
+    throw SpecError(
+        fmt::format("auto: stop_margin is {}; a share of the step time, 0 or more", stop_margin));
   }
   if (trial_steps < 2) {
     throw SpecError(fmt::format("auto: trial_steps is {}; at least 2 (the first step of a "
@@ -165,7 +176,11 @@ struct AutoScheduler::Impl {
   std::optional<Plan> decide();
   double tie_margin(size_t c, size_t fastest) const;  // decide(): see there
   bool noise_hides_gain(size_t c, size_t fastest) const;
-  void take_trial_times();   // the trial's agreed steps into its candidate's measurement
+  std::optional<Plan> end_trial(uint64_t steps_run);
+  std::optional<Plan> next_candidate();
+  void take_trial_times();  // the trial's agreed steps so far into its candidate's measurement
+  bool clearly_slower();    // the trial, after stop_after steps (a collective)
+  void take_warmup_times(std::vector<double> times);  // as the uncompressed measurement
   void count_search_cost();  // decide(): search_seconds, search_cost_seconds, payback_steps
   std::optional<Plan> watch(double step_s);
   std::optional<Plan> watch_residuals();
@@ -208,7 +223,8 @@ struct AutoScheduler::Impl {
   std::vector<size_t> again;  // candidates to measure once more before deciding (decide())
   // The lossless plan and the faster lossy one, once measured twice (decide()).
   std::optional<std::pair<size_t, size_t>> measured_again;
-  uint64_t trials_run = 0;
+  uint64_t trial_steps_run = 0;      // steps the search's trials ran (their first steps included)
+  std::vector<double> warmup_times;  // this rank's timed warm-up steps, until the first search
   size_t trying() const { return again.empty() ? trial : again.front(); }  // the trial's plan
   Clock::time_point search_start;
   std::vector<AutoDecision> decisions;
@@ -292,22 +308,22 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
   const double step_s = std::max(0.0, t.step_end - t.step_start);
   switch (phase) {
     case Phase::kWarmup:
-      if (steps + settings.profile_steps > settings.warmup_steps) profile.add(t);
+      if (steps + settings.profile_steps > settings.warmup_steps) {
+        profile.add(t);
+        warmup_times.push_back(step_s);
+      }
       if (steps < settings.warmup_steps) return std::nullopt;
       return start_search("first decision, after the uncompressed warm-up");
     case Phase::kTrial: {
       // The trial's first step (the plan change's own) is not measured.
       const uint64_t into = steps - search.candidates[trying()].first_step;  // 0: the first
       if (into >= 1) trial_times.push_back(step_s);
-      if (into + 1 < settings.trial_steps) return std::nullopt;
-      take_trial_times();
-      if (!again.empty()) {  // measuring a hidden gain again (decide())
-        again.erase(again.begin());
-        return again.empty() ? decide() : next_trial();
+      if (into + 1 >= settings.trial_steps) return end_trial(into + 1);
+      if (into == settings.stop_after && again.empty() && clearly_slower()) {
+        search.candidates[trying()].stopped_early = true;
+        return end_trial(into + 1);
       }
-      ++trial;
-      if (trial < search.candidates.size()) return next_trial();
-      return refined ? decide() : refine();
+      return std::nullopt;
     }
     case Phase::kDecided:
       if (search_on_resume) {
@@ -319,7 +335,24 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
   return std::nullopt;
 }
 
+std::optional<Plan> AutoScheduler::Impl::end_trial(uint64_t steps_run) {
+  take_trial_times();
+  trial_steps_run += steps_run;
+  if (!again.empty()) {  // measuring a hidden gain again (decide())
+    again.erase(again.begin());
+    return again.empty() ? decide() : next_trial();
+  }
+  return next_candidate();
+}
+
+std::optional<Plan> AutoScheduler::Impl::next_candidate() {
+  ++trial;
+  if (trial < search.candidates.size()) return next_trial();
+  return refined ? decide() : refine();
+}
+
 std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason) {
+  std::vector<double> warmup = std::exchange(warmup_times, {});  // the first search's only
   searched_from = current;
   search_start = Clock::now();
   search = AutoDecision{};
@@ -351,7 +384,7 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   candidate_times.clear();
   again.clear();
   measured_again.reset();
-  trials_run = 0;
+  trial_steps_run = 0;
   phase = Phase::kTrial;
   const std::string nodes_text =
       cluster.per_node == 1
@@ -362,7 +395,9 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   say(fmt::format("{} (step {}): link {:.0f} us, {}{}; trying {} plans for {} steps each",
                   reason, steps, 1e6 * link.link.latency_s, model::format_rate(link.link.bytes_per_s),
                   nodes_text, search.candidates.size(), settings.trial_steps));
-  return next_trial();
+  if (warmup.empty()) return next_trial();
+  take_warmup_times(std::move(warmup));  // candidate 0, uncompressed, ran them: no trial
+  return next_candidate();
 }
 
 int AutoScheduler::Impl::node_size() {
@@ -480,10 +515,39 @@ void AutoScheduler::Impl::take_trial_times() {
   candidate_times.resize(search.candidates.size());
   const auto agreed = schedule::max_over_ranks(*transport, trial_times);
   candidate_times[c].insert(candidate_times[c].end(), agreed.begin(), agreed.end());
-  search.candidates[c].measured_ms = 1e3 * schedule::median(candidate_times[c]);
-  search.candidates[c].noise_ms = 1e3 * schedule::median_uncertainty(candidate_times[c]);
+  AutoCandidate& candidate = search.candidates[c];
+  candidate.measured_ms = 1e3 * schedule::median(candidate_times[c]);
+  candidate.noise_ms = 1e3 * schedule::median_uncertainty(candidate_times[c]);
+  candidate.measured_steps = candidate_times[c].size();
   trial_times.clear();
-  ++trials_run;
+}
+
+// Whether the trial under way is already clearly slower than the fastest plan measured: its
+// fastest step so far (the slowest rank's) beyond that plan's median by stop_margin and the
+// noise. Its steps so far become its measurement either way. Every rank reaches this at the
+// same step and judges the same agreed numbers.
+bool AutoScheduler::Impl::clearly_slower() {
+  const size_t c = trying();
+  if (settings.stop_after == 0) return false;
+  take_trial_times();
+  const AutoCandidate* fastest = nullptr;
+  for (size_t i = 0; i < search.candidates.size(); ++i) {
+    const AutoCandidate& other = search.candidates[i];
+    if (i == c || other.measured_steps == 0) continue;
+    if (!fastest || other.measured_ms < fastest->measured_ms) fastest = &other;
+  }
+  if (!fastest) return false;
+  const auto& times = candidate_times[c];
+  const double best_ms = 1e3 * *std::min_element(times.begin(), times.end());
+  return best_ms >
+         fastest->measured_ms * (1 + settings.stop_margin) + kNoiseSpan * fastest->noise_ms;
+}
+
+// At the first search the warm-up's timed steps, which ran the uncompressed plan, are its
+// measurement (agreed over the ranks like a trial's): the first trial can be a lossy plan.
+void AutoScheduler::Impl::take_warmup_times(std::vector<double> times) {
+  trial_times = std::move(times);
+  take_trial_times();  // trying() is 0: uncompressed
 }
 
 std::optional<Plan> AutoScheduler::Impl::next_trial() {
@@ -617,7 +681,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   note_drift_outcome(cs[best].plan);
   search.kept = best;
   search.step = steps + 1;
-  search.search_steps = static_cast<double>(trials_run * settings.trial_steps);
+  search.search_steps = static_cast<double>(trial_steps_run);
   count_search_cost();
   reference_ms = cs[best].measured_ms;
   window.clear();
@@ -627,8 +691,10 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   phase = Phase::kDecided;
   std::vector<std::string> lines;
   for (const auto& c : cs) {
-    lines.push_back(fmt::format("  {:<52} predicted {:8.1f} ms, measured {:8.1f} ± {:.1f} ms  [{}]",
-                                c.name, c.predicted_ms, c.measured_ms, c.noise_ms, c.summary));
+    lines.push_back(
+        fmt::format("  {:<52} predicted {:8.1f} ms, measured {:8.1f} ± {:.1f} ms{}  [{}]", c.name,
+                    c.predicted_ms, c.measured_ms, c.noise_ms,
+                    c.stopped_early ? " (stopped early)" : "", c.summary));
   }
   mark("auto: decided", search_start, search);
   const std::string payback =
@@ -933,6 +999,7 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
                                   ? s.settings.warmup_steps - s.settings.profile_steps
                                   : 0);
     s.profile.clear();
+    s.warmup_times.clear();
     return s.resume_in(s.uncompressed, false);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("auto state: {}", e.what()));

@@ -8,6 +8,9 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "gradcomp/codec.h"
 #include "gradcomp/plan.h"
@@ -172,34 +175,34 @@ model::CodecCosts calibrate_codecs(Transport& transport,
                                    const std::vector<std::string>& options) {
   // Every codec spec of the options (canonical: the cost model looks a codec's spec up first),
   // "none" always; a codec's name gets its first spec's costs, for settings not timed here.
-  std::map<std::string, std::string> spec_of{{"none", "none"}};  // canonical spec -> text
-  std::map<std::string, std::string> first_spec_of{{"none", "none"}};
+  struct Timed {
+    std::string name, canonical, written;
+  };
+  std::vector<Timed> timed{{"none", "none", "none"}};
+  std::set<std::string> seen{"none"};
   for (const auto& text : options) {
     const std::string written = parse_option(text).codec;
     const auto codec = make_codec(written);
-    spec_of.emplace(codec->spec(), written);
-    first_spec_of.emplace(codec->name(), codec->spec());
+    if (seen.insert(codec->spec()).second) timed.push_back({codec->name(), codec->spec(), written});
   }
   constexpr size_t kSmall = size_t{1} << 14, kLarge = size_t{1} << 18;
   std::vector<double> mine;
-  for (const auto& [canonical, spec] : spec_of) {
-    const auto small = time_codec(spec, kSmall);
-    const auto large = time_codec(spec, kLarge);
+  for (const auto& t : timed) {
+    const auto small = time_codec(t.written, kSmall);
+    const auto large = time_codec(t.written, kLarge);
     mine.insert(mine.end(), small.begin(), small.end());
     mine.insert(mine.end(), large.begin(), large.end());
   }
   const auto agreed = max_over_ranks(transport, mine);
   model::CodecCosts costs;
-  size_t at = 0;
   const auto n1 = static_cast<double>(kSmall), n2 = static_cast<double>(kLarge);
-  for (const auto& [canonical, spec] : spec_of) {
-    const double* s = agreed.data() + at;
-    costs.set(canonical, {.encode = linear_through(n1, s[0], n2, s[3]),
-                          .encode_ef = linear_through(n1, s[1], n2, s[4]),
-                          .decode = linear_through(n1, s[2], n2, s[5])});
-    at += 6;
+  for (size_t i = 0; i < timed.size(); ++i) {
+    const double* s = agreed.data() + 6 * i;
+    costs.set_measured(timed[i].name, timed[i].canonical,
+                       {.encode = linear_through(n1, s[0], n2, s[3]),
+                        .encode_ef = linear_through(n1, s[1], n2, s[4]),
+                        .decode = linear_through(n1, s[2], n2, s[5])});
   }
-  for (const auto& [name, canonical] : first_spec_of) costs.set(name, costs.of(canonical));
   return costs;
 }
 

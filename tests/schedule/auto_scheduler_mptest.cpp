@@ -42,7 +42,7 @@ AutoSettings settings() {
   AutoSettings s;
   s.candidates = {"powersgd:rank=2|ef", "topk:ratio=0.01|ef", "fp16"};
   s.warmup_steps = 6;
-  s.profile_steps = 3;
+  s.profile_steps = 4;  // even: the noisy clocks below alternate, so their median is the plan's
   s.trial_steps = 3;
   s.check_every = 4;
   s.drift_checks = 2;
@@ -360,6 +360,12 @@ size_t trials_of(const nlohmann::json& decision, const AutoSettings& s) {
   return static_cast<size_t>(decision["search_steps"].get<double>()) / s.trial_steps;
 }
 
+// The trials a first search runs when each candidate is measured once: all but uncompressed,
+// which the warm-up measured.
+size_t first_search_trials(const nlohmann::json& decision) {
+  return decision["candidates"].size() - 1;
+}
+
 // Compressed plans measure 8-10% faster than uncompressed, more than kMinGain, but each step
 // is 10 ms off: the clock cannot tell them from uncompressed. The gain is worth a second look:
 // the fastest and uncompressed are measured again, still within the noise, so no lossy plan is
@@ -376,7 +382,7 @@ TEST(AutoScheduler, AGainWithinTheTrialsNoiseKeepsUncompressed) {
   EXPECT_EQ(decision["kept"].get<size_t>(), 0u) << why;
   EXPECT_NE(why.find("noise"), std::string::npos) << why;
   EXPECT_NE(why.find("measured twice"), std::string::npos) << why;
-  EXPECT_EQ(trials_of(decision, settings()), decision["candidates"].size() + 2);
+  EXPECT_EQ(trials_of(decision, settings()), first_search_trials(decision) + 2);
   for (const auto& c : decision["candidates"]) EXPECT_GT(c["noise_ms"].get<double>(), 5) << c["name"];
   // Without the noise the same gain is kept, measured once.
   AutoScheduler quiet(world(), model_tensors(), settings());
@@ -384,7 +390,7 @@ TEST(AutoScheduler, AGainWithinTheTrialsNoiseKeepsUncompressed) {
   ASSERT_EQ(quiet.phase(), "decided");
   const auto quiet_decision = quiet.report()["decisions"][0];
   EXPECT_NE(quiet_decision["kept"].get<size_t>(), 0u);
-  EXPECT_EQ(trials_of(quiet_decision, settings()), quiet_decision["candidates"].size());
+  EXPECT_EQ(trials_of(quiet_decision, settings()), first_search_trials(quiet_decision));
 }
 
 // A 15% gain the first trials' noise hides (every step 10 ms off) while the machine is busy:
@@ -412,8 +418,64 @@ TEST(AutoScheduler, AGainTheNoiseHidIsKeptWhenMeasuringAgainShowsIt) {
   const std::string why = decision["why"].get<std::string>();
   EXPECT_NE(decision["kept"].get<size_t>(), 0u) << why << trials_text(decision);
   EXPECT_NE(why.find("measured twice"), std::string::npos) << why;
-  EXPECT_EQ(trials_of(decision, s), decision["candidates"].size() + 2);
+  EXPECT_EQ(trials_of(decision, s), first_search_trials(decision) + 2);
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
+// At the first search the warm-up's timed steps measure the uncompressed plan (it ran them):
+// the step after the warm-up is the first lossy trial, and uncompressed runs no trial.
+TEST(AutoScheduler, TheWarmupMeasuresTheUncompressedPlan) {
+  const AutoSettings s = settings();
+  AutoScheduler scheduler(world(), model_tensors(), s);
+  std::vector<Plan> ran;  // ran[i]: the plan of step i + 1
+  drive_on(scheduler, 40, [&](const Plan& p) {
+    ran.push_back(p);
+    return step_ms(p, false, 1);
+  });
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const auto decision = scheduler.report()["decisions"][0];
+  const auto& cs = decision["candidates"];
+  ASSERT_GE(cs.size(), 2u);
+  EXPECT_EQ(cs[0]["name"], "uncompressed");
+  EXPECT_EQ(cs[0]["measured_steps"].get<uint64_t>(), s.profile_steps);
+  EXPECT_NEAR(cs[0]["measured_ms"].get<double>(), 100.0 + world()->size() - 1, 1e-6);
+  EXPECT_TRUE(compresses_any(ran.at(s.warmup_steps)));
+  EXPECT_EQ(cs[1]["first_step"].get<uint64_t>(), s.warmup_steps + 1);
+  EXPECT_EQ(decision["search_steps"].get<double>(),
+            static_cast<double>((cs.size() - 1) * s.trial_steps));
+}
+
+// A trial whose first measured steps are all slower than the fastest plan measured by more
+// than stop_margin stops there; one within the margin runs all its steps, and so does every
+// trial with stop_after = 0.
+TEST(AutoScheduler, AClearlySlowerTrialStopsAfterItsFirstSteps) {
+  struct Case {
+    double compressed_ms;
+    uint64_t stop_after;
+    bool stops;
+  };
+  for (const Case& k : {Case{300, 2, true}, Case{105, 2, false}, Case{300, 0, false}}) {
+    AutoSettings s = settings();
+    s.trial_steps = 6;
+    s.stop_after = k.stop_after;
+    s.refine_proposals = 0;
+    AutoScheduler scheduler(world(), model_tensors(), s);
+    drive_on(scheduler, 60,
+             [&](const Plan& p) { return is_compressed(p) ? k.compressed_ms : 100.0; });
+    ASSERT_EQ(scheduler.phase(), "decided");
+    const auto decision = scheduler.report()["decisions"][0];
+    const auto& cs = decision["candidates"];
+    ASSERT_GE(cs.size(), 2u);
+    EXPECT_EQ(decision["kept"].get<size_t>(), 0u);
+    double steps = 0;
+    for (size_t i = 1; i < cs.size(); ++i) {
+      EXPECT_EQ(cs[i]["stopped_early"].get<bool>(), k.stops) << k.compressed_ms << cs[i]["name"];
+      EXPECT_EQ(cs[i]["measured_steps"].get<uint64_t>(), k.stops ? 2u : 5u) << cs[i]["name"];
+      EXPECT_NEAR(cs[i]["measured_ms"].get<double>(), k.compressed_ms + world()->size() - 1, 1e-6);
+      steps += k.stops ? 3 : 6;
+    }
+    EXPECT_EQ(decision["search_steps"].get<double>(), steps);
+  }
 }
 
 // Compressed plans close to each other on a noisy clock: the fastest measured is kept, not the
@@ -712,6 +774,12 @@ TEST(AutoScheduler, BadSettingsAreSpecErrors) {
   s.candidates = {"nosuchcodec"};
   EXPECT_NE(testing::error_text([&] { AutoScheduler a(world(), model_tensors(), s); })
                 .find("nosuchcodec"),
+            std::string::npos);
+  s = settings();
+  s.stop_margin = -0.1;
+  EXPECT_NE(testing::error_text([&] {
+              AutoScheduler a(world(), model_tensors(), s);
+            }).find("stop_margin is -0.1"),
             std::string::npos);
   s = settings();
   s.local_size = -2;

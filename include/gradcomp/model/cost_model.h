@@ -70,6 +70,10 @@ class CodecCosts {
   const CodecCost* find(const std::string& spec_or_name) const;  // nullptr when absent
   std::vector<std::string> names() const;
   void set(const std::string& spec_or_name, CodecCost cost);
+  // A measured setting: its spec's entry, and its codec name's when the name has none yet, so
+  // that measuring settings in the order they are listed prices the settings not measured
+  // like the first (the one recommended, listed first).
+  void set_measured(const std::string& name, const std::string& spec, CodecCost cost);
   // Multiplies every cost by `factor` (a faster or slower device than the one measured).
   CodecCosts scaled(double factor) const;
 
