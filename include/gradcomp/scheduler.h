@@ -12,9 +12,9 @@
 //   trial      each proposal runs for a few steps (Engine::set_plan, so nothing of the
 //              gradients is lost, and as a trial: feedback memory a plan without feedback
 //              would receive at once waits for the decision); a step's time is the slowest
-//              rank's; at the first search the warm-up's timed steps are the uncompressed
-//              plan's measurement (it ran them), and a trial clearly slower than the fastest
-//              measured after its first steps stops there;
+//              rank's; the lossy plans go first, uncompressed after them (the job's first
+//              steps run slower), and a trial clearly slower than the fastest measured after
+//              its first steps stops there;
 //   refine     the trials correct the model (a cost per message, compute slowed while
 //              exchanging, time outside the model); the corrected model proposes again, and
 //              plans it predicts faster than the fastest measured get a trial too;
@@ -59,15 +59,14 @@ struct AutoSettings {
   // trial must measure the option as it runs after its warm-up.
   std::vector<std::string> candidates;
   uint64_t warmup_steps = 30;   // uncompressed steps before any lossy codec; >= profile_steps
-  // The last steps of the warm-up, timed for the profile; at the first search they are the
-  // uncompressed plan's measurement (the plan they ran), so it needs no trial of its own.
-  uint64_t profile_steps = 10;
+  uint64_t profile_steps = 10;  // the last steps of the warm-up, timed for the profile
   uint64_t trial_steps = 6;     // steps each proposal runs; its first one is not measured
   // A trial stops after this many measured steps when even its fastest step so far is slower
   // than the fastest plan measured by more than `stop_margin` and the noise (0: every trial
-  // runs its trial_steps): a plan that loses clearly need not lose for long.
+  // runs its trial_steps): a plan that loses clearly need not lose for long. A lossless plan
+  // (uncompressed) stops only when it takes more than twice as long.
   uint64_t stop_after = 2;
-  double stop_margin = 0.10;
+  double stop_margin = 0.25;
   size_t max_proposals = 4;     // compressed plans tried besides the uncompressed one
   // After those trials, the model corrected by them proposes again: up to this many plans not
   // yet tried whose corrected prediction beats the fastest measured get a trial too (0: none),
@@ -118,8 +117,7 @@ struct AutoCandidate {
   Plan plan;                 // the plan itself
   int round = 1;             // 1: proposed by the model as calibrated; 2: as corrected by round 1
   double noise_ms = 0;       // measured_ms's uncertainty, from the spread of the trial's steps
-  uint64_t measured_steps = 0;  // steps behind measured_ms (the warm-up's for uncompressed
-                                // at the first search)
+  uint64_t measured_steps = 0;  // steps behind measured_ms
   bool stopped_early = false;   // its trial stopped after stop_after steps: clearly slower
 };
 

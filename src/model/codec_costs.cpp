@@ -7,9 +7,10 @@
 #include <cmath>
 #include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "gradcomp/error.h"
 #include "gradcomp/json_text.h"

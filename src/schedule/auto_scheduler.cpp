@@ -1,22 +1,23 @@
 // The auto scheduler's state machine (scheduler.h): warm-up -> (calibrate, propose) -> a trial
 // per proposal -> (correct the model, propose again) -> a trial per new proposal -> decided,
 // watching for drift -> calibrate again.
-#include <fmt/format.h>
+#include "gradcomp/scheduler.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
-#include "gradcomp/scheduler.h"
 #include "schedule/agreement.h"
 #include "schedule/calibration.h"
 #include "schedule/model_correction.h"
@@ -37,6 +38,10 @@ constexpr double kMinGain = 0.03;
 // Two trials' medians differ in fact when they lie more than this many combined uncertainties
 // apart (about 95% confidence for normal noise).
 constexpr double kNoiseSpan = 2.0;
+// A lossless trial (the plan a lossy one must beat) stops early only when it takes more than
+// this much longer than the fastest plan measured: twice as long, a gap no burst of the
+// machine's noise makes (they reach +30% here), so "do no harm" is not judged on a burst.
+constexpr double kLosslessStopMargin = 1.0;
 constexpr int kSaveVersion = 1;
 // The drift's backoff doubles the drifting checks a search needs at most this many times.
 constexpr uint64_t kMaxDriftBackoff = 5;
@@ -180,7 +185,6 @@ struct AutoScheduler::Impl {
   std::optional<Plan> next_candidate();
   void take_trial_times();  // the trial's agreed steps so far into its candidate's measurement
   bool clearly_slower();    // the trial, after stop_after steps (a collective)
-  void take_warmup_times(std::vector<double> times);  // as the uncompressed measurement
   void count_search_cost();  // decide(): search_seconds, search_cost_seconds, payback_steps
   std::optional<Plan> watch(double step_s);
   std::optional<Plan> watch_residuals();
@@ -215,7 +219,10 @@ struct AutoScheduler::Impl {
   std::optional<model::CodecCosts> codec_costs;
   schedule::ModelCorrection correction;     // fitted to the last search's trials
   AutoDecision search;
-  size_t trial = 0;                // index into search.candidates
+  // The order of the trials (indices into search.candidates): the lossy plans of the first
+  // round, then uncompressed (index 0), then the second round's plans (refine()).
+  std::vector<size_t> order;
+  size_t trial = 0;                // index into order
   bool refined = false;            // the second round was proposed
   std::vector<double> trial_times;  // this rank's measured steps of the trial
   // Each candidate's agreed steps (the slowest rank's), over all of its trials.
@@ -224,8 +231,7 @@ struct AutoScheduler::Impl {
   // The lossless plan and the faster lossy one, once measured twice (decide()).
   std::optional<std::pair<size_t, size_t>> measured_again;
   uint64_t trial_steps_run = 0;      // steps the search's trials ran (their first steps included)
-  std::vector<double> warmup_times;  // this rank's timed warm-up steps, until the first search
-  size_t trying() const { return again.empty() ? trial : again.front(); }  // the trial's plan
+  size_t trying() const { return again.empty() ? order[trial] : again.front(); }  // its plan
   Clock::time_point search_start;
   std::vector<AutoDecision> decisions;
 
@@ -308,10 +314,7 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
   const double step_s = std::max(0.0, t.step_end - t.step_start);
   switch (phase) {
     case Phase::kWarmup:
-      if (steps + settings.profile_steps > settings.warmup_steps) {
-        profile.add(t);
-        warmup_times.push_back(step_s);
-      }
+      if (steps + settings.profile_steps > settings.warmup_steps) profile.add(t);
       if (steps < settings.warmup_steps) return std::nullopt;
       return start_search("first decision, after the uncompressed warm-up");
     case Phase::kTrial: {
@@ -347,12 +350,11 @@ std::optional<Plan> AutoScheduler::Impl::end_trial(uint64_t steps_run) {
 
 std::optional<Plan> AutoScheduler::Impl::next_candidate() {
   ++trial;
-  if (trial < search.candidates.size()) return next_trial();
+  if (trial < order.size()) return next_trial();
   return refined ? decide() : refine();
 }
 
 std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason) {
-  std::vector<double> warmup = std::exchange(warmup_times, {});  // the first search's only
   searched_from = current;
   search_start = Clock::now();
   search = AutoDecision{};
@@ -378,6 +380,12 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   const auto planning = Clock::now();
   search.candidates = propose(correction.applied(*measured_profile), cost, correction.simulator());
   search.decision_ms = 1e3 * seconds_since(planning);
+  // Uncompressed runs last in the first round: it can stop early when a lossy plan is clearly
+  // faster (at 100 Mbit/s its steps take 40 times theirs), and it is not measured in the
+  // job's first steps, which may still run slow (docs/auto.md, "Trials").
+  order.clear();
+  for (size_t i = 1; i < search.candidates.size(); ++i) order.push_back(i);
+  order.push_back(0);
   trial = 0;
   refined = false;
   trial_times.clear();
@@ -395,9 +403,7 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   say(fmt::format("{} (step {}): link {:.0f} us, {}{}; trying {} plans for {} steps each",
                   reason, steps, 1e6 * link.link.latency_s, model::format_rate(link.link.bytes_per_s),
                   nodes_text, search.candidates.size(), settings.trial_steps));
-  if (warmup.empty()) return next_trial();
-  take_warmup_times(std::move(warmup));  // candidate 0, uncompressed, ran them: no trial
-  return next_candidate();
+  return next_trial();
 }
 
 int AutoScheduler::Impl::node_size() {
@@ -523,9 +529,9 @@ void AutoScheduler::Impl::take_trial_times() {
 }
 
 // Whether the trial under way is already clearly slower than the fastest plan measured: its
-// fastest step so far (the slowest rank's) beyond that plan's median by stop_margin and the
-// noise. Its steps so far become its measurement either way. Every rank reaches this at the
-// same step and judges the same agreed numbers.
+// fastest step so far (the slowest rank's) beyond that plan's median by stop_margin (a
+// lossless plan: kLosslessStopMargin) and the noise. Its steps so far become its measurement
+// either way. Every rank reaches this at the same step and judges the same agreed numbers.
 bool AutoScheduler::Impl::clearly_slower() {
   const size_t c = trying();
   if (settings.stop_after == 0) return false;
@@ -539,15 +545,10 @@ bool AutoScheduler::Impl::clearly_slower() {
   if (!fastest) return false;
   const auto& times = candidate_times[c];
   const double best_ms = 1e3 * *std::min_element(times.begin(), times.end());
-  return best_ms >
-         fastest->measured_ms * (1 + settings.stop_margin) + kNoiseSpan * fastest->noise_ms;
-}
-
-// At the first search the warm-up's timed steps, which ran the uncompressed plan, are its
-// measurement (agreed over the ranks like a trial's): the first trial can be a lossy plan.
-void AutoScheduler::Impl::take_warmup_times(std::vector<double> times) {
-  trial_times = std::move(times);
-  take_trial_times();  // trying() is 0: uncompressed
+  const double margin = compresses(search.candidates[c].plan)
+                            ? settings.stop_margin
+                            : std::max(settings.stop_margin, kLosslessStopMargin);
+  return best_ms > fastest->measured_ms * (1 + margin) + kNoiseSpan * fastest->noise_ms;
 }
 
 std::optional<Plan> AutoScheduler::Impl::next_trial() {
@@ -580,6 +581,7 @@ std::optional<Plan> AutoScheduler::Impl::refine() {
     if (tried.contains(c.plan.hash()) || c.predicted_ms >= fastest) continue;
     c.name += ", corrected model";
     c.round = 2;
+    order.push_back(search.candidates.size());
     search.candidates.push_back(std::move(c));
     ++added;
   }
@@ -999,7 +1001,6 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
                                   ? s.settings.warmup_steps - s.settings.profile_steps
                                   : 0);
     s.profile.clear();
-    s.warmup_times.clear();
     return s.resume_in(s.uncompressed, false);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("auto state: {}", e.what()));
