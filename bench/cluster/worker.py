@@ -534,10 +534,10 @@ def replay(args, kind, argument):
 
 def auto_search_steps(settings):
     """The most steps compression="auto" can take before it decides: its warm-up, then up to
-    2 + max_proposals + refine_proposals plans for trial_steps each (uncompressed, over nodes
-    the planner's best uncompressed plan, the proposals; the scheduler's defaults where
-    unset)."""
-    plans = 2 + settings.get("max_proposals", 4) + settings.get("refine_proposals", 2)
+    4 + max_proposals + refine_proposals trials of trial_steps each (uncompressed, over nodes
+    the planner's best uncompressed plan, the proposals, and two more when a gain the noise
+    hid is measured again; the scheduler's defaults where unset)."""
+    plans = 4 + settings.get("max_proposals", 4) + settings.get("refine_proposals", 2)
     return settings.get("warmup_steps", 30) + plans * settings.get("trial_steps", 6)
 
 
