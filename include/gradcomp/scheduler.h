@@ -12,9 +12,9 @@
 //   trial      each proposal runs for a few steps (Engine::set_plan, so nothing of the
 //              gradients is lost, and as a trial: feedback memory a plan without feedback
 //              would receive at once waits for the decision); a step's time is the slowest
-//              rank's; the lossy plans go first, uncompressed after them (the job's first
-//              steps run slower), and a trial clearly slower than the fastest measured after
-//              its first steps stops there;
+//              rank's; the lossy plans go first, uncompressed after them (it can then stop
+//              early too, and a job's first steps may still run slow), and a trial clearly
+//              slower than the fastest measured after its first steps stops there;
 //   refine     the trials correct the model (a cost per message, compute slowed while
 //              exchanging, time outside the model); the corrected model proposes again, and
 //              plans it predicts faster than the fastest measured get a trial too;

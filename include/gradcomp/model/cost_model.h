@@ -19,9 +19,10 @@
 
 #include <map>
 #include <memory>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "gradcomp/codec.h"
 #include "gradcomp/model/cluster.h"
