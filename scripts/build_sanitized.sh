@@ -32,5 +32,5 @@ echo "build_sanitized: build-tsan (ThreadSanitizer, the engine's tests)"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DGRADCOMP_TSAN=ON \
   -DGRADCOMP_LAUNCHER="$launcher" >/dev/null
-cmake --build build-tsan --target engine_test engine_fault_test engine_mptest plan_change_test plan_change_mptest sparse_select_test op_queue_test kept_thread_test
+cmake --build build-tsan --target engine_test engine_fault_test engine_mptest plan_change_test plan_change_mptest servers_mptest sparse_select_test op_queue_test kept_thread_test
 echo "build_sanitized: done"

@@ -42,7 +42,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 stage "engine tests under ThreadSanitizer"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
-  -R '^(Engine|PlanChange|OpQueue|KeptThread|(engine|plan_change)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
+  -R '^(Engine|PlanChange|OpQueue|KeptThread|(engine|plan_change|servers)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
 stage "Python front end and the cluster benchmark's parts (pytest)"
 /usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/layout | tee build/pytest.log

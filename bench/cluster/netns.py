@@ -387,26 +387,35 @@ class Cluster:
                 _kill(pid)
         self._procs = [p for p in self._procs if p not in procs]
 
-    def run(self, argv_for_rank, env_for_rank, timeout, log_dir, grace=20.0, ranks_per_host=1):
+    def run(self, argv_for_rank, env_for_rank, timeout, log_dir, grace=20.0, ranks_per_host=1,
+            extra=()):
         """Runs ranks_per_host workers per host and waits for all; returns the wall seconds.
 
         Rank r runs on host r // ranks_per_host (ranks of one host talk through its own
         loopback, unlimited: a node's fast link; between hosts through the rate-limited
-        links). Raises WorkerError if a worker fails (after giving the others `grace`
-        seconds to finish) or if the job runs longer than `timeout`. Either way
-        no worker process is left afterwards.
+        links). `extra` lists processes of the job on hosts of their own, (host, argv, env),
+        started first (parameter servers): the ranks run on the hosts before the first of
+        them, and the extra ones are waited for like ranks (logs extra<i>.log). Raises
+        WorkerError if a worker fails (after giving the others `grace` seconds to finish)
+        or if the job runs longer than `timeout`. Either way no worker process is left
+        afterwards.
         """
         if not isinstance(ranks_per_host, int) or ranks_per_host < 1:
             raise ClusterError(f"ranks per host must be a whole number >= 1, not {ranks_per_host!r}")
-        ranks = self.hosts * ranks_per_host
+        worker_hosts = min([host for host, _, _ in extra], default=self.hosts)
+        ranks = worker_hosts * ranks_per_host
         os.makedirs(log_dir, exist_ok=True)
         logs = [os.path.join(log_dir, f"rank{r}.log") for r in range(ranks)]
+        logs += [os.path.join(log_dir, f"extra{i}.log") for i in range(len(extra))]
         procs = []
         start = time.monotonic()
         try:
+            for i, (host, argv, env) in enumerate(extra):
+                procs.append(self.spawn(host, argv, env, logs[ranks + i]))
             for r in range(ranks):
                 procs.append(self.spawn(r // ranks_per_host, argv_for_rank(r), env_for_rank(r),
                                         logs[r]))
+            procs = procs[len(extra):] + procs[:len(extra)]  # ranks first, as the logs
             failed, running = _wait(procs, start + timeout, grace)
             seconds = time.monotonic() - start
         finally:

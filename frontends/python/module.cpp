@@ -16,6 +16,7 @@
 #include "gradcomp/optimizer.h"
 #include "gradcomp/plan.h"
 #include "gradcomp/recommended.h"
+#include "gradcomp/server.h"
 #include "gradcomp/torch/distributed_gradients.h"
 #include "gradcomp/torch/process_group_transport.h"
 #include "gradcomp/torch/sparse_rows.h"
@@ -269,6 +270,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("feedback_names", &feedback_names);
   m.def("route_names", &route_names);
   m.def("transport_names", &transport_names);
+  m.def(
+      "stop_servers",
+      [] {
+        py::gil_scoped_release release;
+        stop_servers();
+      },
+      "Tells the job's parameter servers (route 'servers') to end now: a collective of the "
+      "workers, with no optimizer using them alive. It happens by itself at exit.");
   m.def("parse_option", [](const std::string& text) {
     const Option o = parse_option(text);
     return py::make_tuple(o.codec, o.feedback, o.route, o.start_step);

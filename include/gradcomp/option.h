@@ -19,7 +19,8 @@ struct Option {
   std::string codec = "none";     // codec spec, e.g. "topk:ratio=0.01"
   std::string feedback = "none";  // worker-side feedback spec, e.g. "ef"
   // Route spec: "allreduce", "allgather", "twoway" (server_feedback=<spec>),
-  // "hierarchical" (inner=allreduce|allgather|twoway, intra=none|fp16).
+  // "hierarchical" (inner=allreduce|allgather|twoway, intra=none|fp16), "sharded" (likewise),
+  // "servers" (server_feedback=<spec>; dedicated parameter servers, docs/servers.md).
   std::string route = "allreduce";
   EncodeOn encode_on = EncodeOn::kEngine;
   // Warm-up: engine steps before this one exchange the bucket uncompressed (the exact float32
@@ -50,6 +51,7 @@ enum class RouteKind {
   kHierarchical,  // inside the node first, then an inner route among node leaders
   kSharded,       // reduce-scatter inside the node, an inner route per shard across nodes,
                   // allgather inside the node
+  kServers,       // shards to dedicated parameter servers and back, compressed both ways
 };
 
 // The route names an option may name, in the table's order.
@@ -70,9 +72,10 @@ struct BucketOption {
   Option text;                              // as written: the plan's JSON and hash
   RouteKind route = RouteKind::kAllreduce;
   bool over_nodes = false;                  // hierarchical, sharded: the engine splits nodes
+  bool on_servers = false;                  // servers: the engine claims the server link
   RouteKind inner = RouteKind::kAllreduce;  // over nodes: the route across nodes
   bool intra_fp16 = false;                  // over nodes: the node's sum as float16
-  // A two-way route (also as the inner route): the server side's feedback spec; by default the
+  // A two-way route (also as the inner route) or route servers: the server side's feedback spec; by default the
   // worker's error feedback without momentum (dgc and nesterov apply theirs on the worker).
   std::string server_feedback;
 

@@ -161,6 +161,10 @@ struct TransportOptions {
   std::string store{};     // gloo rendezvous; empty: from the environment
   std::string hostname{};  // gloo: the address to listen on; empty: the one that reaches the store
   Milliseconds timeout{0};  // 0: from the environment
+  // gloo: the name the ranks meet under in the store; empty: one per transport this process
+  // has made, in order (ranks that make their transports in the same order meet). A process
+  // that makes other transports first (a worker reaching its parameter servers) names it.
+  std::string rendezvous{};
 };
 
 // Where this process sits, read from the environment as described above.

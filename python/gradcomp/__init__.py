@@ -16,6 +16,7 @@ from gradcomp._C import (  # noqa: E402
     codec_names,
     feedback_names,
     route_names,
+    stop_servers,
     transport_names,
 )
 
@@ -24,7 +25,7 @@ from gradcomp._C import recommended_options as _recommended_options  # noqa: E40
 
 __version__ = "0.1.0"
 __all__ = ["Error", "SpecError", "CommError", "TimeoutError", "codec_names", "feedback_names",
-           "route_names", "transport_names", "recommended"]
+           "route_names", "stop_servers", "transport_names", "recommended"]
 
 
 def recommended(optimizer=None):

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -118,6 +119,20 @@ def _gradcomp_error(error):
     if not isinstance(error, Error) or str(error).startswith("gradcomp"):
         return error
     return type(error)(f"gradcomp: {error}")
+
+
+def _weakly(method):
+    """`method` for the C++ side to call without keeping its object alive: a Python object
+    held by C++ is invisible to the garbage collector, so a bound method there would make an
+    uncollectable cycle (the optimizer, its C++ gradients, the method) and the optimizer, its
+    engine, its threads and its claim on the transport would outlive every reference."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+    return call
 
 
 def _scale_reader(loss_scale):
@@ -369,8 +384,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             named, _exchange_transport(transport), "none" if automatic else compression,
             _plan_json(plan), int(bucket_mb * (1 << 20)), int(min_compress_elements),
             int(backward_passes_per_step), int(seed), timeline or "", int(local_size),
-            int(codec_threads), self._backward_begins, bool(find_unused_parameters), sparse,
-            automatic)
+            int(codec_threads), _weakly(self._backward_begins), bool(find_unused_parameters),
+            sparse, automatic)
         self._gradients.set_learning_rate(self._lr())
         self._plan_settings = (int(bucket_mb * (1 << 20)), int(min_compress_elements))
         if not automatic:
@@ -431,7 +446,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             "large: every gradient is exchanged uncompressed (lower min_compress_elements to "
             "compress this model)", stacklevel=3)
 
-    def _backward_begins(self, end):
+    def _backward_begins(self, end):  # through _weakly: the C++ object must not keep us alive
         """Called by the first gradient hook of each backward pass, before it hands anything
         over: the step's loss scale, then the end-of-backward callback."""
         if self._loss_scale is not None:

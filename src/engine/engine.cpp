@@ -23,6 +23,7 @@
 #include "gradcomp/timeline.h"
 #include "route/frames.h"
 #include "route/route.h"
+#include "route/server_link.h"
 
 namespace gradcomp {
 namespace {
@@ -89,8 +90,11 @@ struct Engine::Impl {
   void check_plans_agree();  // the collective check of the constructor and of set_plan
   void open_streams();
   // The stream (and exchange thread) of bucket b: routes over nodes stay on stream 0, whose
-  // node groups they use.
-  size_t stream_of(size_t b) const { return options_of[b].over_nodes ? 0 : b % streams.size(); }
+  // node groups they use, and so do routes to servers: the server link is one sequence.
+  size_t stream_of(size_t b) const {
+    const BucketOption& o = options_of[b];
+    return o.over_nodes || o.on_servers ? 0 : b % streams.size();
+  }
   void make_routes(bool with_nodes);
   void name_lanes();
   // set_plan: adds what the old plan's routes hold and have not delivered to `carried`, by
@@ -113,6 +117,7 @@ struct Engine::Impl {
   PieceTable layout;  // of `plan`: what the buckets hold
   EngineOptions options;
   std::shared_ptr<const NodeGroups> nodes;  // routes that need nodes only (the transport's)
+  std::shared_ptr<route::ServerLink> servers;  // route servers only: the claimed link
   std::vector<Transport*> streams;          // the transport's streams in use: [0] is the transport
   uint64_t plan_changes = 0;                // set_plan calls that changed the plan
   std::unique_ptr<Timeline> timeline;
@@ -231,6 +236,7 @@ void Engine::Impl::release_after_failure() {
   }
   bool drained = true;
   for (Transport* s : streams) drained = s->drain(options.timeout) && drained;
+  if (servers) drained = servers->transport().drain(options.timeout) && drained;
   if (!drained || timed_out) {
     static_cast<void>(new std::vector<LiveBucket>(std::move(buckets)));  // deliberately kept
   }
@@ -267,6 +273,10 @@ void Engine::Impl::make_routes(bool with_nodes) {
     env.leaders = nodes->leaders();
     env.cross = nodes->cross.get();
   }
+  const bool with_servers = std::any_of(options_of.begin(), options_of.end(),
+                                        [](const BucketOption& o) { return o.on_servers; });
+  if (with_servers && !servers) servers = route::ServerLink::claim(*transport);
+  env.servers = servers.get();
   slots.assign(layout.pieces.size(), TensorSlot{});
   buckets.reserve(plan.buckets.size());
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -298,7 +308,7 @@ void Engine::Impl::carry_out(const std::vector<LiveBucket>& old_buckets,
                              const PieceTable& old_layout) {
   for (const LiveBucket& bucket : old_buckets) {
     Buffer<float> held(bucket.elements, 0.0f);
-    const double scale = bucket.route->carry(held);
+    const double scale = bucket.route->retire(held);
     for (size_t p = 0; p < old_slots.size(); ++p) {
       const TensorSlot& slot = old_slots[p];
       if (slot.bucket != bucket.index) continue;
@@ -326,7 +336,7 @@ bool Engine::Impl::holds_back(size_t tensor) const {
   for (size_t p = layout.first[tensor]; p < layout.first[tensor + 1]; ++p) {
     const BucketOption& o = options_of[slots[p].bucket];
     const bool server_memory =
-        o.codec_route() == RouteKind::kTwoway && o.server_feedback != "none";
+        (o.codec_route() == RouteKind::kTwoway || o.on_servers) && o.server_feedback != "none";
     if (o.text.feedback == "none" && !server_memory) return true;
   }
   return false;

@@ -3,10 +3,12 @@
 // JSON (every field named in errors by its path, "inter.bandwidth"):
 //   {"workers": 64, "per_node": 8,
 //    "inter": {"bandwidth": "25gbit", "latency": "10us"},
-//    "intra": {"bandwidth": "100gbit", "latency": "5us"}}
+//    "intra": {"bandwidth": "100gbit", "latency": "5us"},
+//    "servers": 64}
 // A bandwidth is a string with a unit (parse_rate) or a number of bytes per second; a latency a
 // string with a unit (parse_duration) or a number of seconds. per_node defaults to 1; "intra"
-// may be left out only when per_node is 1 (no link inside a node is used then).
+// may be left out only when per_node is 1 (no link inside a node is used then); "servers" (the
+// dedicated parameter servers route 'servers' reaches) defaults to 0, as many as workers.
 #include "gradcomp/model/cluster.h"
 
 #include <fmt/format.h>
@@ -194,13 +196,18 @@ void Cluster::validate() const {
   }
   check_link(inter, "inter");
   check_link(intra, "intra");
+  if (servers < 0 || servers > kMaxWorkers) {
+    throw Error(fmt::format("cluster: servers = {} must be from 0 (as many as workers) to {}",
+                            servers, kMaxWorkers));
+  }
 }
 
 Cluster Cluster::from_json(const json& json) {
-  check_keys(json, "", {"workers", "per_node", "inter", "intra"});
+  check_keys(json, "", {"workers", "per_node", "inter", "intra", "servers"});
   Cluster c;
   c.workers = read_count(json, "", "workers", std::nullopt);
   c.per_node = read_count(json, "", "per_node", 1);
+  if (json.contains("servers")) c.servers = read_count(json, "", "servers", std::nullopt);
   if (!json.contains("inter")) {
     field_error("inter", "missing; expected {\"bandwidth\": \"25gbit\", \"latency\": \"10us\"}");
   }
@@ -220,8 +227,10 @@ json Cluster::to_json() const {
   const auto link = [](const Link& l) {
     return json{{"bandwidth", l.bytes_per_s}, {"latency", l.latency_s}};
   };
-  return {{"workers", workers}, {"per_node", per_node}, {"inter", link(inter)},
-          {"intra", link(intra)}};
+  json out{{"workers", workers}, {"per_node", per_node}, {"inter", link(inter)},
+            {"intra", link(intra)}};
+  if (servers > 0) out["servers"] = servers;
+  return out;
 }
 
 double parse_rate(const std::string& text) {

@@ -104,13 +104,13 @@ namespace detail {
 // What the cost of a route depends on, from an Option: the codec object (frame sizes), its
 // traits and costs, the route's shape. Immutable once built.
 struct RouteModel {
-  enum class Kind { kDirect, kAllreduce, kAllgather, kTwoway, kHierarchical, kSharded };
+  enum class Kind { kDirect, kAllreduce, kAllgather, kTwoway, kHierarchical, kSharded, kServers };
   Kind kind = Kind::kDirect;
   std::unique_ptr<Codec> codec;
   CodecTraits traits;
   CodecCost cost;
   bool feedback = false;         // worker side
-  bool server_feedback = false;  // twoway
+  bool server_feedback = false;  // twoway, servers
   bool intra_fp16 = false;       // hierarchical, sharded
   std::unique_ptr<RouteModel> inner;  // hierarchical, sharded: the route across nodes
 };
@@ -183,7 +183,8 @@ std::unique_ptr<RouteModel> OptionCache::build_flat(const BucketOption& option,
     case RouteKind::kAllreduce: m->kind = RouteModel::Kind::kAllreduce; break;
     case RouteKind::kAllgather: m->kind = RouteModel::Kind::kAllgather; break;
     case RouteKind::kTwoway:
-      m->kind = RouteModel::Kind::kTwoway;
+    case RouteKind::kServers:
+      m->kind = kind == RouteKind::kTwoway ? RouteModel::Kind::kTwoway : RouteModel::Kind::kServers;
       m->server_feedback = !is_none(option.server_feedback, "feedback");
       break;
     case RouteKind::kHierarchical:
@@ -301,6 +302,36 @@ EndCosts twoway_route(const RouteModel& m, const Group& g, Linear pass, double n
   return {encode, w * m.cost.decode.at(shard) + pass.at(n)};
 }
 
+// W workers and S dedicated servers, every one on an `inter` link of its own. A push: each
+// worker sends its S shard frames (about one compressed bucket) while each server receives W
+// frames of its shard; the busier NIC sets the time. A pull is the same the other way. The
+// server's decoding and re-encoding run on the servers' cores, off the workers' thread.
+template <class Sink>
+EndCosts servers_route(const RouteModel& m, const Cluster& c, Linear pass, double n, Sink& sink) {
+  const double w = c.workers, s = c.server_count(), shard = n / s;
+  const Link& link = c.inter;
+  const double frame = frame_bytes(*m.codec, shard);
+  const double ranks = w + s;
+  // Control header (route/server_link.h, 112 bytes): a broadcast from worker 0 to W + S ranks.
+  constexpr double kHeaderBytes = 112;
+  sink("control", std::ceil(std::log2(ranks)) * link.latency_s, kHeaderBytes);
+  // Size words: an alltoall over every rank of the link (a message to each peer).
+  const double sizes = (ranks - 1) * link.latency_s;
+  const auto move = [&](double worker_bytes, double server_bytes) {
+    return std::max(s * link.latency_s + worker_bytes / link.bytes_per_s,
+                    w * link.latency_s + server_bytes / link.bytes_per_s);
+  };
+  if (!m.traits.fixed_frame_size) sink("shard sizes", sizes, kSizeWord * s);
+  sink("shards", move(s * frame, w * frame), s * frame);
+  sink("server", w * m.cost.decode.at(shard) + pass.at(shard) +
+                     encode_cost(m, m.server_feedback, pass, shard), 0);
+  if (!m.traits.fixed_frame_size) sink("result sizes", sizes, 0);
+  sink("results", move(s * frame, w * frame), 0);
+  const double compensate = m.feedback ? pass.at(n) : 0;
+  const double encode = compensate + s * (m.feedback ? m.cost.encode_ef : m.cost.encode).at(shard);
+  return {encode, s * m.cost.decode.at(shard) + pass.at(n)};
+}
+
 template <class Sink>
 EndCosts flat_route(const RouteModel& m, const Group& g, Linear pass, double n, Sink& sink) {
   switch (m.kind) {
@@ -366,6 +397,7 @@ EndCosts route_cost(const RouteModel& m, const Cluster& c, const OptionCache& ca
                     Sink& sink) {
   if (m.kind == RouteModel::Kind::kHierarchical) return hierarchical_route(m, c, cache, n, sink);
   if (m.kind == RouteModel::Kind::kSharded) return sharded_route(m, c, cache, n, sink);
+  if (m.kind == RouteModel::Kind::kServers) return servers_route(m, c, cache.pass(), n, sink);
   return flat_route(m, world_group(c), cache.pass(), n, sink);
 }
 

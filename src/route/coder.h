@@ -73,4 +73,45 @@ class Coder {
   uint64_t parts_step_ = kNoParts;  // the step whose parts the feedback holds, uncompensated yet
 };
 
+// The worker side of the two-way routes (twoway, servers): the bucket, compensated once by
+// `coder`'s feedback, encoded shard by shard into consecutive frames, each shard's residual
+// going into the matching slice of the feedback's residual; then the feedback commits.
+// `context_of(s)` is shard s's Context; frame s's size goes into bytes[s] (checked against
+// max_frames[s] when the codec's frames have a fixed size: peers are not told it).
+template <class ContextOf>
+void encode_shards(Coder& coder, std::span<const float> grad, std::span<const Range> shards,
+                   std::span<const size_t> max_frames, std::span<std::byte> frames,
+                   const StepState& step, uint32_t world, ContextOf context_of,
+                   std::span<size_t> bytes) {
+  Codec& codec = coder.codec();
+  const bool fixed = codec.traits().fixed_frame_size;
+  const auto x = coder.compensate(grad, step, world);
+  const auto residual = coder.feedback().residual();
+  size_t at = 0;
+  for (uint32_t s = 0; s < shards.size(); ++s) {
+    const Range r = shards[s];
+    const auto shard_residual = residual.empty() ? residual : residual.subspan(r.begin, r.size());
+    const size_t b = codec.encode(x.subspan(r.begin, r.size()), frames.subspan(at), context_of(s),
+                                  shard_residual);
+    bytes[s] = fixed ? checked_fixed_size(codec, b, max_frames[s]) : b;
+    at += b;
+  }
+  coder.feedback().commit();
+}
+
+// The servers' frames (frame s of sizes[s] bytes, consecutive, already the aggregate) decoded
+// into their shards of `out`, which they cover.
+template <class ContextOf, class SizeOf>
+void decode_shards(const Codec& codec, std::span<const std::byte> frames,
+                   std::span<const Range> shards, std::span<float> out, ContextOf context_of,
+                   SizeOf size_of) {
+  size_t at = 0;
+  for (uint32_t s = 0; s < shards.size(); ++s) {
+    const Range r = shards[s];
+    const size_t bytes = size_of(s);
+    codec.decode_into(frames.subspan(at, bytes), out.subspan(r.begin, r.size()), context_of(s));
+    at += bytes;
+  }
+}
+
 }  // namespace gradcomp::route

@@ -53,15 +53,18 @@ struct RouteRow {
   RouteKind kind;
   std::string (*misfit)(const CodecTraits&);
   std::unique_ptr<Route> (*make)(const RouteConfig&);
-  bool needs_nodes;  // the engine splits the world into nodes (RouteEnv::intra, leaders)
+  bool needs_nodes;    // the engine splits the world into nodes (RouteEnv::intra, leaders)
+  bool needs_servers;  // dedicated parameter servers (RouteEnv::servers)
 };
 
 const RouteRow kRoutes[] = {
-    {"allreduce", RouteKind::kAllreduce, summed_misfit, make_allreduce_route, false},
-    {"allgather", RouteKind::kAllgather, gathered_misfit, make_allgather_route, false},
-    {"twoway", RouteKind::kTwoway, sharded_misfit, make_twoway_route, false},
-    {"hierarchical", RouteKind::kHierarchical, inner_decides, make_hierarchical_route, true},
-    {"sharded", RouteKind::kSharded, inner_decides, make_sharded_route, true},
+    {"allreduce", RouteKind::kAllreduce, summed_misfit, make_allreduce_route, false, false},
+    {"allgather", RouteKind::kAllgather, gathered_misfit, make_allgather_route, false, false},
+    {"twoway", RouteKind::kTwoway, sharded_misfit, make_twoway_route, false, false},
+    {"hierarchical", RouteKind::kHierarchical, inner_decides, make_hierarchical_route, true,
+     false},
+    {"sharded", RouteKind::kSharded, inner_decides, make_sharded_route, true, false},
+    {"servers", RouteKind::kServers, sharded_misfit, make_servers_route, false, true},
 };
 
 const RouteRow& row_of(RouteKind kind) {
@@ -71,11 +74,11 @@ const RouteRow& row_of(RouteKind kind) {
   throw Error("route table: a route kind without a row");
 }
 
-// The flat routes (those a hierarchical route may run among node leaders), for messages.
+// The flat routes a route over nodes may run across them (not those of dedicated servers).
 std::vector<std::string> flat_route_names() {
   std::vector<std::string> names;
   for (const auto& r : kRoutes) {
-    if (!r.needs_nodes) names.emplace_back(r.name);
+    if (!r.needs_nodes && !r.needs_servers) names.emplace_back(r.name);
   }
   return names;
 }
@@ -116,15 +119,17 @@ void parse_route(const Option& option, BucketOption& out) {
   Spec spec = Spec::parse(option.route, "route");
   out.route = route_kind(spec.name());
   out.over_nodes = row_of(out.route).needs_nodes;
+  out.on_servers = row_of(out.route).needs_servers;
   if (out.over_nodes) {
     out.inner = route_kind(spec.get_choice("inner", "allreduce", flat_route_names()));
     out.intra_fp16 = spec.get_choice("intra", "none", {"none", "fp16"}) == "fp16";
   }
-  const bool has_server = out.codec_route() == RouteKind::kTwoway;
+  const bool has_server =
+      out.codec_route() == RouteKind::kTwoway || out.route == RouteKind::kServers;
   if (has_server || spec.has("server_feedback")) {
     if (!has_server) {
       spec.fail(
-          "parameter 'server_feedback' needs a two-way route (route 'twoway', or "
+          "parameter 'server_feedback' needs a two-way route (route 'twoway' or 'servers', or "
           "'hierarchical' or 'sharded' with inner=twoway)");
     }
     // Feedback names only: a spec's values cannot hold commas, so parameters of the server

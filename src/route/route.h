@@ -7,6 +7,8 @@
 //                 broadcast back inside the node
 //   sharded       reduce-scatter inside the node, an inner route per shard across nodes (every
 //                 rank runs one), allgather inside the node
+//   servers       BytePS-Compress with dedicated parameter servers: S shards to S server
+//                 processes over the server link, their re-encoded frames back
 // A route object belongs to one bucket and keeps its codec, feedback and buffers across steps
 // (buffers are sized once, so memory does not grow). The engine drives it in three stages,
 // each on its own thread, so buckets pipeline:
@@ -36,12 +38,17 @@
 
 namespace gradcomp {
 
+namespace route {
+class ServerLink;
+}
+
 // The transports a route may use.
 struct RouteEnv {
   Transport* world = nullptr;
   Transport* intra = nullptr;    // over nodes: the ranks of this node (rank 0 is the leader)
   Transport* leaders = nullptr;  // hierarchical: one rank per node; nullptr on non-leaders
   Transport* cross = nullptr;    // sharded: this local rank's peers, one per node (same index)
+  route::ServerLink* servers = nullptr;  // route servers: the link to the parameter servers
   uint64_t seed = 0;             // the job's seed: Context::seed of every codec call
   int threads = 1;               // threads a codec call may use
 };
@@ -124,12 +131,16 @@ class Route {
   // are the same bits on every rank, so every rank decides alike.
   virtual void settle(bool /*keep*/, const StepState& /*step*/) {}
 
-  // A plan change retires this route (Engine::set_plan): adds into `into` (the bucket's
-  // elements) what this rank must hand over with a later gradient so that a later mean
-  // delivers what the route holds and has not delivered: its feedbacks' unsent memory (a
-  // server's, scaled to count once in the mean over ranks). Returns the loss scale that memory
-  // is in (0: unknown, or nothing held). Between steps only.
+  // Adds into `into` (the bucket's elements) what this rank must hand over with a later
+  // gradient so that a later mean delivers what the route holds on this rank and has not
+  // delivered: its feedbacks' unsent memory (a co-located server's, scaled to count once in
+  // the mean over ranks). Returns the loss scale that memory is in (0: unknown, or nothing
+  // held). Between steps only; local (Engine::feedback_health reads it).
   virtual double carry(std::span<float> into) const = 0;
+  // The route leaves the plan for good (Engine::set_plan): carry(), and what the route holds
+  // beyond this rank (dedicated servers' memory, fetched and dropped there). Between steps, on
+  // every rank in bucket order: it may be a collective.
+  virtual double retire(std::span<float> into) { return carry(into); }
 
   // Bytes this rank handed to the transport for other ranks in the last step (all phases; the
   // frame of its own shard in an alltoall is not counted: it never leaves the rank).

@@ -43,6 +43,7 @@ std::unique_ptr<Route> make_allgather_route(const RouteConfig& config);
 std::unique_ptr<Route> make_twoway_route(const RouteConfig& config);
 std::unique_ptr<Route> make_hierarchical_route(const RouteConfig& config);
 std::unique_ptr<Route> make_sharded_route(const RouteConfig& config);
+std::unique_ptr<Route> make_servers_route(const RouteConfig& config);
 // Option::start_step: `plain` (codec none, feedback none, allreduce) before start_step, then
 // `main`, the option's route.
 std::unique_ptr<Route> make_warmup_route(std::unique_ptr<Route> plain, std::unique_ptr<Route> main,

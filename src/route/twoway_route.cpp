@@ -11,6 +11,7 @@
 // Each rank sends about 2 compressed copies of the bucket whatever W, as the paper's servers do.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "gradcomp/error.h"
@@ -105,21 +106,10 @@ TwowayRoute::TwowayRoute(const RouteConfig& c)
 void TwowayRoute::encode(std::span<float> grad, const StepState& step, const Phases& p) {
   start_step(grad);
   p.run("encode", [&] {
-    Codec& codec = worker_.codec();
-    const auto x = worker_.compensate(grad, step, world_size_);
-    const auto residual = worker_.feedback().residual();
-    size_t at = 0;
-    for (uint32_t s = 0; s < world_size_; ++s) {
-      const Range r = shards_[s];
-      const auto shard_residual = residual.empty() ? residual : residual.subspan(r.begin, r.size());
-      const size_t bytes =
-          codec.encode(x.subspan(r.begin, r.size()), std::span(sent_frames_).subspan(at),
-                       context(step, s, false, rank_), shard_residual);
-      send_counts_[s] = fixed_ ? checked_fixed_size(codec, bytes, max_frames_[s]) : bytes;
-      send_sizes_[s] = bytes;
-      at += bytes;
-    }
-    worker_.feedback().commit();
+    encode_shards(
+        worker_, grad, shards_, max_frames_, sent_frames_, step, world_size_,
+        [&](uint32_t s) { return context(step, s, false, rank_); }, send_counts_);
+    std::copy(send_counts_.begin(), send_counts_.end(), send_sizes_.begin());
   });
 }
 
@@ -183,13 +173,10 @@ void TwowayRoute::exchange(const StepState& step, const Phases& p) {
 void TwowayRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
   check_output(out);
   p.run("decode", [&] {
-    size_t at = 0;
-    for (uint32_t s = 0; s < world_size_; ++s) {  // the shards cover the bucket
-      const Range r = shards_[s];
-      server_.codec().decode_into(std::span(results_).subspan(at, result_counts_[s]),
-                                  out.subspan(r.begin, r.size()), context(step, s, true, s));
-      at += result_counts_[s];
-    }
+    decode_shards(
+        server_.codec(), results_, shards_, out,
+        [&](uint32_t s) { return context(step, s, true, s); },
+        [&](uint32_t s) { return result_counts_[s]; });
   });
 }
 

@@ -733,7 +733,8 @@ std::unique_ptr<Transport> make_gloo_transport(const TransportOptions& options,
                                 : fmt::format("the file store in {}", spec.path);
   Shared shared{open_store(spec, launch.rank, timeout), nullptr, where};
   const std::string address = gloo_listen_address(options.hostname, spec.host);
-  const std::string prefix = world_prefix();
+  const std::string prefix =
+      options.rendezvous.empty() ? world_prefix() : "gradcomp/" + options.rendezvous;
 
   // The device and the connections are made on a thread that blocks SIGPIPE (Gloo's event loop
   // thread inherits its mask); a plain thread, since the transport does not exist yet.

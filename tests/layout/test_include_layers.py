@@ -28,7 +28,7 @@ PUBLIC = {
     "roll_call.h": "transport", "frame.h": "codec", "codec.h": "codec",
     "timeline.h": "timeline", "optimizer.h": "optim", "feedback.h": "feedback",
     "option.h": "plan", "plan.h": "plan", "recommended.h": "plan", "engine.h": "engine",
-    "model": "model", "scheduler.h": "schedule", "torch": None,
+    "model": "model", "scheduler.h": "schedule", "server.h": "route", "torch": None,
 }
 PRIVATE = re.compile(r'#include "([a-z_]+)/[^"]+"')
 PUBLIC_INCLUDE = re.compile(r'#include "gradcomp/([a-z_]+(?:\.h)?)')

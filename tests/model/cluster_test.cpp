@@ -71,6 +71,18 @@ TEST(Cluster, FromJson) {
   EXPECT_DOUBLE_EQ(c.intra.latency_s, 5e-6);
 }
 
+TEST(Cluster, ServersDefaultToTheWorkersAndRoundTrip) {
+  json j = good_json();
+  EXPECT_EQ(Cluster::from_json(j).servers, 0);
+  EXPECT_EQ(Cluster::from_json(j).server_count(), 64);
+  j["servers"] = 16;
+  const Cluster c = Cluster::from_json(j);
+  EXPECT_EQ(c.server_count(), 16);
+  EXPECT_EQ(Cluster::from_json(c.to_json()), c);
+  j["servers"] = 0;
+  EXPECT_TRUE(contains(from_json_error(j), "servers"));
+}
+
 TEST(Cluster, NumbersAreBaseUnitsAndRoundTrip) {
   const Cluster c = Cluster::from_json(good_json());
   EXPECT_EQ(Cluster::from_json(c.to_json()), c);

@@ -184,6 +184,45 @@ TEST(Routes, TwowayShardsServesAndGathers) {
   EXPECT_DOUBLE_EQ(t.bytes_sent(), 8.0 * (w - 1) + tf * (w - 1) + 8 + tf);
 }
 
+// Dedicated servers: a push (each worker's S shard frames, each server's W) and a pull the
+// other way, the busier NIC setting each; the servers' work off the workers' thread.
+TEST(Routes, ServersPushThenPullOverTheBusierNic) {
+  const int w = 8;
+  const size_t n = 1 << 20;
+  for (int s : {8, 2}) {
+    Cluster c = cluster(w, 1);
+    c.servers = s;
+    const CostModel model(c, costs());
+    const size_t shard = n / static_cast<size_t>(s);
+    const double f = frame("topk:ratio=0.01", shard);
+    const BucketCost b = model.bucket(parse_option("topk:ratio=0.01|ef|servers"), n);
+    EXPECT_EQ(names(b), (std::vector<std::string>{"control", "shards", "server", "results"}));
+    // Worker NIC: s frames of the shard; server NIC: w frames. The busier sets the time.
+    const double worker_nic = s * kAlpha + s * f * kBeta;
+    const double server_nic = w * kAlpha + w * f * kBeta;
+    EXPECT_DOUBLE_EQ(b.phases[1].seconds, std::max(worker_nic, server_nic)) << s;
+    EXPECT_DOUBLE_EQ(b.phases[3].seconds, b.phases[1].seconds) << s;
+    EXPECT_DOUBLE_EQ(b.phases[2].seconds, w * dec(shard) + pass(shard) + pass(shard) + enc_ef(shard));
+    EXPECT_DOUBLE_EQ(b.encode_s, pass(n) + s * enc_ef(shard));
+    EXPECT_DOUBLE_EQ(b.decode_s, s * dec(shard) + pass(n));
+    // A worker sends one compressed bucket (and the header), whatever W and S.
+    EXPECT_NEAR(b.bytes_sent(), s * f + 112, 1e-9) << s;
+  }
+  // Fewer servers than workers: the servers' NICs are the bottleneck.
+  Cluster few = cluster(w, 1);
+  few.servers = 2;
+  Cluster many = cluster(w, 1);  // 0: as many as workers
+  const auto time = [&](const Cluster& c) {
+    return CostModel(c, costs()).bucket_times(parse_option("qsgd|none|servers"), n).exchange_s;
+  };
+  EXPECT_GT(time(few), 2 * time(many));
+  // Sizes go first for codecs whose frames vary.
+  const BucketCost t =
+      CostModel(many, costs()).bucket(parse_option("threshold:tau=0.01|ef|servers"), n);
+  EXPECT_EQ(names(t), (std::vector<std::string>{"control", "shard sizes", "shards", "server",
+                                                "result sizes", "results"}));
+}
+
 TEST(Routes, HierarchicalIntraThenLeadersThenBroadcast) {
   const int w = 32, local = 8, nodes = 4;
   const Cluster c = cluster(w, local);

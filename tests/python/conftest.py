@@ -62,10 +62,12 @@ class Job:
         return [self.load(name, r) for r in range(self.world)]
 
 
-def _command(launcher, world, argv):
+def _command(launcher, world, argv, servers=0):
     if launcher == "launch":
+        extra = (["--servers", str(servers), "--server-port", str(free_port())] if servers
+                 else [])
         return [str(GRADCOMP), "launch", "-n", str(world), "--master-port", str(free_port()),
-                "--"] + argv
+                *extra, "--"] + argv
     if launcher == "mpirun":
         return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world)] + argv
     if launcher == "none":  # a single process without any launcher
@@ -119,20 +121,21 @@ def _session_members(sid):
 
 
 class Runner:
-    """runner(script, *args, world=2, launcher="launch", timeout=150, env=None) runs
-    workers/<script> on `world` ranks and returns a Job; each call gets its own --out dir
-    under `base`."""
+    """runner(script, *args, world=2, launcher="launch", timeout=150, env=None, servers=0)
+    runs workers/<script> on `world` ranks (and `servers` parameter servers beside them,
+    launch only) and returns a Job; each call gets its own --out dir under `base`."""
 
     def __init__(self, base):
         self.base = Path(base)
         self.calls = 0
 
-    def __call__(self, script, *args, world=2, launcher="launch", timeout=150, env=None):
+    def __call__(self, script, *args, world=2, launcher="launch", timeout=150, env=None,
+                 servers=0):
         out = self.base / f"job{self.calls}"
         self.calls += 1
         out.mkdir(parents=True)
         argv = [PYTHON, str(WORKERS / script), "--out", str(out), *map(str, args)]
-        cmd = _command(launcher, world, argv)
+        cmd = _command(launcher, world, argv, servers)
         start = time.monotonic()
         # A session of its own, so that _stop can reach whatever the job left behind.
         proc = subprocess.Popen(cmd, cwd=WORKERS, env=_environment(env), text=True,

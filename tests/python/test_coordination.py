@@ -141,3 +141,11 @@ def test_a_non_finite_mean_is_skipped_under_any_plan(compression):
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
     assert not torch.equal(before[0], model.weight), "a finite step moves them"
+
+
+def test_an_optimizer_is_freed_with_its_last_reference(run_workers):
+    """Nothing handed to the C++ side refers back to it: its engine, threads and claims on the
+    transport and the parameter servers end with it, so a later optimizer may claim them."""
+    job = run_workers("lifetime.py").check()
+    for report in job.reports():
+        assert report["freed"] == [True, True, True], report

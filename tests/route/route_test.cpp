@@ -55,14 +55,16 @@ void expect_contains(const std::string& text, const std::vector<std::string>& ne
 
 TEST(Route, NamesInDocumentationOrder) {
   EXPECT_EQ(route_names(),
-            (std::vector<std::string>{"allreduce", "allgather", "twoway", "hierarchical", "sharded"}));
+            (std::vector<std::string>{"allreduce", "allgather", "twoway", "hierarchical", "sharded",
+                                      "servers"}));
 }
 
 TEST(Route, ValidOptionsPass) {
   for (const std::string route :
        {"allreduce", "allgather", "twoway", "twoway:server_feedback=ef",
         "hierarchical", "hierarchical:inner=allgather,intra=fp16",
-        "hierarchical:inner=twoway,server_feedback=none"}) {
+        "hierarchical:inner=twoway,server_feedback=none", "servers",
+        "servers:server_feedback=none"}) {
     EXPECT_NO_THROW(check_route({.codec = "randomk", .feedback = "ef", .route = route})) << route;
   }
 }
@@ -80,6 +82,24 @@ TEST(Route, TheServerAppliesErrorFeedbackOnlyByDefault) {
   EXPECT_EQ(server("none"), "none");
   EXPECT_EQ(server("dgc", "twoway:server_feedback=dgc"), "dgc");
   EXPECT_EQ(server("nesterov", "hierarchical:inner=twoway"), "ef");
+  EXPECT_EQ(server("dgc", "servers"), "ef");  // dedicated servers: the same rule
+  EXPECT_EQ(server("ef:decay=0.5", "servers"), "ef:decay=0.5");
+}
+
+// Dedicated servers are a route of their own, never the route across nodes (the node routes'
+// inner routes run among the workers); the engine learns from the parsed option that it needs
+// the server link.
+TEST(Route, ServersIsNotAnInnerRoute) {
+  const BucketOption o =
+      parse_bucket_option({.codec = "topk", .feedback = "ef", .route = "servers"});
+  EXPECT_EQ(o.route, RouteKind::kServers);
+  EXPECT_TRUE(o.on_servers);
+  EXPECT_FALSE(o.over_nodes);
+  EXPECT_FALSE(parse_bucket_option({.codec = "topk", .route = "twoway"}).on_servers);
+  expect_contains(check_error<SpecError>({.codec = "qsgd", .route = "sharded:inner=servers"}),
+                  {"inner", "allreduce, allgather, twoway"});
+  expect_contains(check_error<Error>({.codec = "powersgd", .route = "servers"}),
+                  {"route 'servers' cannot carry codec 'powersgd"});
 }
 
 TEST(Route, UnknownRouteListsTheAvailableOnes) {
@@ -111,12 +131,13 @@ TEST(Route, TheTableKnowsEveryRouteByKind) {
   EXPECT_EQ(route_kind("twoway:server_feedback=ef"), RouteKind::kTwoway);
   EXPECT_EQ(route_kind("hierarchical:inner=twoway,intra=fp16"), RouteKind::kHierarchical);
   EXPECT_NE(error_text([] { route_kind("ring"); }).find("unknown route 'ring'; available routes: "
-                                                         "allreduce, allgather, twoway, hierarchical, sharded"),
+                                                         "allreduce, allgather, twoway, hierarchical, sharded, "
+                                                         "servers"),
             std::string::npos);
   for (const auto& codec : codec_names()) {
     if (codec == "threshold") continue;  // needs its tau
     const auto traits = make_codec(codec)->traits();
-    for (const char* route : {"allreduce", "allgather", "twoway"}) {
+    for (const char* route : {"allreduce", "allgather", "twoway", "servers"}) {
       const bool checked = check_error<Error>({.codec = codec, .route = route}) == "no error";
       EXPECT_EQ(route::route_fits(route_kind(route), traits), checked) << codec << " " << route;
     }

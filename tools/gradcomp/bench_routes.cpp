@@ -1,5 +1,6 @@
 #include "bench_routes.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +53,7 @@ bool launched() {
 // Re-runs this command as W ranks under `gradcomp launch`.
 int relaunch(const BenchRoutesOptions& options, const std::string& self_exe) {
   std::vector<std::string> args = {self_exe, "launch", "-n", std::to_string(options.processes),
+                                   "--servers", std::to_string(options.servers),
                                    "--", self_exe, "bench", "routes"};
   if (!options.transport.empty()) args.insert(args.end(), {"--transport", options.transport});
   std::vector<std::string> sizes;
@@ -63,6 +65,7 @@ int relaunch(const BenchRoutesOptions& options, const std::string& self_exe) {
     args.insert(args.end(), {"--cases", fmt::format("{}", fmt::join(options.cases, ";"))});
   }
   if (!options.json_path.empty()) args.insert(args.end(), {"--json", options.json_path});
+  if (!options.allreduce) args.emplace_back("--no-allreduce");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -111,8 +114,16 @@ struct Row {
   size_t elements;
   double seconds, allreduce_seconds;
   double exchange_seconds;  // of `seconds`, the engine's exchange stage (its collectives)
+  double cpu_seconds;       // CPU time of the process (every thread) per exchange
   size_t bytes_sent;
 };
+
+// CPU time of this process so far, every thread (the engine's stages and the transport's).
+double process_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
 
 Row measure(const std::shared_ptr<Transport>& world, const Case& c, size_t n,
             const BenchRoutesOptions& options, double allreduce_seconds) {
@@ -129,16 +140,20 @@ Row measure(const std::shared_ptr<Transport>& world, const Case& c, size_t n,
   Engine engine(world, plan, engine_options);
   const auto g = gradient(n, world->rank());
   std::vector<float> work(n);
-  std::vector<double> exchanges;
+  std::vector<double> exchanges, cpu;
   const auto times = time_repeats(
       *world, options.repeats, [&] { std::copy(g.begin(), g.end(), work.begin()); }, [&] {
+    const double cpu_start = process_cpu_seconds();
     engine.ready(0, work);
     engine.synchronize();
+    cpu.push_back(process_cpu_seconds() - cpu_start);
     exchanges.push_back(engine.last_step().exchange_seconds);
   });
   exchanges.erase(exchanges.begin());  // the warm-up
+  cpu.erase(cpu.begin());
   for (double& e : exchanges) e = slowest(*world, e);
-  return Row{c.label(), n, median(times), allreduce_seconds, median(exchanges),
+  for (double& e : cpu) e = slowest(*world, e);
+  return Row{c.label(), n, median(times), allreduce_seconds, median(exchanges), median(cpu),
              engine.last_step().bytes_sent};
 }
 
@@ -156,9 +171,10 @@ void print_header(const Transport& world) {
              "slowest rank), next to the transport's allreduce of the same float32 bytes\n",
              world.size(), world.name());
   fmt::print("'ms' is the whole exchange (encode, collectives, decode, write back); 'exchange' "
-             "the part spent in collectives\n");
-  fmt::print("{:<56} {:>9} {:>9} {:>9} {:>9} {:>8} {:>11}\n", "codec | feedback | route",
-             "elements", "ms", "exchange", "allreduce", "speedup", "sent/rank");
+             "the part spent in collectives; 'cpu' the CPU time of the busiest rank's process "
+             "(every thread) per exchange\n");
+  fmt::print("{:<56} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>11}\n", "codec | feedback | route",
+             "elements", "ms", "exchange", "cpu", "allreduce", "speedup", "sent/rank");
 }
 
 nlohmann::json to_json(const Transport& world, const std::vector<Row>& rows) {
@@ -168,6 +184,7 @@ nlohmann::json to_json(const Transport& world, const std::vector<Row>& rows) {
                            {"elements", r.elements},
                            {"seconds", r.seconds},
                            {"exchange_seconds", r.exchange_seconds},
+                           {"cpu_seconds", r.cpu_seconds},
                            {"allreduce_seconds", r.allreduce_seconds},
                            {"bytes_sent", r.bytes_sent}});
   }
@@ -220,19 +237,20 @@ int bench_routes(const BenchRoutesOptions& options, const std::string& self_exe)
   std::vector<Row> rows;
   for (int log2 : options.log2_sizes) {
     const size_t n = size_t{1} << log2;
-    const double allreduce = measure_allreduce(*world, n, options.repeats);
-    if (leader) {
-      fmt::print("{:<56} {:>9} {:>9.2f} {:>9.2f} {:>9.2f} {:>8} {:>11}\n",
-                 "(transport allreduce)", n, allreduce * 1e3, allreduce * 1e3, allreduce * 1e3,
+    const double allreduce = options.allreduce ? measure_allreduce(*world, n, options.repeats) : 0;
+    if (leader && options.allreduce) {
+      fmt::print("{:<56} {:>9} {:>9.2f} {:>9.2f} {:>9} {:>9.2f} {:>8} {:>11}\n",
+                 "(transport allreduce)", n, allreduce * 1e3, allreduce * 1e3, "", allreduce * 1e3,
                  "1.00x", fmt::format("{:.3g} MB", n * 4e-6));
     }
     for (const Case& c : cases) {
       rows.push_back(measure(world, c, n, options, allreduce));
       const Row& r = rows.back();
       if (leader) {
-        fmt::print("{:<56} {:>9} {:>9.2f} {:>9.2f} {:>9.2f} {:>7.2f}x {:>11}\n", r.label, n,
-                   r.seconds * 1e3, r.exchange_seconds * 1e3, allreduce * 1e3,
-                   allreduce / r.seconds, fmt::format("{:.3g} MB", r.bytes_sent * 1e-6));
+        fmt::print("{:<56} {:>9} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>7.2f}x {:>11}\n", r.label,
+                   n, r.seconds * 1e3, r.exchange_seconds * 1e3, r.cpu_seconds * 1e3,
+                   allreduce * 1e3, allreduce / r.seconds,
+                   fmt::format("{:.3g} MB", r.bytes_sent * 1e-6));
         std::fflush(stdout);
       }
     }

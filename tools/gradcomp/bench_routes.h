@@ -16,7 +16,12 @@ struct BenchRoutesOptions {
   std::vector<int> log2_sizes = {20, 22, 24};
   int repeats = 5;                        // measured exchanges per case (after one warm-up)
   int local_size = 2;                     // ranks per node for the hierarchical route
+  int servers = 0;                        // when not started by a launcher: parameter servers
+                                          // for route servers (gradcomp launch --servers)
   std::string json_path;
+  // Measure the transport's allreduce of each size (the speedup column); off, only the cases
+  // send bytes (a link counter then counts theirs alone).
+  bool allreduce = true;
 };
 
 // The default cases: every route with the representative codecs it can carry.

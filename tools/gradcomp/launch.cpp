@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -27,10 +28,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Child {
-  int rank;
+  int rank;  // a server's index when `server`
   pid_t pid;  // also its process group: a rank's own children go down with it
   bool running = true;
+  bool server = false;
+  std::string name() const {
+    return fmt::format("{} {}", server ? "server" : "rank", rank);
+  }
 };
+
+int server_port(const LaunchOptions& o) {
+  return o.server_port > 0 ? o.server_port : o.master_port + 1;
+}
+
+std::string server_store(const LaunchOptions& o) {
+  return fmt::format("tcp://{}:{}", o.master_addr, server_port(o));
+}
 
 // The variables torchrun sets (one node, so GROUP_RANK is 0 and local equals global).
 std::vector<std::pair<std::string, std::string>> rank_variables(const LaunchOptions& o, int rank) {
@@ -45,12 +58,17 @@ std::vector<std::pair<std::string, std::string>> rank_variables(const LaunchOpti
   };
   if (o.timeout_seconds > 0)
     vars.emplace_back("GRADCOMP_TIMEOUT", fmt::format("{}", o.timeout_seconds));
+  if (o.servers > 0) {
+    vars.emplace_back("GRADCOMP_SERVERS", std::to_string(o.servers));
+    vars.emplace_back("GRADCOMP_SERVER_STORE", server_store(o));
+  }
   return vars;
 }
 
-// The launcher's environment with the rank's variables in place of any inherited ones.
-std::vector<std::string> environment_for(const LaunchOptions& o, int rank) {
-  const auto vars = rank_variables(o, rank);
+// The launcher's environment with the rank's variables in place of any inherited ones; a
+// server gets none of them (it is told its place on its command line).
+std::vector<std::string> environment_for(const LaunchOptions& o, const Child& child) {
+  auto vars = rank_variables(o, child.rank);
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
@@ -59,6 +77,7 @@ std::vector<std::string> environment_for(const LaunchOptions& o, int rank) {
         std::any_of(vars.begin(), vars.end(), [&](const auto& v) { return v.first == name; });
     if (!replaced) env.emplace_back(entry);
   }
+  if (child.server) return env;
   for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
   return env;
 }
@@ -70,19 +89,30 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
   return out;
 }
 
-// Forks one rank. Everything the child needs is built before fork(), so the child only makes
-// async-signal-safe calls before exec.
-pid_t spawn(const LaunchOptions& o, int rank, const sigset_t& child_mask) {
-  auto args = o.command;
-  auto env = environment_for(o, rank);
+// Server s's command: this program's `server`, told where the workers are.
+std::vector<std::string> server_command(const LaunchOptions& o, int s) {
+  std::error_code error;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) throw Error(fmt::format("launch: cannot find this program to start servers: {}", error.message()));
+  return {self.string(), "server", "--index", std::to_string(s), "--servers",
+          std::to_string(o.servers), "--workers", std::to_string(o.ranks), "--store",
+          server_store(o)};
+}
+
+// Forks one rank (or server). Everything the child needs is built before fork(), so the child
+// only makes async-signal-safe calls before exec.
+pid_t spawn(const LaunchOptions& o, const Child& child, const sigset_t& child_mask) {
+  const int rank = child.rank;
+  auto args = child.server ? server_command(o, rank) : o.command;
+  auto env = environment_for(o, child);
   auto argv = pointers(args);
   auto envp = pointers(env);
   const pid_t parent = ::getpid();
   const std::string cannot_run =
-      fmt::format("gradcomp launch: rank {}: cannot run '{}': ", rank, argv[0]);
+      fmt::format("gradcomp launch: {}: cannot run '{}': ", child.name(), argv[0]);
   const pid_t pid = ::fork();
   if (pid < 0)
-    throw Error(fmt::format("launch: cannot start rank {}: {}", rank, std::strerror(errno)));
+    throw Error(fmt::format("launch: cannot start {}: {}", child.name(), std::strerror(errno)));
   if (pid == 0) {
     ::setpgid(0, 0);
     // If the launcher itself is killed (SIGKILL cannot be forwarded), the ranks go too.
@@ -136,6 +166,10 @@ class Supervisor {
   int running() const {
     return static_cast<int>(std::count_if(children_.begin(), children_.end(),
                                           [](const Child& c) { return c.running; }));
+  }
+  int workers_running() const {
+    return static_cast<int>(std::count_if(children_.begin(), children_.end(),
+                                          [](const Child& c) { return c.running && !c.server; }));
   }
 
   // Waits for a signal (SIGCHLD or one to forward). Past the notice period after a failure, it
@@ -197,12 +231,19 @@ class Supervisor {
   void finished(Child& c, int status) {
     c.running = false;
     const auto [how, code] = describe(status);
+    if (code == 0 && !c.server && !stopping_ && exit_code_ == 0 && workers_running() == 0 &&
+        running() > 0 && !term_at_) {
+      // Every rank is done: the servers get the notice period to end on their own (the ranks
+      // tell them to stop at exit), then are stopped.
+      term_at_ = Clock::now() +
+                 std::chrono::milliseconds(static_cast<long>(options_.notice_seconds * 1000));
+    }
     if (code == 0 || stopping_ || exit_code_ != 0) return;
     exit_code_ = code;
     fmt::print(stderr,
-               "gradcomp launch: rank {} (pid {}) {}; the other ranks get {} s to end, then are "
+               "gradcomp launch: {} (pid {}) {}; the others get {} s to end, then are "
                "stopped\n",
-               c.rank, c.pid, how, options_.notice_seconds);
+               c.name(), c.pid, how, options_.notice_seconds);
     term_at_ = Clock::now() +
                std::chrono::milliseconds(static_cast<long>(options_.notice_seconds * 1000));
   }
@@ -254,8 +295,15 @@ int launch(const LaunchOptions& options) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::vector<Child> children;
   try {
+    for (int s = 0; s < options.servers; ++s) {
+      Child server{s, 0, true, true};
+      server.pid = spawn(options, server, original);
+      children.push_back(server);
+    }
     for (int rank = 0; rank < options.ranks; ++rank) {
-      children.push_back({rank, spawn(options, rank, original)});
+      Child worker{rank, 0};
+      worker.pid = spawn(options, worker, original);
+      children.push_back(worker);
     }
   } catch (const Error&) {
     for (const auto& c : children) ::kill(-c.pid, SIGKILL);
@@ -295,6 +343,15 @@ void add_launch_command(CLI::App& app, int& exit_code) {
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks")
       ->check(finite_range(0, 3600))
       ->capture_default_str();
+  cmd->add_option("--servers", options->servers,
+                  "Dedicated parameter servers to start beside the ranks, for route 'servers' "
+                  "(docs/servers.md)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  cmd->add_option("--server-port", options->server_port,
+                  "Port of the servers' rendezvous store, which rank 0 serves (default: "
+                  "master port + 1)")
+      ->check(CLI::Range(1, 65535));
   cmd->add_option("command", options->command, "The command every rank runs (after --)")
       ->required();
   cmd->callback([options, &exit_code] { exit_code = launch(*options); });

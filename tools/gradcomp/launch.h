@@ -1,6 +1,7 @@
 // `gradcomp launch`: starts N local ranks of a command with the environment torchrun gives
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), and
-// supervises them: a rank that fails stops the others, and signals reach every rank.
+// optionally S parameter servers, and supervises them: a rank or server that fails stops the
+// others, and signals reach every one.
 #pragma once
 
 #include <string>
@@ -21,6 +22,11 @@ struct LaunchOptions {
   // After a rank fails, how long the others get to notice (a dead peer is an error for them)
   // and exit on their own, printing their error, before they are sent SIGTERM.
   double notice_seconds = 3;
+  // Dedicated parameter servers (route 'servers'): `gradcomp server` processes beside the
+  // ranks, which get GRADCOMP_SERVERS and GRADCOMP_SERVER_STORE (worker 0 serves that store at
+  // master_addr:server_port; 0: master_port + 1).
+  int servers = 0;
+  int server_port = 0;
   std::vector<std::string> command;
 };
 

@@ -4,6 +4,7 @@
 //   gradcomp bench codecs [--json FILE]   codec throughput next to memcpy, on one core
 //   gradcomp bench routes [--json FILE]   exchange time per route and codec on W processes
 //   gradcomp launch -n N -- cmd args...   start N local ranks as torchrun would (launch.h)
+//   gradcomp server --index s ...         one dedicated parameter server (server_command.h)
 //   gradcomp plan --profile P ...         the planner on a model profile and a cluster
 //   gradcomp utility | simulate | costs    the cost model (model_commands.h)
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "launch.h"
 #include "bench_routes.h"
 #include "plan_command.h"
+#include "server_command.h"
 #include "model_commands.h"
 
 namespace {
@@ -98,6 +100,13 @@ void add_bench_routes(CLI::App& bench, int& exit_code, const char* argv0) {
   routes->add_option("--local-size", options.local_size,
                      "Ranks per node for the hierarchical route")
       ->check(CLI::Range(1, 256));
+  routes->add_option("--servers", options.servers,
+                     "Started alone: parameter servers to launch beside the W processes, for "
+                     "cases of route servers")
+      ->check(CLI::Range(0, 4096));
+  routes->add_flag("!--no-allreduce", options.allreduce,
+                   "Skip the transport's allreduce (its columns read 0): the bytes on the links "
+                   "are then the cases' alone");
   routes->add_option("--json", options.json_path, "Also write the results as JSON to this file");
   routes->callback([&exit_code, argv0] {
     exit_code = gradcomp::tools::bench_routes(options, self_executable(argv0));
@@ -133,6 +142,7 @@ int run(int argc, char** argv) {
   add_bench_routes(*bench, exit_code, argv[0]);
 
   gradcomp::tools::add_launch_command(app, exit_code);
+  gradcomp::tools::add_server_command(app, exit_code);
   gradcomp::tools::add_plan_command(app, exit_code);
   gradcomp::tools::add_model_commands(app, exit_code);  // utility, simulate, costs
 

@@ -27,7 +27,11 @@ struct Cluster {
   int per_node = 1;           // workers divides into nodes of per_node
   Link inter{25e9 / 8, 10e-6};   // between nodes (per node NIC)
   Link intra{100e9 / 8, 5e-6};   // inside a node
+  // Dedicated parameter servers (route servers), each on a host of its own with an `inter`
+  // link; 0: as many as workers (BytePS's advice).
+  int servers = 0;
   int nodes() const { return workers / per_node; }
+  int server_count() const { return servers > 0 ? servers : workers; }
   bool operator==(const Cluster&) const = default;
 
   // Throws Error naming the field: workers outside 1 .. kMaxWorkers, per_node not dividing

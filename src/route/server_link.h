@@ -1,0 +1,139 @@
+// The link between the workers and their dedicated parameter servers (route 'servers',
+// `gradcomp server`): one Gloo transport over the W workers (ranks 0..W-1, their ranks in the
+// job) and the S servers (ranks W..W+S-1), and the control messages that tell the servers what
+// comes next. Worker 0 broadcasts a header before every operation of a bucket; every worker
+// issues the same sequence (the engine exchanges the buckets of a servers route on its first
+// stream, in plan order), so each header is a collective all W + S ranks take part in, and a
+// dead worker or server is an error on every peer within the link's timeout.
+//
+// The link is made by the first engine of the process that needs it (the rendezvous with the
+// servers) and kept for the life of the process: at exit the workers tell the servers to stop.
+// One live engine at a time may use it (claim).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradcomp/transport.h"
+#include "route/frames.h"
+#include "route/route.h"
+
+namespace gradcomp::route {
+
+enum class ServerOp : uint32_t {
+  kOpen = 1,      // a new bucket: its configuration follows (ServerBucketSpec as JSON)
+  kExchange = 2,  // one step of a bucket: shard frames in, the servers' frames out
+  kRetire = 3,    // a bucket leaves the plan: the servers hand back what they hold, and drop it
+  kStop = 4,      // the workers are done
+};
+
+// How the servers settle the previous step of a bucket before its next operation (Route::settle
+// on the workers; the servers learn it with the next header).
+enum class ServerSettle : uint32_t { kNone = 0, kKeep = 1, kRollBack = 2 };
+
+// Broadcast as bytes: trivially copyable, the same layout on every rank of a job.
+struct ServerHeader {
+  static constexpr uint32_t kMagic = 0x53524556;  // "SERV"
+  uint32_t magic = kMagic;
+  ServerOp op = ServerOp::kStop;
+  uint64_t id = 0;       // the bucket's id on the link
+  uint64_t payload = 0;  // open: bytes of the configuration broadcast next
+  StepState step{};      // exchange: the step
+  ServerSettle settle = ServerSettle::kNone;
+  uint32_t reserved = 0;
+  StepState settled{};  // the step `settle` applies to
+};
+// No padding: the workers compare headers byte by byte. (The cost model prices its 112 bytes.)
+static_assert(sizeof(ServerHeader) == 3 * 8 + 2 * sizeof(StepState) + 8);
+static_assert(sizeof(ServerHeader) == 112);
+
+// What a server needs to serve its shard of one bucket.
+struct ServerBucketSpec {
+  std::string codec;            // codec spec (the workers' frames and the servers' own)
+  std::string server_feedback;  // the servers' feedback spec
+  uint64_t elements = 0;        // the whole bucket's
+  uint64_t key = 0;             // the randomness key (RouteConfig::key)
+  uint64_t seed = 0;
+  int threads = 1;
+  std::vector<uint64_t> live;   // the ids the workers still use (the servers drop the others)
+  std::string to_json() const;
+  static ServerBucketSpec from_json(std::string_view text);  // Error on a malformed one
+};
+
+// The servers' element ranges of a bucket: contiguous shards, server s holds shard s.
+std::vector<Range> server_shards(size_t elements, uint32_t servers);
+
+// Where the servers are, for the workers: GRADCOMP_SERVERS (their count) and
+// GRADCOMP_SERVER_STORE (tcp://host:port: the rendezvous store worker 0 serves there, or
+// file:/shared/directory). `gradcomp launch --servers S` sets both.
+struct ServerSetting {
+  int servers = 0;
+  std::string store;
+};
+// Error when unset or malformed, saying how to start servers.
+ServerSetting server_setting_from_environment();
+
+// The rendezvous name of a job's link (TransportOptions::rendezvous), the same on workers and
+// servers.
+inline constexpr const char* kServerRendezvous = "servers";
+
+class ServerLink {
+ public:
+  // This process's link, made by the first call (a collective of the workers, and the servers'
+  // rendezvous) from the environment; the worker's rank and count are those of `workers`, the
+  // engine's transport. The claim is released when the returned pointer is. Throws Error when
+  // no servers are configured, when another live engine holds the claim, or when `workers`
+  // differs from the transport the link was made for.
+  static std::shared_ptr<ServerLink> claim(const Transport& workers);
+
+  Transport& transport() { return *transport_; }
+  uint32_t workers() const { return workers_; }
+  uint32_t servers() const { return servers_; }
+  uint32_t rank() const { return rank_; }  // this worker's
+  // The link's rank of server s.
+  int server_rank(uint32_t s) const { return static_cast<int>(workers_ + s); }
+
+  // Sends `header` (worker 0's copy is the one the servers read) and, for an open, `payload`;
+  // throws Error when the workers' headers differ (they would issue different operations).
+  // Waits with `p` when given (a bucket's phase), else up to the link's timeout.
+  void send(const ServerHeader& header, std::span<const std::byte> payload, const Phases* p);
+
+  // A new bucket: its id (the same on every worker: buckets are opened in plan order), which
+  // stays live until forget(id). Sends kOpen with `spec` (its live list filled in here).
+  uint64_t open(ServerBucketSpec spec);
+  // The bucket's route is gone (no message: the next open tells the servers).
+  void forget(uint64_t id);
+
+  // Sends the stop (every worker: a collective), waiting at most `limit`; later claims fail.
+  // Error when an engine holds the claim. Nothing when the link was never made or stopped.
+  static void stop(Milliseconds limit);
+
+  ~ServerLink() = delete;  // kept for the life of the process (see claim)
+
+ private:
+  ServerLink(const Transport& workers, const ServerSetting& setting);
+  static void stop_at_exit();
+  void release();
+
+  std::unique_ptr<Transport> transport_;
+  uint32_t workers_ = 0;
+  uint32_t servers_ = 0;
+  uint32_t rank_ = 0;
+  std::mutex mutex_;
+  bool claimed_ = false;
+  bool stopped_ = false;
+  uint64_t next_id_ = 1;
+  std::set<uint64_t> live_;
+  // What the broadcasts write into (members: a collective the link stopped waiting for may
+  // still write).
+  ServerHeader received_;
+  std::vector<std::byte> payload_;
+};
+
+}  // namespace gradcomp::route

@@ -1,0 +1,255 @@
+// servers: BytePS-Compress's two-way compression with dedicated parameter servers (`gradcomp
+// server` processes, route/server.cpp), reached over the server link (route/server_link.h).
+// The bucket is cut into S contiguous shards; server s holds shard s.
+//   worker:  compensate the whole bucket (worker feedback), encode each shard (its residual
+//            goes into the matching slice of the feedback's residual)
+//   control: the header that tells the servers which bucket and step come (and how to settle
+//            the bucket's previous step)
+//   alltoall + alltoallv: each worker's frame of shard s goes to server s (sizes first, 8 bytes,
+//            unless the codec's frames have a fixed size)
+//   server:  decode the W frames in worker order, finalize, compensate with the server
+//            feedback, re-encode with residual
+//   alltoall + alltoallv: every server's frame goes to every worker (sizes first, likewise)
+//   decode:  frame s into out[shard s]; the servers already aggregated.
+// A worker sends and receives about one compressed bucket per step whatever W and S, and does
+// no server work: that runs on the servers' own cores.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "gradcomp/error.h"
+#include "route/flat_route.h"
+#include "route/server_link.h"
+
+namespace gradcomp::route {
+namespace {
+
+constexpr const char* kName = "servers";
+
+class ServersRoute final : public FlatRoute {
+ public:
+  explicit ServersRoute(const RouteConfig& config);
+  ~ServersRoute() override { link_.forget(id_); }
+
+  void encode(std::span<float> grad, const StepState& step, const Phases& p) override;
+  void exchange(const StepState& step, const Phases& p) override;
+  void decode(std::span<float> out, const StepState& step, const Phases& p) override;
+
+  bool stateful() const override { return worker_.stateful() || server_stateful_; }
+  // The servers settle with the bucket's next header.
+  void settle(bool keep, const StepState& step) override {
+    worker_.settle(keep, step);
+    settle_ = keep ? ServerSettle::kKeep : ServerSettle::kRollBack;
+    settled_ = step;
+  }
+  // The worker's residual only: the servers' share is with the servers (retire fetches it).
+  double carry(std::span<float> into) const override {
+    worker_.feedback().add_unsent(into);
+    return worker_.memory_scale();
+  }
+  double retire(std::span<float> into) override;
+  size_t memory_bytes() const override;
+  std::vector<std::byte> save_state() const override;
+  void load_state(std::span<const std::byte> state) override;
+
+ private:
+  Context context(const StepState& step, uint32_t shard, bool server, uint32_t rank) const {
+    return codec_context(env_, shard_key(key_, shard, server), step, rank, world_size_);
+  }
+  ServerHeader header(ServerOp op, const StepState& step);
+  void send_shards(const Phases& p);
+  void receive_results(const Phases& p);
+
+  ServerLink& link_;
+  Transport& wire_;  // the link's transport: W workers, then S servers
+  uint32_t servers_;
+  Coder worker_;
+  bool server_stateful_;
+  uint64_t id_ = 0;
+  ServerSettle settle_ = ServerSettle::kNone;
+  StepState settled_{};
+  std::vector<Range> shards_;
+  std::vector<size_t> max_frames_;  // the largest frame of each shard
+  bool fixed_;  // every frame of shard s is max_frames_[s] bytes: no size exchanges
+
+  Buffer<std::byte> sent_frames_;     // this worker's S shard frames, consecutive
+  std::vector<uint64_t> send_sizes_;  // one block per link rank: block W + s, shard s's size
+  std::vector<uint64_t> recv_sizes_;  // block W + s: server s's frame size
+  std::vector<size_t> send_counts_;   // per link rank; workers get nothing
+  std::vector<size_t> recv_counts_;
+  Buffer<std::byte> results_;  // every server's frame, shard order
+};
+
+// The server side's codec and feedback, as a two-way route's; whether they keep state decides
+// whether the engine settles steps.
+bool server_keeps_state(const RouteConfig& c) {
+  return Coder(make_codec(c.codec()), make_feedback(c.option.server_feedback)).stateful();
+}
+
+ServersRoute::ServersRoute(const RouteConfig& c)
+    : FlatRoute(kName, c),
+      link_(*c.env.servers),
+      wire_(link_.transport()),
+      servers_(link_.servers()),
+      worker_(make_codec(c.codec()), make_feedback(c.feedback())),
+      server_stateful_(server_keeps_state(c)) {
+  const Codec& codec = worker_.codec();
+  check_codec_fits(kName, codec);
+  if (link_.workers() != world_size_ || link_.rank() != rank_) {
+    throw Error(fmt::format("route 'servers': bucket {} runs on worker {} of {}, the server "
+                            "link on worker {} of {}",
+                            bucket_, rank_, world_size_, link_.rank(), link_.workers()));
+  }
+  shards_ = server_shards(n_, servers_);
+  for (const Range& r : shards_) max_frames_.push_back(codec.max_frame_bytes(r.size()));
+  fixed_ = codec.traits().fixed_frame_size;
+  const size_t all_frames = std::accumulate(max_frames_.begin(), max_frames_.end(), size_t{0});
+  const size_t ranks = static_cast<size_t>(wire_.size());
+  sent_frames_.resize(all_frames);
+  send_sizes_.assign(ranks, 0);
+  recv_sizes_.assign(ranks, 0);
+  send_counts_.assign(ranks, 0);
+  recv_counts_.assign(ranks, 0);
+  for (uint32_t s = 0; s < servers_; ++s) recv_counts_[link_.server_rank(s)] = max_frames_[s];
+  results_.resize(all_frames);
+  id_ = link_.open({.codec = c.codec(),
+                    .server_feedback = c.option.server_feedback,
+                    .elements = n_,
+                    .key = key_,
+                    .seed = env_.seed,
+                    .threads = env_.threads});
+}
+
+ServerHeader ServersRoute::header(ServerOp op, const StepState& step) {
+  ServerHeader h;
+  h.op = op;
+  h.id = id_;
+  h.step = step;
+  h.settle = settle_;
+  h.settled = settled_;
+  settle_ = ServerSettle::kNone;
+  return h;
+}
+
+void ServersRoute::encode(std::span<float> grad, const StepState& step, const Phases& p) {
+  start_step(grad);
+  p.run("encode", [&] {
+    // The link's ranks: W workers (nothing goes to them), then server s gets shard s.
+    const auto to_servers = std::span(send_counts_).subspan(link_.server_rank(0));
+    encode_shards(
+        worker_, grad, shards_, max_frames_, sent_frames_, step, world_size_,
+        [&](uint32_t s) { return context(step, s, false, rank_); }, to_servers);
+    std::copy(send_counts_.begin(), send_counts_.end(), send_sizes_.begin());
+  });
+}
+
+void ServersRoute::send_shards(const Phases& p) {
+  auto issued = Clock::now();
+  if (!fixed_) {
+    p.wait(wire_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "shard sizes", issued);
+    sent_ += servers_ * sizeof(uint64_t);
+  }
+  const size_t out = std::accumulate(send_counts_.begin(), send_counts_.end(), size_t{0});
+  const std::vector<size_t> nothing(send_counts_.size(), 0);
+  issued = Clock::now();
+  p.wait(wire_.alltoallv(std::span(sent_frames_).first(out), send_counts_, {}, nothing),
+         "shards", issued);
+  sent_ += out;
+}
+
+void ServersRoute::receive_results(const Phases& p) {
+  auto issued = Clock::now();
+  if (!fixed_) {
+    std::fill(send_sizes_.begin(), send_sizes_.end(), 0);
+    p.wait(wire_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "result sizes",
+           issued);
+    for (uint32_t s = 0; s < servers_; ++s) {
+      const int from = link_.server_rank(s);
+      recv_counts_[from] = checked_size(recv_sizes_[from], max_frames_[s], from, "server frame size");
+    }
+  }
+  const size_t in = std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t{0});
+  const std::vector<size_t> nothing(recv_counts_.size(), 0);
+  issued = Clock::now();
+  p.wait(wire_.alltoallv({}, nothing, std::span(results_).first(in), recv_counts_), "results",
+         issued);
+}
+
+void ServersRoute::exchange(const StepState& step, const Phases& p) {
+  link_.send(header(ServerOp::kExchange, step), {}, &p);
+  send_shards(p);
+  receive_results(p);
+}
+
+void ServersRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
+  check_output(out);
+  p.run("decode", [&] {
+    decode_shards(
+        worker_.codec(), results_, shards_, out,
+        [&](uint32_t s) { return context(step, s, true, s); },
+        [&](uint32_t s) { return recv_counts_[link_.server_rank(s)]; });
+  });
+}
+
+// The servers send what they hold of the bucket (their feedback's unsent memory, in units of
+// the mean, and its loss scale) to every worker, and drop it. Every worker adds it, so a later
+// mean over the W workers delivers it once.
+double ServersRoute::retire(std::span<float> into) {
+  check_output(into);
+  const double scale = carry(into);
+  const size_t ranks = static_cast<size_t>(wire_.size());
+  std::vector<size_t> counts(ranks, 0);
+  for (uint32_t s = 0; s < servers_; ++s) {
+    counts[link_.server_rank(s)] = sizeof(double) + shards_[s].size() * sizeof(float);
+  }
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  std::vector<std::byte> held(total);
+  const std::vector<size_t> nothing(ranks, 0);
+  link_.send(header(ServerOp::kRetire, StepState{}), {}, nullptr);
+  wire_.alltoallv({}, nothing, held, counts)->wait(wire_.timeout() + Milliseconds(1000));
+  double server_scale = 0;
+  size_t at = 0;
+  for (uint32_t s = 0; s < servers_; ++s) {
+    double scale_s = 0;
+    std::memcpy(&scale_s, held.data() + at, sizeof(double));
+    at += sizeof(double);
+    const Range r = shards_[s];
+    const auto* values = reinterpret_cast<const float*>(held.data() + at);
+    for (size_t i = 0; i < r.size(); ++i) into[r.begin + i] += values[i];
+    at += r.size() * sizeof(float);
+    if (scale_s > 0) server_scale = scale_s;
+  }
+  // Both sides keep steps alike; a side without state has no scale to tell.
+  return worker_.stateful() ? scale : server_scale;
+}
+
+size_t ServersRoute::memory_bytes() const {
+  return sent_frames_.size() + results_.size() + worker_.memory_bytes();
+}
+
+std::vector<std::byte> ServersRoute::save_state() const {
+  if (!server_stateful_) return save_parts(kName, shape(), worker_.save_state());
+  throw Error(fmt::format(
+      "route 'servers' (bucket {}): the parameter servers hold this bucket's server-side "
+      "feedback, which checkpoints do not save yet; to resume exactly, use route 'twoway' "
+      "(co-located servers) or server_feedback=none",
+      bucket_));
+}
+
+void ServersRoute::load_state(std::span<const std::byte> state) {
+  const auto parts = load_parts(kName, state, shape(), 2);
+  worker_.load_state(parts[0], parts[1]);
+}
+
+}  // namespace
+
+std::unique_ptr<Route> make_servers_route(const RouteConfig& config) {
+  if (config.env.servers == nullptr) {
+    throw Error(fmt::format("route 'servers' (bucket {}): no server link was given", config.bucket));
+  }
+  return std::make_unique<ServersRoute>(config);
+}
+
+}  // namespace gradcomp::route

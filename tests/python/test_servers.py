@@ -1,0 +1,137 @@
+"""Route 'servers': dedicated parameter servers (`gradcomp server`) started by `gradcomp launch
+--servers S` or by hand, reached from the workers of gradcomp's Gloo, a torch.distributed process
+group, and Open MPI. With as many servers as workers the route computes what the co-located
+two-way route does, bit for bit; a dead server or worker is an error on every peer."""
+import subprocess
+
+import pytest
+
+from conftest import GRADCOMP, PYTHON, WORKERS, Job, _environment, free_port
+
+SPEC = "topk:ratio=0.01|ef"
+
+
+@pytest.fixture(scope="module")
+def twoway_digests(module_runner):
+    """The co-located two-way route's parameters after every step (the reference)."""
+    job = module_runner("servers.py", "--compression", f"{SPEC}|twoway", "--steps", "4").check()
+    reports = job.reports()
+    assert reports[0]["digests"] == reports[1]["digests"]
+    return reports[0]["digests"]
+
+
+@pytest.mark.parametrize("transport", ["default", "pg"])
+def test_as_many_servers_as_workers_compute_what_twoway_does(run_workers, twoway_digests,
+                                                           transport):
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "4",
+                      "--transport", transport, servers=2).check()
+    for report in job.reports():
+        assert report["routes"] == ["allreduce", "servers"]
+        assert report["digests"] == twoway_digests
+    # The servers ended on the workers' stop, not on the launcher's SIGTERM after its notice.
+    assert "still running" not in job.stderr, job.describe()
+
+
+@pytest.mark.parametrize("world, servers, transport",
+                         [(2, 1, "default"), (2, 3, "default"), (4, 2, "pg")])
+def test_other_server_counts_train_alike_on_every_rank(run_workers, world, servers, transport):
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "3",
+                      "--transport", transport, world=world, servers=servers).check()
+    reports = job.reports()
+    assert all(r["digests"] == reports[0]["digests"] for r in reports)
+    assert len(set(reports[0]["digests"])) == 3  # the parameters moved every step
+
+
+def test_mpirun_workers_reach_servers_started_by_hand(tmp_path, twoway_digests):
+    port = free_port()
+    store = f"tcp://127.0.0.1:{port}"
+    env = _environment({"GRADCOMP_SERVERS": "2", "GRADCOMP_SERVER_STORE": store})
+    servers = [subprocess.Popen([str(GRADCOMP), "server", "--index", str(s), "--servers", "2",
+                                 "--workers", "2", "--store", store, "--timeout", "60"],
+                                env=env, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+               for s in range(2)]
+    try:
+        out = tmp_path / "mpi"
+        out.mkdir()
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+               "-x", "GRADCOMP_SERVERS", "-x", "GRADCOMP_SERVER_STORE",
+               PYTHON, str(WORKERS / "servers.py"), "--out", str(out),
+               "--compression", f"{SPEC}|servers", "--steps", "4"]
+        done = subprocess.run(cmd, cwd=WORKERS, env=env, text=True, capture_output=True,
+                              timeout=150)
+        assert done.returncode == 0, done.stdout + done.stderr
+        job = Job(0, done.stdout, done.stderr, 0, out, 2, cmd)
+        for report in job.reports():
+            assert report["digests"] == twoway_digests
+        for s in servers:  # the workers' stop at exit ends them
+            assert s.wait(timeout=30) == 0, s.stderr.read()
+    finally:
+        for s in servers:
+            if s.poll() is None:
+                s.kill()
+                s.wait()
+
+
+def test_a_killed_server_is_an_error_on_every_worker(run_workers):
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "20",
+                      "--kill-server", "1", "--at", "1", servers=2,
+                      env={"GRADCOMP_TIMEOUT": "20"})
+    assert job.returncode != 0, job.describe()
+    assert job.seconds < 60, job.describe()
+    errors = [r["error"] for r in job.reports()]
+    for error in errors:
+        assert error is not None and error["type"] in ("CommError", "TimeoutError"), errors
+        assert "servers" in error["message"] or "bucket" in error["message"], errors
+        assert error["step"] <= 3, errors
+    assert "server 1" in job.stderr and "killed by signal 9" in job.stderr, job.describe()
+
+
+def test_a_worker_that_dies_ends_the_servers(run_workers):
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "20",
+                      "--exit-rank", "1", "--at", "1", servers=2,
+                      env={"GRADCOMP_TIMEOUT": "20"})
+    assert job.returncode == 3, job.describe()
+    assert job.seconds < 60, job.describe()
+    assert "rank 1" in job.stderr and "exited with code 3" in job.stderr, job.describe()
+
+
+def test_checkpoints_refuse_server_memory_with_a_reason(run_workers):
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "1",
+                      "--checkpoint", servers=2).check()
+    message = job.report(0)["checkpoint"]
+    assert "server-side" in message and "twoway" in message, message
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers:server_feedback=none",
+                      "--steps", "1", "--checkpoint", servers=2).check()
+    assert job.report(0)["checkpoint"] == "saved"
+
+
+def test_servers_that_never_come_are_an_error_within_the_timeout(run_workers):
+    store = f"tcp://127.0.0.1:{free_port()}"
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "1",
+                      env={"GRADCOMP_SERVERS": "2", "GRADCOMP_SERVER_STORE": store,
+                       "GRADCOMP_TIMEOUT": "5"})
+    assert job.returncode != 0
+    assert job.seconds < 60, job.describe()
+    assert f"reaching the 2 parameter servers through {store}" in job.stderr, job.describe()
+
+
+def test_without_servers_the_route_says_how_to_start_them(run_workers):
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "1")
+    assert job.returncode != 0
+    assert "GRADCOMP_SERVERS is not set" in job.stderr and "--servers" in job.stderr, \
+        job.describe()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--index", "2", "--servers", "2", "--workers", "2", "--store", "tcp://127.0.0.1:1"],
+     "index is 2; it must be from 0 to 1"),
+    (["--index", "0", "--servers", "2", "--workers", "2"], "no store given"),
+    (["--index", "0", "--servers", "0", "--workers", "2", "--store", "tcp://h:1"], "--servers"),
+])
+def test_server_options_are_checked(args, message):
+    done = subprocess.run([str(GRADCOMP), "server", *args], env=_environment({}), text=True,
+                          capture_output=True, timeout=30)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+

@@ -1,0 +1,75 @@
+"""Trains the common model with one --compression that routes over dedicated parameter servers
+(route 'servers'), recording the parameters' digest after every step. --kill-server S makes
+rank 0 kill server S (SIGKILL) after step --at; --exit-rank R makes rank R leave abruptly
+after step --at; --checkpoint asks for a state_dict at the end and reports what happened."""
+import hashlib
+import os
+import signal
+import subprocess
+import time
+
+import torch
+import torch.distributed as dist
+
+import common
+import gradcomp
+import gradcomp.torch as gc
+
+
+def server_pid(index):
+    """The pid of `gradcomp server --index <index>` of this job (its store names the job)."""
+    store = os.environ["GRADCOMP_SERVER_STORE"]
+    pattern = f"server --index {index} .*--store {store}"
+    return int(subprocess.check_output(["pgrep", "-f", pattern], text=True).split()[0])
+
+
+def main():
+    p = common.parser(__doc__)
+    p.add_argument("--compression", required=True)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--transport", default="default", choices=["default", "pg"])
+    p.add_argument("--kill-server", type=int, default=-1)
+    p.add_argument("--exit-rank", type=int, default=-1)
+    p.add_argument("--at", type=int, default=1)
+    p.add_argument("--checkpoint", action="store_true")
+    args = p.parse_args()
+    rank, world = common.setup()
+    if args.transport == "pg":
+        dist.init_process_group("gloo")
+    model = common.make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression,
+                                  seed=11)
+    digests, error = [], None
+    try:
+        for step in range(args.steps):
+            opt.zero_grad()
+            common.loss_of(model, *common.batch(rank, step)).backward()
+            opt.step()
+            digests.append(hashlib.sha256(common.state_bytes(model)).hexdigest())
+            if step == args.at and rank == 0 and args.kill_server >= 0:
+                os.kill(server_pid(args.kill_server), signal.SIGKILL)
+                time.sleep(0.5)
+            if step == args.at and rank == args.exit_rank:
+                os._exit(3)
+    except gradcomp.Error as e:
+        error = {"type": type(e).__name__, "message": str(e), "step": len(digests)}
+    record = {"world": world, "digests": digests, "error": error,
+              "routes": sorted({b["route"] for b in opt.plan["buckets"]})}
+    if args.checkpoint and error is None:
+        try:
+            opt.state_dict()
+            record["checkpoint"] = "saved"
+        except gradcomp.Error as e:
+            record["checkpoint"] = str(e)
+    if args.checkpoint:  # and stop the servers before exit (the exit would too)
+        del opt  # the last reference: the optimizer, its engine and its claim go now
+        gradcomp.stop_servers()
+        gradcomp.stop_servers()  # a second stop does nothing
+    common.report(args.out, rank, record)
+    if error is not None:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
