@@ -430,11 +430,20 @@ class Cluster:
 
     def tx_bytes(self, i):
         """Bytes sent so far by host i's interface (from /proc/net/dev inside its namespace)."""
+        return self._link_bytes(i)[1]
+
+    def rx_bytes(self, i):
+        """Bytes received so far by host i's interface."""
+        return self._link_bytes(i)[0]
+
+    def _link_bytes(self, i):
+        """(received, sent) bytes of host i's interface."""
         done = _run(["ip", "netns", "exec", self.namespaces[i], "cat", "/proc/net/dev"])
         for line in done.stdout.splitlines():
             name, _, counters = line.partition(":")
             if name.strip() == self.ifname:
-                return int(counters.split()[8])  # 8 receive columns, then transmit bytes
+                fields = counters.split()
+                return int(fields[0]), int(fields[8])  # 8 receive columns, then transmit
         raise ClusterError(f"interface {self.ifname} not found in {self.namespaces[i]}")
 
     def measure_rate(self, seconds=1.0):

@@ -86,19 +86,24 @@ def run(args):
         store = Path(tmp) / "store"
         store.mkdir()
         sent_before = [cluster.tx_bytes(i) for i in range(hosts)]
+        received_before = [cluster.rx_bytes(i) for i in range(hosts)]
         argv_for = lambda r: argv + (["--json", str(json_path)] if r == 0 and json_path else [])
         seconds = cluster.run(argv_for, lambda r: rank_env(cluster, r, args, store),
                               args.timeout, tmp, ranks_per_host=args.ranks_per_host,
                               extra=servers(cluster, args))
         sent = [cluster.tx_bytes(i) - sent_before[i] for i in range(hosts)]
+        received = [cluster.rx_bytes(i) - received_before[i] for i in range(hosts)]
         print((Path(tmp) / "rank0.log").read_text(), end="")
     print(f"{seconds:.1f} s; bytes sent on each host's link over the whole run: "
           + ", ".join(f"host {i} {b / 1e6:.1f} MB" for i, b in enumerate(sent)))
+    print("bytes received: "
+          + ", ".join(f"host {i} {b / 1e6:.1f} MB" for i, b in enumerate(received)))
     if json_path:
         result = json.loads(json_path.read_text())
         result["cluster"] = {"hosts": args.hosts, "ranks_per_host": args.ranks_per_host,
                              "server_hosts": args.servers,
-                             "rate_bps": rate, "measured_bps": measured, "link_bytes_sent": sent}
+                             "rate_bps": rate, "measured_bps": measured, "link_bytes_sent": sent,
+                             "link_bytes_received": received}
         json_path.write_text(json.dumps(result, indent=1) + "\n")
 
 

@@ -244,7 +244,13 @@ void run_server(const ServerOptions& options) {
   t.store = options.store;
   t.timeout = options.timeout;
   t.rendezvous = route::kServerRendezvous;
-  Server(make_transport(t), options).run();
+  auto wire = make_transport(t);
+  try {
+    Server(std::move(wire), options).run();
+  } catch (const CommError& e) {
+    route::rethrow_with_link_ranks(e, static_cast<uint32_t>(options.workers),
+                                   static_cast<uint32_t>(options.servers));
+  }
 }
 
 }  // namespace gradcomp

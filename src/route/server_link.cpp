@@ -42,6 +42,18 @@ ServerBucketSpec ServerBucketSpec::from_json(std::string_view text) {
   }
 }
 
+std::string link_ranks(uint32_t workers, uint32_t servers) {
+  return fmt::format(" (on the server link, ranks 0..{} are the workers and ranks {}..{} servers "
+                     "0..{})",
+                     workers - 1, workers, workers + servers - 1, servers - 1);
+}
+
+void rethrow_with_link_ranks(const CommError& e, uint32_t workers, uint32_t servers) {
+  const std::string message = e.what() + link_ranks(workers, servers);
+  if (dynamic_cast<const TimeoutError*>(&e) != nullptr) throw TimeoutError(message);
+  throw CommError(message);
+}
+
 std::vector<Range> server_shards(size_t elements, uint32_t servers) {
   std::vector<Range> shards;
   for (uint32_t s = 0; s < servers; ++s) shards.push_back(shard_range(elements, s, servers));

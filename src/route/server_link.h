@@ -66,6 +66,14 @@ struct ServerBucketSpec {
   static ServerBucketSpec from_json(std::string_view text);  // Error on a malformed one
 };
 
+// For messages naming the link's ranks: "(on the server link, ranks 0..1 are the workers and
+// ranks 2..3 servers 0..1)".
+std::string link_ranks(uint32_t workers, uint32_t servers);
+
+// `e` (a CommError or TimeoutError of the link's transport) again, its type kept, with
+// link_ranks after its message.
+[[noreturn]] void rethrow_with_link_ranks(const CommError& e, uint32_t workers, uint32_t servers);
+
 // The servers' element ranges of a bucket: contiguous shards, server s holds shard s.
 std::vector<Range> server_shards(size_t elements, uint32_t servers);
 

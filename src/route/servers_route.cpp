@@ -79,6 +79,9 @@ class ServersRoute final : public FlatRoute {
   std::vector<uint64_t> recv_sizes_;  // block W + s: server s's frame size
   std::vector<size_t> send_counts_;   // per link rank; workers get nothing
   std::vector<size_t> recv_counts_;
+  // Zeros, one per link rank: what a push receives and a pull sends (sized once: the exchange
+  // thread allocates nothing per step).
+  std::vector<size_t> no_counts_;
   Buffer<std::byte> results_;  // every server's frame, shard order
 };
 
@@ -112,6 +115,7 @@ ServersRoute::ServersRoute(const RouteConfig& c)
   recv_sizes_.assign(ranks, 0);
   send_counts_.assign(ranks, 0);
   recv_counts_.assign(ranks, 0);
+  no_counts_.assign(ranks, 0);
   for (uint32_t s = 0; s < servers_; ++s) recv_counts_[link_.server_rank(s)] = max_frames_[s];
   results_.resize(all_frames);
   id_ = link_.open({.codec = c.codec(),
@@ -152,9 +156,8 @@ void ServersRoute::send_shards(const Phases& p) {
     sent_ += servers_ * sizeof(uint64_t);
   }
   const size_t out = std::accumulate(send_counts_.begin(), send_counts_.end(), size_t{0});
-  const std::vector<size_t> nothing(send_counts_.size(), 0);
   issued = Clock::now();
-  p.wait(wire_.alltoallv(std::span(sent_frames_).first(out), send_counts_, {}, nothing),
+  p.wait(wire_.alltoallv(std::span(sent_frames_).first(out), send_counts_, {}, no_counts_),
          "shards", issued);
   sent_ += out;
 }
@@ -171,16 +174,19 @@ void ServersRoute::receive_results(const Phases& p) {
     }
   }
   const size_t in = std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t{0});
-  const std::vector<size_t> nothing(recv_counts_.size(), 0);
   issued = Clock::now();
-  p.wait(wire_.alltoallv({}, nothing, std::span(results_).first(in), recv_counts_), "results",
+  p.wait(wire_.alltoallv({}, no_counts_, std::span(results_).first(in), recv_counts_), "results",
          issued);
 }
 
 void ServersRoute::exchange(const StepState& step, const Phases& p) {
-  link_.send(header(ServerOp::kExchange, step), {}, &p);
-  send_shards(p);
-  receive_results(p);
+  try {
+    link_.send(header(ServerOp::kExchange, step), {}, &p);
+    send_shards(p);
+    receive_results(p);
+  } catch (const CommError& e) {
+    rethrow_with_link_ranks(e, link_.workers(), servers_);  // its messages name link ranks
+  }
 }
 
 void ServersRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {

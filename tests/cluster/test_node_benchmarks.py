@@ -32,6 +32,25 @@ def test_routes_on_hosts_of_two_ranks(tmp_path):
 
 
 @needs_root
+def test_routes_with_parameter_servers_on_hosts_of_their_own(tmp_path):
+    out = tmp_path / "servers.json"
+    done = run("routes.py", "--hosts", 2, "--ranks-per-host", 1, "--servers", 2, "--rate", "1gbit",
+               "--sizes", "18", "--repeats", "2", "--no-allreduce", "--cases",
+               "qsgd|none|servers", "--json", out)
+    assert done.returncode == 0, done.stderr
+    assert "2 hosts x 1 ranks + 2 server hosts" in done.stdout
+    cluster = json.loads(out.read_text())["cluster"]
+    assert cluster["server_hosts"] == 2
+    sent, received = cluster["link_bytes_sent"], cluster["link_bytes_received"]
+    assert len(sent) == len(received) == 4
+    # The frames went to the servers' hosts and back: each server host received about what
+    # each worker host sent (a worker's shard frames), and sent about what it received.
+    for server in (2, 3):
+        assert 0.5 * sent[0] < received[server] < 2 * sent[0], cluster
+        assert 0.5 * received[server] < sent[server] < 2 * received[server], cluster
+
+
+@needs_root
 def test_replay_on_hosts_of_two_ranks(tmp_path):
     out = tmp_path / "nodes.json"
     done = run("nodes.py", "--contenders", "compute,gradcomp:none|none|sharded:inner=allreduce",

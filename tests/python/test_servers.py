@@ -32,6 +32,18 @@ def test_as_many_servers_as_workers_compute_what_twoway_does(run_workers, twoway
     assert "still running" not in job.stderr, job.describe()
 
 
+def test_the_ddp_hook_over_servers_computes_what_its_twoway_does(run_workers):
+    args = ["--ddp", "--steps", "5"]
+    twoway = run_workers("servers.py", "--compression", f"{SPEC}|twoway", *args).check()
+    servers = run_workers("servers.py", "--compression", f"{SPEC}|servers", *args,
+                          servers=2).check()
+    want = twoway.report(0)["digests"]
+    assert len(set(want)) == 5  # the hook compresses from its third iteration on
+    for report in servers.reports():
+        assert report["digests"] == want
+        assert 0 < report["stats"]["bytes_sent"] < report["stats"]["uncompressed_bytes"]
+
+
 @pytest.mark.parametrize("world, servers, transport",
                          [(2, 1, "default"), (2, 3, "default"), (4, 2, "pg")])
 def test_other_server_counts_train_alike_on_every_rank(run_workers, world, servers, transport):
@@ -84,6 +96,7 @@ def test_a_killed_server_is_an_error_on_every_worker(run_workers):
         assert error is not None and error["type"] in ("CommError", "TimeoutError"), errors
         assert "servers" in error["message"] or "bucket" in error["message"], errors
         assert error["step"] <= 3, errors
+        assert "ranks 2..3 servers 0..1" in error["message"], errors  # which link rank is which
     assert "server 1" in job.stderr and "killed by signal 9" in job.stderr, job.describe()
 
 

@@ -27,6 +27,7 @@
 #include "route/frames.h"
 #include "route/node_split.h"
 #include "route/route_reference.h"
+#include "route/route_step.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
 
@@ -66,16 +67,8 @@ RouteEnv node_env() {
   return env;
 }
 
-// One step as the engine runs it: the bucket's buffer goes to encode and comes back to decode
-// (route.h).
 std::vector<float> run_step(Route& route, const std::vector<float>& grad, const StepState& s) {
-  const Phases p(kBucket, world()->timeout(), nullptr);
-  std::vector<float> buffer = grad;
-  route.encode(buffer, s, p);
-  route.exchange(s, p);
-  route.decode(buffer, s, p);
-  route.settle(route::all_finite(buffer), s);  // the bucket is the whole step
-  return buffer;
+  return run_route_step(route, grad, s, kBucket, world()->timeout());
 }
 
 // How closely a route must match its reference (see the file comment).

@@ -22,6 +22,7 @@
 #include "gradcomp/error.h"
 #include "gradcomp/server.h"
 #include "route/frames.h"
+#include "route/route_step.h"
 #include "route/server_link.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
@@ -122,13 +123,7 @@ Pair make_pair(const std::string& option, size_t n) {
 }
 
 std::vector<float> run_step(Route& route, const std::vector<float>& grad, const StepState& s) {
-  const Phases p(kBucket, world()->timeout(), nullptr);
-  std::vector<float> buffer = grad;
-  route.encode(buffer, s, p);
-  route.exchange(s, p);
-  route.decode(buffer, s, p);
-  route.settle(route::all_finite(buffer), s);
-  return buffer;
+  return run_route_step(route, grad, s, kBucket, world()->timeout());
 }
 
 void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,

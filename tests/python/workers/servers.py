@@ -1,7 +1,8 @@
 """Trains the common model with one --compression that routes over dedicated parameter servers
 (route 'servers'), recording the parameters' digest after every step. --kill-server S makes
 rank 0 kill server S (SIGKILL) after step --at; --exit-rank R makes rank R leave abruptly
-after step --at; --checkpoint asks for a state_dict at the end and reports what happened."""
+after step --at; --checkpoint asks for a state_dict at the end and reports what happened;
+--ddp trains through DDP with gradcomp's communication hook instead."""
 import hashlib
 import os
 import signal
@@ -10,6 +11,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 import common
 import gradcomp
@@ -23,6 +25,21 @@ def server_pid(index):
     return int(subprocess.check_output(["pgrep", "-f", pattern], text=True).split()[0])
 
 
+def train_ddp(rank, compression, steps):
+    """The common model through DDP and gradcomp's hook; the parameters' digest per step."""
+    model = DDP(common.make_model())
+    hook = gc.comm_hook(compression, seed=11)
+    model.register_comm_hook(None, hook)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    digests = []
+    for step in range(steps):
+        sgd.zero_grad()
+        common.loss_of(model, *common.batch(rank, step)).backward()
+        sgd.step()
+        digests.append(hashlib.sha256(common.state_bytes(model.module)).hexdigest())
+    return digests, hook.last_step()
+
+
 def main():
     p = common.parser(__doc__)
     p.add_argument("--compression", required=True)
@@ -32,10 +49,15 @@ def main():
     p.add_argument("--exit-rank", type=int, default=-1)
     p.add_argument("--at", type=int, default=1)
     p.add_argument("--checkpoint", action="store_true")
+    p.add_argument("--ddp", action="store_true")
     args = p.parse_args()
     rank, world = common.setup()
-    if args.transport == "pg":
+    if args.transport == "pg" or args.ddp:
         dist.init_process_group("gloo")
+    if args.ddp:
+        digests, stats = train_ddp(rank, args.compression, args.steps)
+        common.report(args.out, rank, {"world": world, "digests": digests, "stats": stats})
+        return
     model = common.make_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression,
