@@ -48,7 +48,8 @@ def rank_env(cluster, rank, args, store):
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.hosts * args.ranks_per_host),
                LOCAL_RANK=str(rank % args.ranks_per_host),
                LOCAL_WORLD_SIZE=str(args.ranks_per_host), GRADCOMP_STORE=f"file:{store}",
-               GRADCOMP_GLOO_ADDR=cluster.address(host), GRADCOMP_TIMEOUT=str(int(args.timeout)))
+               GRADCOMP_GLOO_ADDR=cluster.address(host), GRADCOMP_TIMEOUT=str(int(args.timeout)),
+               GRADCOMP_STREAMS=str(args.streams))
     if args.servers:
         env.update(GRADCOMP_SERVERS=str(args.servers),
                    GRADCOMP_SERVER_STORE=f"tcp://{cluster.address(0)}:{SERVER_PORT}")
@@ -74,7 +75,8 @@ def run(args):
     json_path = Path(args.json).resolve() if args.json else None
     argv = [str(GRADCOMP), "bench", "routes", "--transport", "gloo", "--local-size",
             str(args.ranks_per_host), "--sizes", args.sizes, "--repeats", str(args.repeats),
-            "--cases", ";".join(args.cases)] + (["--no-allreduce"] if args.no_allreduce else [])
+            "--buckets", str(args.buckets), "--cases", ";".join(args.cases)] \
+        + (["--no-allreduce"] if args.no_allreduce else [])
     hosts = args.hosts + args.servers
     with tempfile.TemporaryDirectory(prefix="gcroutes-") as tmp, \
             netns.Cluster(hosts, rate) as cluster:
@@ -112,9 +114,13 @@ def main(argv=None):
                                 "write rank 0's results (and the cluster) to this file")
     parser.add_argument("--sizes", default="22", help="log2 of the bucket sizes, e.g. 20,22")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--buckets", type=int, default=1,
+                        help="cut each size into this many buckets, exchanged in one step")
     parser.add_argument("--no-allreduce", action="store_true",
                         help="skip the transport's allreduce, so each host's link bytes are the "
                              "cases' alone")
+    parser.add_argument("--streams", type=int, default=2,
+                        help="the engine's streams (GRADCOMP_STREAMS): buckets exchanged at once")
     parser.add_argument("--servers", type=int, default=0,
                         help="hosts of dedicated parameter servers, after the workers'")
     parser.add_argument("--cases", type=lambda t: [c for c in t.split(";") if c],

@@ -516,8 +516,13 @@ PYBIND11_MODULE(_C, m) {
                              [](const gt::DistributedGradients& g) { return g.transport().rank(); })
       .def_property_readonly("world_size",
                              [](const gt::DistributedGradients& g) { return g.transport().size(); })
-      .def("save_state",
-           [](const gt::DistributedGradients& g) { return to_bytes(g.save_state()); })
+      .def(
+          "save_state",
+          [](const gt::DistributedGradients& g, bool undo) {
+            return to_bytes(g.save_state(undo ? Engine::StateFor::kUndo
+                                              : Engine::StateFor::kCheckpoint));
+          },
+          py::arg("undo") = false)
       .def("save_all_states",
            [](const gt::DistributedGradients& g) {
              std::vector<std::vector<std::byte>> states;
@@ -547,7 +552,24 @@ PYBIND11_MODULE(_C, m) {
       .def("synchronize", &PyEngine::synchronize, py::call_guard<py::gil_scoped_release>())
       .def("last_step", [](PyEngine& e) { return step_stats(e.engine().last_step()); })
       .def_property_readonly("steps", [](PyEngine& e) { return e.engine().step(); })
-      .def("save_state", [](PyEngine& e) { return to_bytes(e.engine().save_state()); })
+      .def(
+          "save_state",
+          [](PyEngine& e, bool undo) {
+            return to_bytes(e.engine().save_state(undo ? Engine::StateFor::kUndo
+                                                       : Engine::StateFor::kCheckpoint));
+          },
+          py::arg("undo") = false)
+      .def("save_all_states",
+           [](PyEngine& e) {
+             std::vector<std::vector<std::byte>> states;
+             {
+               py::gil_scoped_release release;  // a collective: other threads may need the GIL
+               states = e.engine().save_all_states();
+             }
+             py::list out;
+             for (const auto& s : states) out.append(to_bytes(s));
+             return out;
+           })
       .def("load_state",
            [](PyEngine& e, const std::string& s) { e.engine().load_state(as_span(s)); })
       .def("set_plan",

@@ -739,28 +739,11 @@ StepStats DistributedGradients::last_step() const {
 }
 uint64_t DistributedGradients::steps() const { return shared_->engine->step(); }
 Transport& DistributedGradients::transport() const { return *shared_->transport; }
-std::vector<std::byte> DistributedGradients::save_state() const {
-  return shared_->engine->save_state();
+std::vector<std::byte> DistributedGradients::save_state(Engine::StateFor use) const {
+  return shared_->engine->save_state(use);
 }
 std::vector<std::vector<std::byte>> DistributedGradients::save_all_states() const {
-  const std::vector<std::byte> mine = save_state();
-  Transport& t = *shared_->transport;
-  const auto world = static_cast<size_t>(t.size());
-  const uint64_t my_size = mine.size();
-  std::vector<uint64_t> sizes(world);
-  t.allgather(std::as_bytes(std::span(&my_size, 1)), std::as_writable_bytes(std::span(sizes)))
-      ->wait(t.timeout());
-  const std::vector<size_t> counts(sizes.begin(), sizes.end());
-  std::vector<std::byte> all(std::accumulate(counts.begin(), counts.end(), size_t{0}));
-  t.allgatherv(mine, all, counts)->wait(t.timeout());
-  std::vector<std::vector<std::byte>> states;
-  size_t at = 0;
-  for (size_t n : counts) {
-    states.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at),
-                        all.begin() + static_cast<std::ptrdiff_t>(at + n));
-    at += n;
-  }
-  return states;
+  return shared_->engine->save_all_states();
 }
 
 void DistributedGradients::load_state(std::span<const std::byte> state) {

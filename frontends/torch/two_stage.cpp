@@ -419,7 +419,7 @@ void TwoStageOptimizer::load(::torch::serialize::InputArchive& archive) {
     }
   }
   // All or nothing: what to put back when a later part does not fit.
-  const std::vector<std::byte> engine_before = engine_->save_state();
+  const std::vector<std::byte> engine_before = engine_->save_state(Engine::StateFor::kUndo);
   decltype(state_) state_before;
   for (const auto& [key, s] : state_) state_before[key] = s->clone();
   engine_->load_state(tensor_bytes(engine_state, name_));

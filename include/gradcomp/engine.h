@@ -141,8 +141,19 @@ class Engine {
   // checkpoints; loading it into an engine with the same plan and seed, on the same rank of the
   // same world size, resumes bit-exactly. load_state throws Error (and changes nothing) on a
   // state saved elsewhere.
-  std::vector<std::byte> save_state() const;
+  // StateFor::kUndo: for undoing a load_state in this process (a checkpoint's all-or-nothing
+  // load): state kept beyond this rank, not fetched, stays where it is.
+  enum class StateFor { kCheckpoint, kUndo };
+  std::vector<std::byte> save_state(StateFor use = StateFor::kCheckpoint) const;
   void load_state(std::span<const std::byte> state);
+  // Between steps, a collective every rank calls before save_state(): state kept beyond this
+  // rank (route 'servers': the parameter servers' codec and feedback state, each server's with
+  // one worker) comes here, so that save_state() holds it; without it, save_state() of such a
+  // plan throws Error saying so. A loaded state goes back to the servers with the next step.
+  void fetch_remote_state();
+  // Every rank's save_state() after fetch_remote_state(), indexed by rank, on every rank: a
+  // collective between steps, so that one rank may write a checkpoint every rank resumes from.
+  std::vector<std::vector<std::byte>> save_all_states();
 
   // Starts (or with an empty path stops) writing the Chrome-trace timeline.
   void set_timeline(const std::string& path);

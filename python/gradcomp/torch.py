@@ -556,7 +556,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # All or nothing: if the wrapped optimizer refuses its part, the compression state
         # loaded just before is put back (the engine state carries a checksum, so it is
         # checked before anything changes).
-        previous = self._gradients.save_state()
+        previous = self._gradients.save_state(undo=True)
         self._gradients.load_state(mine)
         try:
             self.optimizer.load_state_dict(state)
@@ -840,22 +840,36 @@ class CommHook:
         None before DDP's layout is known, or without auto."""
         return json.loads(self._auto.report()) if self._auto is not None else None
 
-    def state_dict(self):
-        """This rank's compression state (every rank saves its own)."""
-        return {"version": 1, "layout": self._layout,
-                "state": self._engine.save_state() if self._engine else None,
-                "auto": self._auto.save() if self._auto is not None else None}
+    def state_dict(self, all_ranks=False):
+        """This rank's compression state (every rank saves its own); all_ranks=True gathers
+        every rank's (a collective: every rank calls it), so that rank 0 alone may save one
+        file every rank resumes from. Parameter servers' state (route 'servers') needs it."""
+        state = {"version": 1, "layout": self._layout,
+                 "auto": self._auto.save() if self._auto is not None else None}
+        if all_ranks:
+            state["states"] = self._engine.save_all_states() if self._engine else None
+        else:
+            state["state"] = self._engine.save_state() if self._engine else None
+        return state
 
     def load_state_dict(self, state):
         """Restores the state into the engine once DDP's layout is known again (DDP re-buckets
         after a restart: its first iteration is averaged uncompressed); with auto, its decision
         first (the kept plan runs again, without a new search)."""
-        if state.get("state") is None:
+        mine = state.get("state")
+        if state.get("states") is not None:
+            states = state["states"]
+            if len(states) != self._transport.size:
+                raise Error(f"the state holds the compression state of {len(states)} ranks; "
+                            f"this job has {self._transport.size}: resume with the same "
+                            "world size")
+            mine = states[self._transport.rank]
+        if mine is None:
             return
         if self._engine is not None:
-            self._load(state["state"], state.get("auto"))
+            self._load(mine, state.get("auto"))
         else:
-            self._pending_state = (state["state"], state.get("auto"))
+            self._pending_state = (mine, state.get("auto"))
 
     def _load(self, engine_state, auto_state):
         if auto_state is not None and self._auto is not None:

@@ -237,7 +237,7 @@ class TwoStageOptimizer(torch.optim.Optimizer):
             if ours[key] != value:
                 raise Error(f"{name}.load_state_dict: the state was saved with {key}="
                             f"{ours[key]!r}, this optimizer has {value!r}")
-        before = self._engine.save_state()
+        before = self._engine.save_state(undo=True)
         self._engine.load_state(ours["engine"])
         try:
             super().load_state_dict(state_dict)

@@ -11,6 +11,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <unordered_map>
 
 #include "common/environment.h"
@@ -90,7 +91,8 @@ struct Engine::Impl {
   void check_plans_agree();  // the collective check of the constructor and of set_plan
   void open_streams();
   // The stream (and exchange thread) of bucket b: routes over nodes stay on stream 0, whose
-  // node groups they use, and so do routes to servers: the server link is one sequence.
+  // node groups they use, and so do routes to servers: the server link is one sequence (its
+  // pull stream, at decode, overlaps the next push).
   size_t stream_of(size_t b) const {
     const BucketOption& o = options_of[b];
     return o.over_nodes || o.on_servers ? 0 : b % streams.size();
@@ -236,7 +238,7 @@ void Engine::Impl::release_after_failure() {
   }
   bool drained = true;
   for (Transport* s : streams) drained = s->drain(options.timeout) && drained;
-  if (servers) drained = servers->transport().drain(options.timeout) && drained;
+  if (servers) drained = servers->drain(options.timeout) && drained;
   if (!drained || timed_out) {
     static_cast<void>(new std::vector<LiveBucket>(std::move(buckets)));  // deliberately kept
   }
@@ -772,18 +774,52 @@ StateOwner Engine::Impl::owner() const {
           .world_size = static_cast<uint32_t>(transport->size())};
 }
 
-std::vector<std::byte> Engine::save_state() const {
+std::vector<std::byte> Engine::save_state(StateFor use) const {
   std::lock_guard lock(impl_->mutex);
   if (impl_->step_started) throw Error("save_state: a step is in flight; call synchronize() first");
   impl_->throw_if_failed();
   EngineState state;
   state.step_state = impl_->step_state;
-  for (const LiveBucket& b : impl_->buckets) state.routes.push_back(b.route->save_state());
+  for (const LiveBucket& b : impl_->buckets) {
+    state.routes.push_back(use == StateFor::kUndo ? b.route->save_undo_state()
+                                                  : b.route->save_state());
+  }
   for (size_t t = 0; t < impl_->carried.size(); ++t) {
     const auto& c = impl_->carried[t];
     if (!c.values.empty()) state.carried.push_back({.tensor = t, .scale = c.scale, .values = {c.values.begin(), c.values.end()}});
   }
   return write_engine_state(impl_->owner(), state);
+}
+
+void Engine::fetch_remote_state() {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->step_started) {
+    throw Error("fetch_remote_state: a step is in flight; call synchronize() first");
+  }
+  impl_->throw_if_failed();
+  for (const LiveBucket& b : impl_->buckets) b.route->fetch_remote_state();
+}
+
+std::vector<std::vector<std::byte>> Engine::save_all_states() {
+  fetch_remote_state();
+  const std::vector<std::byte> mine = save_state();
+  Transport& t = *impl_->transport;
+  const auto world = static_cast<size_t>(t.size());
+  const uint64_t my_size = mine.size();
+  std::vector<uint64_t> sizes(world);
+  t.allgather(std::as_bytes(std::span(&my_size, 1)), std::as_writable_bytes(std::span(sizes)))
+      ->wait(t.timeout());
+  const std::vector<size_t> counts(sizes.begin(), sizes.end());
+  std::vector<std::byte> all(std::accumulate(counts.begin(), counts.end(), size_t{0}));
+  t.allgatherv(mine, all, counts)->wait(t.timeout());
+  std::vector<std::vector<std::byte>> states;
+  size_t at = 0;
+  for (size_t n : counts) {
+    const auto begin = all.begin() + static_cast<std::ptrdiff_t>(at);
+    states.emplace_back(begin, begin + static_cast<std::ptrdiff_t>(n));
+    at += n;
+  }
+  return states;
 }
 
 void Engine::load_state(std::span<const std::byte> state) {
@@ -795,7 +831,7 @@ void Engine::load_state(std::span<const std::byte> state) {
   EngineState loaded = read_engine_state(state, impl_->owner(), impl_->buckets.size(), elements);
   // All or nothing: if any bucket refuses its state, the ones loaded before it go back.
   std::vector<std::vector<std::byte>> before;
-  for (const LiveBucket& b : impl_->buckets) before.push_back(b.route->save_state());
+  for (const LiveBucket& b : impl_->buckets) before.push_back(b.route->save_undo_state());
   size_t b = 0;
   try {
     for (; b < impl_->buckets.size(); ++b) impl_->buckets[b].route->load_state(loaded.routes[b]);

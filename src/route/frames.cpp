@@ -161,7 +161,7 @@ std::vector<std::byte> save_parts(std::string_view route, const StateShape& shap
 std::vector<std::span<const std::byte>> load_parts(std::string_view route,
                                                    std::span<const std::byte> state,
                                                    const StateShape& shape,
-                                                   size_t expected_parts) {
+                                                   size_t expected_parts, bool at_least) {
   StateReader in(fmt::format("route '{}' state", route), state, kState);
   if (in.get<uint32_t>("the route") != fnv1a32(route)) in.fail("saved by a different route");
   const auto elements = in.get<uint64_t>("the element count");
@@ -172,7 +172,7 @@ std::vector<std::span<const std::byte>> load_parts(std::string_view route,
                         elements, world, shape.elements, shape.world));
   }
   const auto count = in.get<uint32_t>("the part count");
-  if (count != expected_parts) {
+  if (count != expected_parts && !(at_least && count > expected_parts)) {
     in.fail(fmt::format("{} parts, this route keeps {} (codec and feedback states): saved with "
                         "a different option or world size",
                         count, expected_parts));

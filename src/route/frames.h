@@ -169,11 +169,12 @@ struct StateShape {
 };
 std::vector<std::byte> save_parts(std::string_view route, const StateShape& shape,
                                   const std::vector<std::vector<std::byte>>& parts);
-// Checks magic, version, route, shape and part count; throws Error saying what does not match.
+// Checks magic, version, route, shape and part count (`at_least`: that many or more, for a
+// route whose first parts tell how many follow); throws Error saying what does not match.
 std::vector<std::span<const std::byte>> load_parts(std::string_view route,
                                                    std::span<const std::byte> state,
                                                    const StateShape& shape,
-                                                   size_t expected_parts);
+                                                   size_t expected_parts, bool at_least = false);
 
 // Throws Error unless a gradient or output span has the bucket's length.
 void check_length(const char* route, size_t bucket, const char* what, size_t size, size_t n);

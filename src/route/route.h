@@ -141,15 +141,23 @@ class Route {
   // beyond this rank (dedicated servers' memory, fetched and dropped there). Between steps, on
   // every rank in bucket order: it may be a collective.
   virtual double retire(std::span<float> into) { return carry(into); }
+  // Between steps, on every rank in bucket order (a collective where it communicates): the
+  // state the route keeps beyond this rank (dedicated servers') comes here, so that the next
+  // save_state() holds it. Nothing for a route whose state is all on this rank.
+  virtual void fetch_remote_state() {}
 
   // Bytes this rank handed to the transport for other ranks in the last step (all phases; the
   // frame of its own shard in an alltoall is not counted: it never leaves the rank).
   virtual size_t bytes_sent() const = 0;
   // Bytes of buffers and feedback state this route holds.
   virtual size_t memory_bytes() const = 0;
-  // Codec and feedback state (worker and server side), for checkpoints.
+  // Codec and feedback state (worker and server side), for checkpoints. A route keeping state
+  // beyond this rank throws Error unless fetch_remote_state() ran since its last step.
   virtual std::vector<std::byte> save_state() const = 0;
   virtual void load_state(std::span<const std::byte> state) = 0;
+  // For undoing a load_state in this process: save_state(), but state beyond this rank that
+  // was not fetched is left out (loading it leaves that state where it is).
+  virtual std::vector<std::byte> save_undo_state() const { return save_state(); }
 };
 
 // Builds the route of `option` for bucket `bucket` of `elements` elements. Throws SpecError on

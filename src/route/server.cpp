@@ -7,7 +7,12 @@
 #include <cstring>
 #include <algorithm>
 #include <map>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "gradcomp/error.h"
 #include "route/coder.h"
@@ -22,6 +27,19 @@ using route::ServerBucketSpec;
 using route::ServerHeader;
 using route::ServerOp;
 using route::ServerSettle;
+
+// Runs `f` when the scope ends, however it ends.
+template <class F>
+class Finally {
+ public:
+  explicit Finally(F f) : f_(std::move(f)) {}
+  Finally(const Finally&) = delete;
+  Finally& operator=(const Finally&) = delete;
+  ~Finally() { f_(); }
+
+ private:
+  F f_;
+};
 
 // Shard `index` of one bucket: the server-side coder and its buffers, sized once.
 class ServedShard {
@@ -38,36 +56,65 @@ class ServedShard {
         frames_(max_frame_ * workers),
         sum_(shard_.size()),
         frame_(max_frame_),
-        copies_(max_frame_ * workers) {}
+        copies_(max_frame_ * workers),
+        sizes_(workers + servers, 0),
+        sizes_in_(workers + servers, 0),
+        in_counts_(workers + servers, 0),
+        out_counts_(workers + servers, 0),
+        nothing_(workers + servers, 0),
+        pull_sizes_(workers + servers, 0),
+        pull_sizes_in_(workers + servers, 0) {}
 
-  // One step: the workers' frames in, this server's frame out to every worker.
-  void exchange(Transport& wire, const ServerHeader& h) {
+  // One step's push: the workers' frames in, served; returns the bytes of this server's frame,
+  // which pull() sends (on the pull stream's thread).
+  size_t push(Transport& wire, const ServerHeader& h) {
+    {
+      // The workers push a bucket again only once they have its pull, so this never waits in
+      // fact; it says so to the threads' memory model (and to TSan) too.
+      std::unique_lock lock(mutex_);
+      pulled_.wait(lock, [&] { return !pulling_; });
+      pulling_ = true;
+    }
     settle(h);
-    const size_t ranks = static_cast<size_t>(wire.size());
-    std::vector<uint64_t> sizes(ranks, 0), sizes_in(ranks, 0);
-    std::vector<size_t> in_counts(ranks, 0), nothing(ranks, 0);
-    for (uint32_t w = 0; w < workers_; ++w) in_counts[w] = max_frame_;
+    std::fill(sizes_.begin(), sizes_.end(), 0);
+    for (uint32_t w = 0; w < workers_; ++w) in_counts_[w] = max_frame_;
     if (!fixed_) {
-      run(wire.alltoall(route::bytes_of(sizes), route::bytes_of(sizes_in)), wire, "shard sizes", h);
+      run(wire.alltoall(route::bytes_of(sizes_), route::bytes_of(sizes_in_)), wire, "shard sizes",
+          h);
       for (uint32_t w = 0; w < workers_; ++w) {
-        in_counts[w] = route::checked_size(sizes_in[w], max_frame_, static_cast<int>(w),
-                                           "shard frame size");
+        in_counts_[w] = route::checked_size(sizes_in_[w], max_frame_, static_cast<int>(w),
+                                            "shard frame size");
       }
     }
-    const size_t in = std::accumulate(in_counts.begin(), in_counts.end(), size_t{0});
-    run(wire.alltoallv({}, nothing, std::span(frames_).first(in), in_counts), wire, "shards", h);
-    const size_t bytes = serve(h.step, std::span(in_counts).first(workers_));
+    const size_t in = std::accumulate(in_counts_.begin(), in_counts_.end(), size_t{0});
+    run(wire.alltoallv({}, nothing_, std::span(frames_).first(in), in_counts_), wire, "shards", h);
+    return serve(h.step, std::span(in_counts_).first(workers_));
+  }
+
+  // The step's pull: this server's frame to every worker. The workers push this bucket again
+  // only once they have it, so the next push() cannot overwrite it before.
+  void pull(Transport& wire, const ServerHeader& h, size_t bytes) {
+    const Finally done([&] { end_pull(); });
     for (uint32_t w = 0; w < workers_; ++w) {
       std::memcpy(copies_.data() + w * bytes, frame_.data(), bytes);
+      out_counts_[w] = bytes;
+      pull_sizes_[w] = bytes;
     }
-    std::vector<size_t> out_counts(ranks, 0);
-    for (uint32_t w = 0; w < workers_; ++w) out_counts[w] = bytes;
     if (!fixed_) {
-      for (uint32_t w = 0; w < workers_; ++w) sizes[w] = bytes;
-      run(wire.alltoall(route::bytes_of(sizes), route::bytes_of(sizes_in)), wire, "result sizes", h);
+      run(wire.alltoall(route::bytes_of(pull_sizes_), route::bytes_of(pull_sizes_in_)), wire,
+          "result sizes", h);
     }
-    run(wire.alltoallv(std::span(copies_).first(bytes * workers_), out_counts, {}, nothing), wire,
-        "results", h);
+    run(wire.alltoallv(std::span(copies_).first(bytes * workers_), out_counts_, {}, nothing_),
+        wire, "results", h);
+  }
+
+  // After a failed pull stream: this pull will not happen.
+  void end_pull() {
+    {
+      std::lock_guard lock(mutex_);
+      pulling_ = false;
+    }
+    pulled_.notify_all();
   }
 
   // The bucket leaves the plan: what the server feedback has not delivered, with its loss
@@ -89,7 +136,41 @@ class ServedShard {
     run(wire.alltoallv(out, counts, {}, nothing), wire, "retire", h);
   }
 
+  // A checkpoint: this server's state of the bucket to its keeper.
+  void save(Transport& wire, const ServerHeader& h) {
+    settle(h);
+    std::vector<std::vector<std::byte>> out(static_cast<size_t>(wire.size()));
+    out[route::state_keeper(index_, workers_)] =
+        route::save_parts(route::kServerStateName, shape(), coder_.save_state());
+    swap(wire, out, 0, h, "save");
+  }
+
+  // A resumed checkpoint: the state its keeper sent (the workers checked it when they loaded).
+  void restore(Transport& wire, const ServerHeader& h) {
+    settle(h);
+    const auto in = swap(wire, std::vector<std::vector<std::byte>>(wire.size()),
+                         route::server_state_limit(spec_.elements), h, "restore");
+    const auto parts = route::load_parts(route::kServerStateName,
+                                         in[route::state_keeper(index_, workers_)], shape(), 2);
+    coder_.load_state(parts[0], parts[1]);
+  }
+
  private:
+  route::StateShape shape() const { return {shard_.size(), workers_}; }
+
+  static std::vector<std::vector<std::byte>> swap(Transport& wire,
+                                                  const std::vector<std::vector<std::byte>>& out,
+                                                  size_t limit, const ServerHeader& h,
+                                                  const char* phase) {
+    try {
+      return route::swap_blobs(wire, out, limit);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(fmt::format("bucket id {}, phase {}: {}", h.id, phase, e.what()));
+    } catch (const CommError& e) {
+      throw CommError(fmt::format("bucket id {}, phase {}: {}", h.id, phase, e.what()));
+    }
+  }
+
   void settle(const ServerHeader& h) {
     if (h.settle != ServerSettle::kNone) coder_.settle(h.settle == ServerSettle::kKeep, h.settled);
   }
@@ -133,35 +214,153 @@ class ServedShard {
   Buffer<float> sum_;
   Buffer<std::byte> frame_;   // this server's frame
   Buffer<std::byte> copies_;  // one copy per worker (alltoallv sends a block to each)
+  // Per link rank (sized once: a step allocates nothing): the sizes sent and received, the
+  // bytes each worker sends here and gets back, and zeros (the servers' blocks).
+  std::vector<uint64_t> sizes_;
+  std::vector<uint64_t> sizes_in_;
+  std::vector<size_t> in_counts_;
+  std::vector<size_t> out_counts_;
+  std::vector<size_t> nothing_;
+  std::vector<uint64_t> pull_sizes_;  // the pull's, apart: it runs on the pull thread
+  std::vector<uint64_t> pull_sizes_in_;
+  // From push() to the end of its pull(): frame_ is the pull's.
+  std::mutex mutex_;
+  std::condition_variable pulled_;
+  bool pulling_ = false;
 };
 
+// The first failure of a server's two threads (the other's is usually its consequence).
+class FirstFailure {
+ public:
+  void record(std::exception_ptr e) {
+    std::lock_guard lock(mutex_);
+    if (!first_) first_ = std::move(e);
+  }
+  void rethrow() {
+    std::lock_guard lock(mutex_);
+    if (first_) std::rethrow_exception(first_);
+  }
+  bool failed() {
+    std::lock_guard lock(mutex_);
+    return first_ != nullptr;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::exception_ptr first_;
+};
+
+// The pull stream's thread: sends each served bucket's frame in the order the pushes came,
+// which is the order the workers pull in (their engine's decode stage), while the link's own
+// thread takes the next push.
+class Puller {
+ public:
+  Puller(Transport& wire, FirstFailure& failure)
+      : wire_(wire), failure_(failure), thread_([this] { loop(); }) {}
+  ~Puller() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_one();
+    thread_.join();
+  }
+  void add(std::shared_ptr<ServedShard> shard, const ServerHeader& h, size_t bytes) {
+    {
+      std::lock_guard lock(mutex_);
+      jobs_.push_back({std::move(shard), h, bytes});
+    }
+    ready_.notify_one();
+  }
+
+ private:
+  struct Job {
+    std::shared_ptr<ServedShard> shard;  // held: a retire may drop it from the map meanwhile
+    ServerHeader header;
+    size_t bytes;
+  };
+  void loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, nothing left
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      try {
+        if (broken_) {
+          job.shard->end_pull();  // the link's thread stops at its next header
+        } else {
+          job.shard->pull(wire_, job.header, job.bytes);
+        }
+      } catch (...) {
+        failure_.record(std::current_exception());
+        broken_ = true;
+      }
+      lock.lock();
+    }
+  }
+
+  Transport& wire_;
+  FirstFailure& failure_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Job> jobs_;
+  bool stopping_ = false;
+  bool broken_ = false;  // the pull stream failed: later pulls are dropped
+  std::thread thread_;  // last: starts once the rest is made
+};
+
+// The link's thread: the workers' headers in order, each operation's part on the link; the
+// pulls go to the Puller.
 class Server {
  public:
-  Server(std::unique_ptr<Transport> wire, const ServerOptions& o)
-      : wire_(std::move(wire)),
+  Server(Transport& wire, const ServerOptions& o, FirstFailure& failure)
+      : wire_(&wire),
         index_(static_cast<uint32_t>(o.index)),
         servers_(static_cast<uint32_t>(o.servers)),
-        workers_(static_cast<uint32_t>(o.workers)) {}
+        workers_(static_cast<uint32_t>(o.workers)),
+        failure_(failure) {}
 
+  // Until the workers' stop; then the pulls still queued go out.
   void run() {
+    {
+      Puller puller(wire_->stream(1), failure_);  // the workers split it at their rendezvous
+      try {
+        serve(puller);
+      } catch (...) {
+        failure_.record(std::current_exception());
+      }
+    }
+    failure_.rethrow();
+  }
+
+ private:
+  void serve(Puller& puller) {
     for (;;) {
       const ServerHeader h = next_header();
       switch (h.op) {
         case ServerOp::kOpen: open(h); break;
-        case ServerOp::kExchange: shard(h).exchange(*wire_, h); break;
+        case ServerOp::kExchange: {
+          const auto served = shard(h);
+          puller.add(served, h, served->push(*wire_, h));
+          break;
+        }
         case ServerOp::kRetire:
-          shard(h).retire(*wire_, h);
+          shard(h)->retire(*wire_, h);
           shards_.erase(h.id);
           break;
+        case ServerOp::kSave: shard(h)->save(*wire_, h); break;
+        case ServerOp::kRestore: shard(h)->restore(*wire_, h); break;
         case ServerOp::kStop: return;
         default:
           throw Error(fmt::format("server {}: unknown operation {} from the workers", index_,
                                   static_cast<uint32_t>(h.op)));
       }
+      if (failure_.failed()) return;  // the pull stream's (run() throws it)
     }
   }
 
- private:
   ServerHeader next_header() {
     ServerHeader h;
     h.magic = 0;
@@ -190,12 +389,10 @@ class Server {
       const bool live = std::find(spec.live.begin(), spec.live.end(), it->first) != spec.live.end();
       it = live ? std::next(it) : shards_.erase(it);
     }
-    shards_.erase(h.id);
-    shards_.emplace(std::piecewise_construct, std::forward_as_tuple(h.id),
-                    std::forward_as_tuple(spec, index_, servers_, workers_));
+    shards_[h.id] = std::make_shared<ServedShard>(spec, index_, servers_, workers_);
   }
 
-  ServedShard& shard(const ServerHeader& h) {
+  const std::shared_ptr<ServedShard>& shard(const ServerHeader& h) {
     auto it = shards_.find(h.id);
     if (it == shards_.end()) {
       throw Error(fmt::format("server {}: the workers name bucket id {}, which was never opened "
@@ -205,11 +402,12 @@ class Server {
     return it->second;
   }
 
-  std::unique_ptr<Transport> wire_;
+  Transport* wire_;
   uint32_t index_;
   uint32_t servers_;
   uint32_t workers_;
-  std::map<uint64_t, ServedShard> shards_;
+  FirstFailure& failure_;
+  std::map<uint64_t, std::shared_ptr<ServedShard>> shards_;
 };
 
 void check(const ServerOptions& o) {
@@ -246,7 +444,8 @@ void run_server(const ServerOptions& options) {
   t.rendezvous = route::kServerRendezvous;
   auto wire = make_transport(t);
   try {
-    Server(std::move(wire), options).run();
+    FirstFailure failure;
+    Server(*wire, options, failure).run();
   } catch (const CommError& e) {
     route::rethrow_with_link_ranks(e, static_cast<uint32_t>(options.workers),
                                    static_cast<uint32_t>(options.servers));

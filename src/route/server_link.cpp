@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 #include "common/environment.h"
 #include "gradcomp/error.h"
@@ -60,6 +61,34 @@ std::vector<Range> server_shards(size_t elements, uint32_t servers) {
   return shards;
 }
 
+std::vector<std::vector<std::byte>> swap_blobs(Transport& wire,
+                                               const std::vector<std::vector<std::byte>>& out,
+                                               size_t limit) {
+  const auto ranks = static_cast<size_t>(wire.size());
+  const Milliseconds wait = wire.timeout() + Milliseconds(1000);
+  std::vector<uint64_t> sizes_out(ranks, 0), sizes_in(ranks, 0);
+  std::vector<size_t> out_counts(ranks, 0), in_counts(ranks, 0);
+  std::vector<std::byte> sent;
+  for (size_t r = 0; r < ranks; ++r) {
+    sizes_out[r] = out_counts[r] = out[r].size();
+    sent.insert(sent.end(), out[r].begin(), out[r].end());
+  }
+  wire.alltoall(bytes_of(sizes_out), bytes_of(sizes_in))->wait(wait);
+  for (size_t r = 0; r < ranks; ++r) {
+    in_counts[r] = checked_size(sizes_in[r], limit, static_cast<int>(r), "state size");
+  }
+  std::vector<std::byte> received(std::accumulate(in_counts.begin(), in_counts.end(), size_t{0}));
+  wire.alltoallv(sent, out_counts, received, in_counts)->wait(wait);
+  std::vector<std::vector<std::byte>> in(ranks);
+  size_t at = 0;
+  for (size_t r = 0; r < ranks; ++r) {
+    const auto begin = received.begin() + static_cast<std::ptrdiff_t>(at);
+    in[r].assign(begin, begin + static_cast<std::ptrdiff_t>(in_counts[r]));
+    at += in_counts[r];
+  }
+  return in;
+}
+
 ServerSetting server_setting_from_environment() {
   constexpr const char* kHow =
       "start them with `gradcomp launch -n W --servers S -- ...`, or by hand with `gradcomp "
@@ -99,6 +128,7 @@ ServerLink::ServerLink(const Transport& workers, const ServerSetting& setting)
   };
   try {
     transport_ = make_transport(options);
+    pull_ = &transport_->stream(1);  // the servers split it right after their rendezvous too
   } catch (const TimeoutError& e) {
     throw TimeoutError(where(e));
   } catch (const CommError& e) {

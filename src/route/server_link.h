@@ -6,6 +6,12 @@
 // stream, in plan order), so each header is a collective all W + S ranks take part in, and a
 // dead worker or server is an error on every peer within the link's timeout.
 //
+// Two communicators: the link itself carries the headers, the pushes and the state operations;
+// a second one split from it (its pull stream) carries the servers' results, in the same bucket
+// order. A worker pulls bucket b when it decodes it (the engine's decode stage) while its
+// exchange stage already pushes bucket b + 1; each server pulls on a thread of its own, so the
+// two directions of every NIC are busy at once.
+//
 // The link is made by the first engine of the process that needs it (the rendezvous with the
 // servers) and kept for the life of the process: at exit the workers tell the servers to stop.
 // One live engine at a time may use it (claim).
@@ -31,6 +37,8 @@ enum class ServerOp : uint32_t {
   kExchange = 2,  // one step of a bucket: shard frames in, the servers' frames out
   kRetire = 3,    // a bucket leaves the plan: the servers hand back what they hold, and drop it
   kStop = 4,      // the workers are done
+  kSave = 5,      // each server sends its state of the bucket to its keeper (checkpoints)
+  kRestore = 6,   // each server gets its state of the bucket back from its keeper
 };
 
 // How the servers settle the previous step of a bucket before its next operation (Route::settle
@@ -77,6 +85,24 @@ std::string link_ranks(uint32_t workers, uint32_t servers);
 // The servers' element ranges of a bucket: contiguous shards, server s holds shard s.
 std::vector<Range> server_shards(size_t elements, uint32_t servers);
 
+// The worker that keeps server s's state of every bucket in checkpoints (kSave, kRestore):
+// the servers' states spread over the workers' files.
+inline uint32_t state_keeper(uint32_t server, uint32_t workers) { return server % workers; }
+
+// A server's state of a bucket in checkpoints: save_parts of its coder's two parts under this
+// name, shaped by its shard and the worker count.
+inline constexpr const char* kServerStateName = "servers (server side)";
+// The largest server state a peer may announce (a codec and a feedback keep a few values per
+// element).
+inline size_t server_state_limit(size_t elements) { return 64 * elements + (size_t{1} << 20); }
+
+// Sends out[r] to link rank r (empty: nothing) and returns what every rank sent this one, sizes
+// first: a collective every link rank calls. A size above `limit` is an Error (a corrupted or
+// foreign size must not make us allocate it). Waits up to the transport's timeout.
+std::vector<std::vector<std::byte>> swap_blobs(Transport& wire,
+                                               const std::vector<std::vector<std::byte>>& out,
+                                               size_t limit);
+
 // Where the servers are, for the workers: GRADCOMP_SERVERS (their count) and
 // GRADCOMP_SERVER_STORE (tcp://host:port: the rendezvous store worker 0 serves there, or
 // file:/shared/directory). `gradcomp launch --servers S` sets both.
@@ -101,6 +127,12 @@ class ServerLink {
   static std::shared_ptr<ServerLink> claim(const Transport& workers);
 
   Transport& transport() { return *transport_; }
+  Transport& pull_transport() { return *pull_; }
+  // Waits until both communicators' queued collectives are done (Transport::drain).
+  bool drain(Milliseconds limit) {
+    const bool pushed = transport_->drain(limit);
+    return pull_->drain(limit) && pushed;
+  }
   uint32_t workers() const { return workers_; }
   uint32_t servers() const { return servers_; }
   uint32_t rank() const { return rank_; }  // this worker's
@@ -130,6 +162,7 @@ class ServerLink {
   void release();
 
   std::unique_ptr<Transport> transport_;
+  Transport* pull_ = nullptr;  // transport_->stream(1)
   uint32_t workers_ = 0;
   uint32_t servers_ = 0;
   uint32_t rank_ = 0;

@@ -9,8 +9,12 @@
 //            unless the codec's frames have a fixed size)
 //   server:  decode the W frames in worker order, finalize, compensate with the server
 //            feedback, re-encode with residual
-//   alltoall + alltoallv: every server's frame goes to every worker (sizes first, likewise)
+//   alltoall + alltoallv: every server's frame goes to every worker (sizes first, likewise),
+//            on the link's pull stream, at decode: meanwhile the next bucket is pushed
 //   decode:  frame s into out[shard s]; the servers already aggregated.
+// Checkpoints: fetch_remote_state() has every server send its state of the bucket to its keeper
+// (worker s % W), which saves it with its own; after load_state the keepers send it back before
+// the bucket's next operation.
 // A worker sends and receives about one compressed bucket per step whatever W and S, and does
 // no server work: that runs on the servers' own cores.
 #include <fmt/format.h>
@@ -50,8 +54,10 @@ class ServersRoute final : public FlatRoute {
     return worker_.memory_scale();
   }
   double retire(std::span<float> into) override;
+  void fetch_remote_state() override;
   size_t memory_bytes() const override;
   std::vector<std::byte> save_state() const override;
+  std::vector<std::byte> save_undo_state() const override;
   void load_state(std::span<const std::byte> state) override;
 
  private:
@@ -61,12 +67,26 @@ class ServersRoute final : public FlatRoute {
   ServerHeader header(ServerOp op, const StepState& step);
   void send_shards(const Phases& p);
   void receive_results(const Phases& p);
+  void restore_if_loaded();
+  // The servers whose state this worker keeps in checkpoints, in server order.
+  std::vector<uint32_t> kept_servers() const;
+  // Throws Error unless `state` is a server state of shard s that the servers' coder accepts.
+  void check_server_state(uint32_t s, std::span<const std::byte> state) const;
 
   ServerLink& link_;
-  Transport& wire_;  // the link's transport: W workers, then S servers
+  Transport& wire_;  // the link's transport (headers, pushes): W workers, then S servers
+  Transport& pull_;  // the link's pull stream (the servers' results), the same ranks
   uint32_t servers_;
   Coder worker_;
+  std::string codec_spec_;
+  std::string server_feedback_;
   bool server_stateful_;
+  // The servers' states this worker keeps (kept_servers() order): fetched for a checkpoint, or
+  // loaded from one; `held_current_` while they are the servers' state (no step since), and
+  // `restore_` until the servers got them back.
+  std::vector<std::vector<std::byte>> held_;
+  bool held_current_ = false;
+  bool restore_ = false;
   uint64_t id_ = 0;
   ServerSettle settle_ = ServerSettle::kNone;
   StepState settled_{};
@@ -95,8 +115,11 @@ ServersRoute::ServersRoute(const RouteConfig& c)
     : FlatRoute(kName, c),
       link_(*c.env.servers),
       wire_(link_.transport()),
+      pull_(link_.pull_transport()),
       servers_(link_.servers()),
       worker_(make_codec(c.codec()), make_feedback(c.feedback())),
+      codec_spec_(c.codec()),
+      server_feedback_(c.option.server_feedback),
       server_stateful_(server_keeps_state(c)) {
   const Codec& codec = worker_.codec();
   check_codec_fits(kName, codec);
@@ -123,7 +146,8 @@ ServersRoute::ServersRoute(const RouteConfig& c)
                     .elements = n_,
                     .key = key_,
                     .seed = env_.seed,
-                    .threads = env_.threads});
+                    .threads = env_.threads,
+                    .live = {}});
 }
 
 ServerHeader ServersRoute::header(ServerOp op, const StepState& step) {
@@ -166,7 +190,7 @@ void ServersRoute::receive_results(const Phases& p) {
   auto issued = Clock::now();
   if (!fixed_) {
     std::fill(send_sizes_.begin(), send_sizes_.end(), 0);
-    p.wait(wire_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "result sizes",
+    p.wait(pull_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "result sizes",
            issued);
     for (uint32_t s = 0; s < servers_; ++s) {
       const int from = link_.server_rank(s);
@@ -175,15 +199,19 @@ void ServersRoute::receive_results(const Phases& p) {
   }
   const size_t in = std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t{0});
   issued = Clock::now();
-  p.wait(wire_.alltoallv({}, no_counts_, std::span(results_).first(in), recv_counts_), "results",
+  p.wait(pull_.alltoallv({}, no_counts_, std::span(results_).first(in), recv_counts_), "results",
          issued);
 }
 
+// The push; the pull waits for decode (the engine's next stage), so that the exchange stage
+// pushes the next bucket meanwhile.
 void ServersRoute::exchange(const StepState& step, const Phases& p) {
   try {
+    restore_if_loaded();
+    held_current_ = false;
+    held_ = {};  // the servers' state moves on
     link_.send(header(ServerOp::kExchange, step), {}, &p);
     send_shards(p);
-    receive_results(p);
   } catch (const CommError& e) {
     rethrow_with_link_ranks(e, link_.workers(), servers_);  // its messages name link ranks
   }
@@ -191,6 +219,11 @@ void ServersRoute::exchange(const StepState& step, const Phases& p) {
 
 void ServersRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
   check_output(out);
+  try {
+    receive_results(p);
+  } catch (const CommError& e) {
+    rethrow_with_link_ranks(e, link_.workers(), servers_);
+  }
   p.run("decode", [&] {
     decode_shards(
         worker_.codec(), results_, shards_, out,
@@ -204,6 +237,7 @@ void ServersRoute::decode(std::span<float> out, const StepState& step, const Pha
 // mean over the W workers delivers it once.
 double ServersRoute::retire(std::span<float> into) {
   check_output(into);
+  restore_if_loaded();
   const double scale = carry(into);
   const size_t ranks = static_cast<size_t>(wire_.size());
   std::vector<size_t> counts(ranks, 0);
@@ -235,18 +269,96 @@ size_t ServersRoute::memory_bytes() const {
   return sent_frames_.size() + results_.size() + worker_.memory_bytes();
 }
 
-std::vector<std::byte> ServersRoute::save_state() const {
-  if (!server_stateful_) return save_parts(kName, shape(), worker_.save_state());
-  throw Error(fmt::format(
-      "route 'servers' (bucket {}): the parameter servers hold this bucket's server-side "
-      "feedback, which checkpoints do not save yet; to resume exactly, use route 'twoway' "
-      "(co-located servers) or server_feedback=none",
-      bucket_));
+std::vector<uint32_t> ServersRoute::kept_servers() const {
+  std::vector<uint32_t> kept;
+  for (uint32_t s = 0; s < servers_; ++s) {
+    if (state_keeper(s, world_size_) == rank_) kept.push_back(s);
+  }
+  return kept;
 }
 
+void ServersRoute::fetch_remote_state() {
+  if (!server_stateful_) return;
+  try {
+    restore_if_loaded();
+    link_.send(header(ServerOp::kSave, StepState{}), {}, nullptr);
+    const auto in = swap_blobs(wire_, std::vector<std::vector<std::byte>>(wire_.size()),
+                               server_state_limit(n_));
+    held_.clear();
+    for (uint32_t s : kept_servers()) {
+      check_server_state(s, in[link_.server_rank(s)]);
+      held_.push_back(in[link_.server_rank(s)]);
+    }
+    held_current_ = true;
+  } catch (const CommError& e) {
+    rethrow_with_link_ranks(e, link_.workers(), servers_);
+  }
+}
+
+void ServersRoute::restore_if_loaded() {
+  if (!restore_) return;
+  link_.send(header(ServerOp::kRestore, StepState{}), {}, nullptr);
+  std::vector<std::vector<std::byte>> out(wire_.size());
+  const std::vector<uint32_t> kept = kept_servers();
+  for (size_t i = 0; i < kept.size(); ++i) out[link_.server_rank(kept[i])] = held_[i];
+  swap_blobs(wire_, out, 0);
+  restore_ = false;
+}
+
+void ServersRoute::check_server_state(uint32_t s, std::span<const std::byte> state) const {
+  const auto parts = load_parts(kServerStateName, state, {shards_[s].size(), world_size_}, 2);
+  Coder scratch(make_codec(codec_spec_), make_feedback(server_feedback_));
+  scratch.load_state(parts[0], parts[1]);
+}
+
+// A route whose servers keep state saves the worker's two parts, a flag part (1: the states of
+// the servers this worker keeps follow, one part each; 0: the servers keep theirs, an undo
+// state), then those states.
+std::vector<std::byte> ServersRoute::save_state() const {
+  if (server_stateful_ && !held_current_) {
+    throw Error(fmt::format(
+        "route 'servers' (bucket {}): the parameter servers hold this bucket's server-side "
+        "state; save it with state_dict(all_ranks=True) (C++: save_all_states()), a "
+        "collective every rank calls, which fetches it",
+        bucket_));
+  }
+  return save_undo_state();
+}
+
+std::vector<std::byte> ServersRoute::save_undo_state() const {
+  auto parts = worker_.save_state();
+  if (server_stateful_) {
+    parts.push_back({std::byte{held_current_}});
+    if (held_current_) parts.insert(parts.end(), held_.begin(), held_.end());
+  }
+  return save_parts(kName, shape(), parts);
+}
+
+// All or nothing: the servers' states are checked before anything changes.
 void ServersRoute::load_state(std::span<const std::byte> state) {
-  const auto parts = load_parts(kName, state, shape(), 2);
+  const std::vector<uint32_t> kept = kept_servers();
+  std::vector<std::span<const std::byte>> parts;
+  bool with_servers = false;
+  try {
+    // How many parts: the flag part says (load_parts checks the count it is told).
+    const auto head = load_parts(kName, state, shape(), 2 + (server_stateful_ ? 1 : 0), true);
+    with_servers = server_stateful_ && head[2].size() == 1 && head[2][0] == std::byte{1};
+    if (server_stateful_ && head[2].size() != 1) throw Error("the servers' flag part is malformed");
+    parts = load_parts(kName, state, shape(), (server_stateful_ ? 3 : 2) + (with_servers ? kept.size() : 0));
+    for (size_t i = 0; with_servers && i < kept.size(); ++i) {
+      check_server_state(kept[i], parts[3 + i]);
+    }
+  } catch (const Error& e) {
+    throw Error(fmt::format("route 'servers' (bucket {}, {} servers, of which worker {} keeps "
+                            "{} in its checkpoint): {}",
+                            bucket_, servers_, rank_, kept.size(), e.what()));
+  }
   worker_.load_state(parts[0], parts[1]);
+  held_.clear();
+  for (size_t i = 0; with_servers && i < kept.size(); ++i) {
+    held_.emplace_back(parts[3 + i].begin(), parts[3 + i].end());
+  }
+  held_current_ = restore_ = with_servers;
 }
 
 }  // namespace

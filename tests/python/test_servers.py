@@ -109,14 +109,46 @@ def test_a_worker_that_dies_ends_the_servers(run_workers):
     assert "rank 1" in job.stderr and "exited with code 3" in job.stderr, job.describe()
 
 
-def test_checkpoints_refuse_server_memory_with_a_reason(run_workers):
+def test_a_rank_s_own_checkpoint_refuses_server_state_with_a_reason(run_workers):
     job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "1",
                       "--checkpoint", servers=2).check()
     message = job.report(0)["checkpoint"]
-    assert "server-side" in message and "twoway" in message, message
+    assert "server-side" in message and "all_ranks=True" in message, message
     job = run_workers("servers.py", "--compression", f"{SPEC}|servers:server_feedback=none",
                       "--steps", "1", "--checkpoint", servers=2).check()
     assert job.report(0)["checkpoint"] == "saved"
+
+
+# The second keeps all compression state on the servers: no worker feedback.
+@pytest.mark.parametrize("spec, servers", [(f"{SPEC}|servers", 2),
+                                           ("topk:ratio=0.01|none|servers:server_feedback=ef", 3)])
+def test_a_checkpoint_of_every_rank_resumes_the_servers_exactly(run_workers, tmp_path, spec,
+                                                               servers):
+    path = str(tmp_path / "all.pt")
+    args = ["servers.py", "--compression", spec, "--steps", "6"]
+    whole = run_workers(*args, "--save", path, "--save-after", "3", servers=servers).check()
+    want = whole.report(0)["digests"]
+    resumed = run_workers(*args, "--load", path, "--begin", "3", servers=servers).check()
+    control = run_workers(*args, "--load", path, "--begin", "3", "--model-only",
+                          servers=servers).check()
+    for report in resumed.reports():
+        assert report["digests"] == want[3:]
+    # Without the compression state (most of it the servers') the run goes elsewhere.
+    assert control.report(0)["digests"][-1] != want[-1]
+
+
+def test_the_ddp_hook_over_servers_resumes_as_its_twoway_does(run_workers, tmp_path):
+    """After a restart the hook averages uncompressed while DDP learns its buckets again, so a
+    resumed hook is compared with the co-located route's, resumed alike; they agree only if the
+    servers got their state back."""
+    def resumed(route, servers):
+        path = str(tmp_path / f"{route}.pt")
+        args = ["servers.py", "--ddp", "--compression", f"{SPEC}|{route}", "--steps", "10"]
+        run_workers(*args, "--save", path, "--save-after", "5", servers=servers).check()
+        return run_workers(*args, "--load", path, "--begin", "5", servers=servers).check()
+    want = resumed("twoway", 0).report(0)["digests"]
+    for report in resumed("servers", 2).reports():
+        assert report["digests"] == want
 
 
 def test_servers_that_never_come_are_an_error_within_the_timeout(run_workers):

@@ -176,6 +176,38 @@ INSTANTIATE_TEST_SUITE_P(Codecs, ServersRoute,
                            return name;
                          });
 
+// The engine's order: the exchange stage pushes the next bucket before the decode stage has
+// pulled the last one. The servers pull in push order on a thread of their own, and every
+// bucket still matches the two-way route.
+TEST(ServersRoutePipeline, PushesAheadOfPullsMatchTheTwoWayRoute) {
+  const size_t n = 30011;
+  constexpr size_t kBuckets = 3;
+  auto link = route::ServerLink::claim(*world());
+  RouteEnv env{.world = world().get(), .seed = kSeed, .threads = 1};
+  env.servers = link.get();
+  std::unique_ptr<Route> twoway[kBuckets], servers[kBuckets];
+  for (size_t b = 0; b < kBuckets; ++b) {
+    twoway[b] = make_route(parse_option("qsgd|ef|twoway"), kBucket + b, n, env);
+    servers[b] = make_route(parse_option("qsgd|ef|servers"), kBucket + b, n, env);
+  }
+  for (uint64_t s = 0; s < kSteps; ++s) {
+    const StepState step = step_state(s);
+    const Phases p(kBucket, world()->timeout(), nullptr);
+    std::vector<float> got[kBuckets];
+    for (size_t b = 0; b < kBuckets; ++b) {
+      got[b] = input(n, s, 30 + b);
+      servers[b]->encode(got[b], step, p);
+      servers[b]->exchange(step, p);  // pushed; bucket b - 1 not pulled yet
+    }
+    for (size_t b = 0; b < kBuckets; ++b) servers[b]->decode(got[b], step, p);
+    for (size_t b = 0; b < kBuckets; ++b) {
+      servers[b]->settle(route::all_finite(got[b]), step);
+      const auto want = run_step(*twoway[b], input(n, s, 30 + b), step);
+      expect_same_bits(got[b], want, fmt::format("bucket {} step {}", b, s));
+    }
+  }
+}
+
 // A step the engine does not keep (a non-finite mean) is rolled back on the servers too: the
 // next steps match the two-way route, which rolls its co-located server back.
 TEST(ServersRouteSettle, ARolledBackStepIsRolledBackOnTheServers) {
@@ -225,24 +257,108 @@ TEST(ServersRouteRetire, HandsBackWhatTheServersHold) {
   EXPECT_GT(server_part, 0) << "the servers held nothing: the test shows nothing";
 }
 
-TEST(ServersRouteState, CheckpointsRefuseServerMemoryAndKeepTheWorkers) {
+std::unique_ptr<Route> make_servers(const std::string& option, size_t n,
+                                    route::ServerLink& link) {
+  RouteEnv env{.world = world().get(), .seed = kSeed, .threads = 1};
+  env.servers = &link;
+  return make_route(parse_option(option), kBucket, n, env);
+}
+
+// Steps [begin, end) of one input sequence; the outputs, concatenated.
+std::vector<float> run_steps(Route& route, size_t n, uint64_t begin, uint64_t end) {
+  std::vector<float> out;
+  for (uint64_t s = begin; s < end; ++s) {
+    const auto mean = run_step(route, input(n, s, 5), step_state(s));
+    out.insert(out.end(), mean.begin(), mean.end());
+  }
+  return out;
+}
+
+// The servers' state is saved with the workers' once fetched (each server's by one worker),
+// and resumes exactly: into a new bucket (fresh server shards) and into the same one mid-run.
+TEST(ServersRouteState, ACheckpointWithTheServersStateResumesExactly) {
+  const size_t n = 999;
+  const std::string option = "topk:ratio=0.02|none|servers:server_feedback=ef";
+  auto link = route::ServerLink::claim(*world());
+  auto trained = make_servers(option, n, *link);
+  run_steps(*trained, n, 0, 3);
+  try {
+    trained->save_state();
+    FAIL() << "save_state saved without the servers' state";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all_ranks=True"), std::string::npos) << e.what();
+  }
+  trained->fetch_remote_state();
+  const auto saved = trained->save_state();
+  EXPECT_EQ(trained->save_state(), saved);  // saving twice changes nothing
+  const auto want = run_steps(*trained, n, 3, 6);
+
+  auto resumed = make_servers(option, n, *link);
+  resumed->load_state(saved);
+  EXPECT_EQ(resumed->save_state(), saved);  // what goes back to the servers next
+  expect_same_bits(run_steps(*resumed, n, 3, 6), want, "resumed into new shards");
+  trained->load_state(saved);
+  expect_same_bits(run_steps(*trained, n, 3, 6), want, "resumed mid-run");
+
+  // Without the servers' state (all of this option's) the steps go elsewhere.
+  auto fresh = make_servers(option, n, *link);
+  const auto workers_only = make_servers("topk:ratio=0.02|none|servers:server_feedback=none", n,
+                                         *link)
+                                ->save_state();
+  fresh->load_state(saved);
+  EXPECT_NE(run_steps(*fresh, n, 3, 6), run_steps(*make_servers(option, n, *link), n, 3, 6));
+  EXPECT_THROW(fresh->load_state(workers_only), Error);  // no servers' part: refused
+}
+
+// An undo state (Engine::StateFor::kUndo) leaves the servers' state where it is: a load undone
+// by it changes nothing.
+TEST(ServersRouteState, AnUndoneLoadChangesNothing) {
+  const size_t n = 1001;
+  const std::string option = "qsgd|ef|servers";
+  auto link = route::ServerLink::claim(*world());
+  auto other = make_servers(option, n, *link);
+  run_steps(*other, n, 0, 4);
+  other->fetch_remote_state();
+  const auto elsewhere = other->save_state();
+  auto kept = make_servers(option, n, *link);
+  auto undone = make_servers(option, n, *link);
+  run_steps(*kept, n, 0, 2);
+  run_steps(*undone, n, 0, 2);
+  const auto undo = undone->save_undo_state();
+  EXPECT_THROW(undone->save_state(), Error);  // an undo state is not a checkpoint
+  undone->load_state(elsewhere);
+  undone->load_state(undo);
+  expect_same_bits(run_steps(*undone, n, 2, 4), run_steps(*kept, n, 2, 4), "after the undo");
+}
+
+// A server state of another shape is refused before anything changes.
+TEST(ServersRouteState, AServerStateOfAnotherBucketIsRefusedWhenLoaded) {
   const size_t n = 999;
   auto link = route::ServerLink::claim(*world());
-  RouteEnv env{.world = world().get(), .seed = kSeed, .threads = 1};
-  env.servers = link.get();
-  auto with_memory = make_route(parse_option("qsgd|ef|servers"), kBucket, n, env);
-  try {
-    with_memory->save_state();
-    FAIL() << "save_state took the servers' memory as saved";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("twoway"), std::string::npos) << e.what();
+  auto route = make_servers("qsgd|ef|servers", n, *link);
+  auto smaller = make_servers("qsgd|ef|servers", n - 100, *link);
+  for (Route* r : {route.get(), smaller.get()}) {
+    run_steps(*r, r == route.get() ? n : n - 100, 0, 1);
+    r->fetch_remote_state();
   }
-  auto without = make_route(parse_option("qsgd|ef|servers:server_feedback=none"), kBucket, n, env);
-  run_step(*without, input(n, 0, 3), step_state(0));
-  const auto saved = without->save_state();
-  auto fresh = make_route(parse_option("qsgd|ef|servers:server_feedback=none"), kBucket, n, env);
-  fresh->load_state(saved);
-  EXPECT_EQ(fresh->save_state(), saved);
+  const auto saved = route->save_state();
+  const route::StateShape shape{n, world_size()};
+  auto parts = route::load_parts("servers", saved, shape, 3, true);
+  const auto smaller_state = smaller->save_state();
+  const auto theirs =
+      route::load_parts("servers", smaller_state, {n - 100, world_size()}, 3, true);
+  ASSERT_EQ(parts.size(), 4U);  // as many servers as workers: each keeps one
+  parts[3] = theirs[3];
+  std::vector<std::vector<std::byte>> copies;
+  for (auto part : parts) copies.emplace_back(part.begin(), part.end());
+  try {
+    route->load_state(route::save_parts("servers", shape, copies));
+    FAIL() << "a server state of another bucket was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("elements"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(route->save_state(), saved);
+  run_steps(*route, n, 1, 2);  // and the link still agrees with the servers
 }
 
 TEST(ServersRouteLink, OneLiveEngineAtATimeAndAClearErrorWithoutALink) {

@@ -143,6 +143,7 @@ TEST(Launch, NumberOptionsMustBeFiniteAndInRange) {
       {"--timeout inf", "--timeout: inf is not allowed"},
       {"--timeout nan", "--timeout: nan is not allowed"},
       {"--master-port 70000", "--master-port"},
+      {"--master-port 65535 --servers 1", "port 65536 (master port + 1); give --server-port"},
   };
   for (const auto& [option, message] : cases) {
     const Result r = run(std::string("launch -n 1 ") + option + " -- true");

@@ -59,7 +59,8 @@ int relaunch(const BenchRoutesOptions& options, const std::string& self_exe) {
   std::vector<std::string> sizes;
   for (int s : options.log2_sizes) sizes.push_back(std::to_string(s));
   args.insert(args.end(), {"--sizes", fmt::format("{}", fmt::join(sizes, ",")), "--repeats",
-                           std::to_string(options.repeats), "--local-size",
+                           std::to_string(options.repeats), "--buckets",
+                           std::to_string(options.buckets), "--local-size",
                            std::to_string(options.local_size)});
   if (!options.cases.empty()) {
     args.insert(args.end(), {"--cases", fmt::format("{}", fmt::join(options.cases, ";"))});
@@ -128,12 +129,15 @@ double process_cpu_seconds() {
 Row measure(const std::shared_ptr<Transport>& world, const Case& c, size_t n,
             const BenchRoutesOptions& options, double allreduce_seconds) {
   Plan plan;
-  plan.tensors = {{"bucket", n}};
   Option option;
   option.codec = c.codec;
   option.feedback = c.feedback;
   option.route = c.route;
-  plan.buckets = {Bucket{{0}, option}};
+  const auto count = static_cast<size_t>(options.buckets);
+  for (size_t b = 0; b < count; ++b) {
+    plan.tensors.push_back({fmt::format("bucket{}", b), n / count + (b < n % count ? 1 : 0)});
+    plan.buckets.push_back(Bucket{{b}, option});
+  }
   EngineOptions engine_options;
   engine_options.seed = 1;
   engine_options.local_size = options.local_size;
@@ -144,7 +148,12 @@ Row measure(const std::shared_ptr<Transport>& world, const Case& c, size_t n,
   const auto times = time_repeats(
       *world, options.repeats, [&] { std::copy(g.begin(), g.end(), work.begin()); }, [&] {
     const double cpu_start = process_cpu_seconds();
-    engine.ready(0, work);
+    size_t at = 0;
+    for (size_t b = 0; b < count; ++b) {
+      const size_t size = plan.tensors[b].elements;
+      engine.ready(b, std::span(work).subspan(at, size));
+      at += size;
+    }
     engine.synchronize();
     cpu.push_back(process_cpu_seconds() - cpu_start);
     exchanges.push_back(engine.last_step().exchange_seconds);

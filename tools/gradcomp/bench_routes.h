@@ -15,6 +15,9 @@ struct BenchRoutesOptions {
   std::vector<std::string> cases;         // "codec|feedback|route"; empty: the default set
   std::vector<int> log2_sizes = {20, 22, 24};
   int repeats = 5;                        // measured exchanges per case (after one warm-up)
+  // Each size cut into this many equal buckets, exchanged in one step (the engine's streams
+  // then overlap them, as a model's buckets are).
+  int buckets = 1;
   int local_size = 2;                     // ranks per node for the hierarchical route
   int servers = 0;                        // when not started by a launcher: parameter servers
                                           // for route servers (gradcomp launch --servers)

@@ -284,6 +284,11 @@ int launch(const LaunchOptions& options) {
     throw Error("launch: no command given (gradcomp launch -n N -- command args...)");
   if (options.ranks < 1)
     throw Error(fmt::format("launch: -n {} must be at least 1", options.ranks));
+  if (options.servers > 0 && server_port(options) > 65535) {
+    throw Error(fmt::format("launch: the servers' store would listen on port {} (master port + "
+                            "1); give --server-port from 1 to 65535",
+                            server_port(options)));
+  }
   // The signals we wait for are blocked and taken with sigwaitinfo: no handler, no race
   // between a child's exit and going to sleep.
   sigset_t signals, original;

@@ -97,6 +97,11 @@ void add_bench_routes(CLI::App& bench, int& exit_code, const char* argv0) {
                   ',', CLI::Range(0, 27));
   routes->add_option("--repeats", options.repeats, "Measured exchanges per case (median)")
       ->check(CLI::Range(1, 1000));
+  routes->add_option("--buckets", options.buckets,
+                     "Cut each size into this many equal buckets, exchanged in one step (the "
+                     "engine's streams overlap them)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   routes->add_option("--local-size", options.local_size,
                      "Ranks per node for the hierarchical route")
       ->check(CLI::Range(1, 256));

@@ -157,9 +157,10 @@ class DistributedGradients {
   Transport& transport() const;
 
   // Compression state of this rank (feedback residuals, PowerSGD factors, momenta, counters).
-  std::vector<std::byte> save_state() const;
+  std::vector<std::byte> save_state(Engine::StateFor use = Engine::StateFor::kCheckpoint) const;
   // Every rank's save_state(), indexed by rank, on every rank: a collective between steps, so
-  // that one rank may write a checkpoint that every rank resumes from.
+  // that one rank may write a checkpoint that every rank resumes from. It holds what dedicated
+  // parameter servers keep too (Engine::fetch_remote_state), which save_state() alone cannot.
   std::vector<std::vector<std::byte>> save_all_states() const;
   void load_state(std::span<const std::byte> state);
   void set_timeline(const std::string& path);
