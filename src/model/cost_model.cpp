@@ -304,7 +304,8 @@ EndCosts twoway_route(const RouteModel& m, const Group& g, Linear pass, double n
 
 // W workers and S dedicated servers, every one on an `inter` link of its own. A push: each
 // worker sends its S shard frames (about one compressed bucket) while each server receives W
-// frames of its shard; the busier NIC sets the time. A pull is the same the other way. The
+// frames of its shard; the busier NIC sets the time. A pull is the same the other way; it runs in
+// the decode stage (on the link's pull stream), so it overlaps the next bucket's push. The
 // server's decoding and re-encoding run on the servers' cores, off the workers' thread.
 template <class Sink>
 EndCosts servers_route(const RouteModel& m, const Cluster& c, Linear pass, double n, Sink& sink) {
@@ -325,11 +326,10 @@ EndCosts servers_route(const RouteModel& m, const Cluster& c, Linear pass, doubl
   sink("shards", move(s * frame, w * frame), s * frame);
   sink("server", w * m.cost.decode.at(shard) + pass.at(shard) +
                      encode_cost(m, m.server_feedback, pass, shard), 0);
-  if (!m.traits.fixed_frame_size) sink("result sizes", sizes, 0);
-  sink("results", move(s * frame, w * frame), 0);
+  const double pull = (m.traits.fixed_frame_size ? 0 : sizes) + move(s * frame, w * frame);
   const double compensate = m.feedback ? pass.at(n) : 0;
   const double encode = compensate + s * (m.feedback ? m.cost.encode_ef : m.cost.encode).at(shard);
-  return {encode, s * m.cost.decode.at(shard) + pass.at(n)};
+  return {encode, pull + s * m.cost.decode.at(shard) + pass.at(n)};
 }
 
 template <class Sink>
