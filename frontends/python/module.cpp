@@ -56,6 +56,20 @@ py::bytes to_bytes(const std::vector<std::byte>& state) {
   return py::bytes(reinterpret_cast<const char*>(state.data()), state.size());
 }
 
+// Every rank's state (Engine::save_all_states, a collective) as a list of bytes; the GIL is
+// released meanwhile, since other threads may need it.
+template <class F>
+py::list all_states(F&& save_all) {
+  std::vector<std::vector<std::byte>> states;
+  {
+    py::gil_scoped_release release;
+    states = save_all();
+  }
+  py::list out;
+  for (const auto& s : states) out.append(to_bytes(s));
+  return out;
+}
+
 std::span<const std::byte> as_span(const std::string& bytes) {
   return {reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()};
 }
@@ -525,14 +539,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("undo") = false)
       .def("save_all_states",
            [](const gt::DistributedGradients& g) {
-             std::vector<std::vector<std::byte>> states;
-             {
-               py::gil_scoped_release release;
-               states = g.save_all_states();
-             }
-             py::list out;
-             for (const auto& s : states) out.append(to_bytes(s));
-             return out;
+             return all_states([&] { return g.save_all_states(); });
            })
       .def("load_state", [](gt::DistributedGradients& g, const std::string& state) {
         g.load_state(as_span(state));
@@ -560,16 +567,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("undo") = false)
       .def("save_all_states",
-           [](PyEngine& e) {
-             std::vector<std::vector<std::byte>> states;
-             {
-               py::gil_scoped_release release;  // a collective: other threads may need the GIL
-               states = e.engine().save_all_states();
-             }
-             py::list out;
-             for (const auto& s : states) out.append(to_bytes(s));
-             return out;
-           })
+           [](PyEngine& e) { return all_states([&] { return e.engine().save_all_states(); }); })
       .def("load_state",
            [](PyEngine& e, const std::string& s) { e.engine().load_state(as_span(s)); })
       .def("set_plan",

@@ -567,11 +567,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _own_state(self, ours):
         if "states" not in ours:
             return ours["state"]
-        states = ours["states"]
-        if len(states) != self.world_size:
-            raise Error(f"the state_dict holds the compression state of {len(states)} ranks; "
-                        f"this job has {self.world_size}: resume with the same world size")
-        return states[self.rank]
+        return _rank_part(ours["states"], self.rank, self.world_size)
 
     @property
     def plan(self):
@@ -858,12 +854,7 @@ class CommHook:
         first (the kept plan runs again, without a new search)."""
         mine = state.get("state")
         if state.get("states") is not None:
-            states = state["states"]
-            if len(states) != self._transport.size:
-                raise Error(f"the state holds the compression state of {len(states)} ranks; "
-                            f"this job has {self._transport.size}: resume with the same "
-                            "world size")
-            mine = states[self._transport.rank]
+            mine = _rank_part(state["states"], self._transport.rank, self._transport.size)
         if mine is None:
             return
         if self._engine is not None:
@@ -877,6 +868,14 @@ class CommHook:
             if plan is not None:
                 self._engine.set_plan(plan, trial=self._auto.in_trial())
         self._engine.load_state(engine_state)
+
+
+def _rank_part(states, rank, world_size):
+    """This rank's part of a state saved with all_ranks=True (one per rank)."""
+    if len(states) != world_size:
+        raise Error(f"the state_dict holds the compression state of {len(states)} ranks; "
+                    f"this job has {world_size}: resume with the same world size")
+    return states[rank]
 
 
 def comm_hook(compression="none", transport=None, seed=0, min_compress_elements=16384,

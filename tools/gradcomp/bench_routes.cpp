@@ -186,8 +186,9 @@ void print_header(const Transport& world) {
              "elements", "ms", "exchange", "cpu", "allreduce", "speedup", "sent/rank");
 }
 
-nlohmann::json to_json(const Transport& world, const std::vector<Row>& rows) {
-  nlohmann::json out = {{"transport", world.name()}, {"ranks", world.size()}, {"rows", {}}};
+nlohmann::json to_json(const Transport& world, const std::vector<Row>& rows, int buckets) {
+  nlohmann::json out = {{"transport", world.name()}, {"ranks", world.size()},
+                        {"buckets", buckets}, {"rows", {}}};
   for (const Row& r : rows) {
     out["rows"].push_back({{"case", r.label},
                            {"elements", r.elements},
@@ -265,7 +266,7 @@ int bench_routes(const BenchRoutesOptions& options, const std::string& self_exe)
     }
   }
   if (leader && !options.json_path.empty()) {
-    std::ofstream(options.json_path) << to_json(*world, rows).dump(2) << "\n";
+    std::ofstream(options.json_path) << to_json(*world, rows, options.buckets).dump(2) << "\n";
     fmt::print("wrote {}\n", options.json_path);
   }
   world->barrier()->wait(world->timeout());
