@@ -41,7 +41,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   -E '([.]mpi[.]np4|(engine|rollback|transport)_mptest[.]gloo[.]np4|(engine|rollback|route|plan_change)_mptest[.]mpi[.]np2)$'
 
 stage "engine tests under ThreadSanitizer"
-TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
+# tests/tsan.supp: one report inside gloo, whose own ordering TSan cannot see (the file says why).
+TSAN_OPTIONS=halt_on_error=1:suppressions=$PWD/tests/tsan.supp ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
   -R '^(Engine|PlanChange|OpQueue|KeptThread|(engine|plan_change|servers)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
 stage "Python front end and the cluster benchmark's parts (pytest)"
