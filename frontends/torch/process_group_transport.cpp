@@ -147,14 +147,15 @@ class ProcessGroupTransport final : public Transport {
     });
   }
 
-  WorkPtr start_broadcast(std::span<std::byte> buffer, int root) override {
+  WorkPtr start_broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout) override {
     return submit("broadcast", buffer.size(), [=, this] {
       if (buffer.empty()) return;  // the same size on every rank, so every rank skips
       at::Tensor host = view(buffer);
       std::vector<at::Tensor> tensors{stage(host)};
       c10d::BroadcastOptions options;
       options.rootRank = root;
-      wait(group_->broadcast(tensors, options));
+      options.timeout = timeout;
+      wait(group_->broadcast(tensors, options), timeout);
       unstage(tensors[0], host);
     });
   }
@@ -199,10 +200,11 @@ class ProcessGroupTransport final : public Transport {
     return roll_call(std::make_shared<StoreAttendance>(store_, board_), rank(), size(), grace);
   }
 
-  void wait(const c10::intrusive_ptr<c10d::Work>& work) const {
-    if (!work->wait(timeout_)) {
+  void wait(const c10::intrusive_ptr<c10d::Work>& work) const { wait(work, timeout_); }
+  static void wait(const c10::intrusive_ptr<c10d::Work>& work, Milliseconds timeout) {
+    if (!work->wait(timeout)) {
       throw TimeoutError(fmt::format("did not finish within {:.3g} s (GRADCOMP_TIMEOUT)",
-                                     timeout_.count() / 1000.0));
+                                     timeout.count() / 1000.0));
     }
   }
 

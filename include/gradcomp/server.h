@@ -15,10 +15,10 @@ struct ServerOptions {
   int servers = 0;    // S, as the workers' GRADCOMP_SERVERS
   int workers = 0;    // W, the workers' world size
   std::string store;  // the workers' GRADCOMP_SERVER_STORE (worker 0 serves a tcp:// one)
-  // The longest a server waits for the workers' next message, and the timeout of its
-  // collectives. Longer than a worker's by default: a server waits through the workers'
-  // evaluation and checkpointing between steps; a worker that dies closes its connections,
-  // which ends the server at once.
+  // The timeout of a collective under way (and of the rendezvous with the workers). Between
+  // operations a server waits for the workers' next one without a limit: they evaluate and
+  // checkpoint between steps; a worker that dies closes its connections, which ends the
+  // server at once.
   Milliseconds timeout{3'600'000};
 };
 

@@ -83,6 +83,9 @@ class Transport {
                     std::span<std::byte> out, std::span<const size_t> out_counts);
   // Root's buffer is copied into every rank's buffer (all the same size).
   WorkPtr broadcast(std::span<std::byte> buffer, int root);
+  // The same, bound by `timeout` instead of the transport's timeout(): a parameter server waits
+  // this way for its workers' next operation, which comes whenever they take their next step.
+  WorkPtr broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout);
   WorkPtr barrier();
 
   // Collective over every rank of this transport: ranks passing the same color >= 0 form a new
@@ -133,7 +136,7 @@ class Transport {
   virtual WorkPtr start_alltoallv(std::span<const std::byte> in,
                                   std::span<const size_t> in_counts, std::span<std::byte> out,
                                   std::span<const size_t> out_counts) = 0;
-  virtual WorkPtr start_broadcast(std::span<std::byte> buffer, int root) = 0;
+  virtual WorkPtr start_broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout) = 0;
   virtual WorkPtr start_barrier() = 0;
 
  private:

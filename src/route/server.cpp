@@ -1,5 +1,6 @@
-// The parameter server's loop (gradcomp/server.h): it reads the workers' control headers in
-// order and runs its side of each operation of route 'servers' (route/servers_route.cpp).
+// The parameter server (gradcomp/server.h): on the link's control communicator it makes the
+// channels the workers' engines claim; on each channel it reads that engine's headers in order
+// and runs its side of each operation of route 'servers' (route/servers_route.cpp).
 #include "gradcomp/server.h"
 
 #include <fmt/format.h>
@@ -229,7 +230,7 @@ class ServedShard {
   bool pulling_ = false;
 };
 
-// The first failure of a server's two threads (the other's is usually its consequence).
+// The first failure of a server's threads (the others' are usually its consequence).
 class FirstFailure {
  public:
   void record(std::exception_ptr e) {
@@ -311,8 +312,26 @@ class Puller {
   std::thread thread_;  // last: starts once the rest is made
 };
 
-// The link's thread: the workers' headers in order, each operation's part on the link; the
-// pulls go to the Puller.
+// A header from worker 0, waited for without a time limit: the workers send the next one
+// whenever they take their next step, after an evaluation or a checkpoint of any length (a
+// dead worker's connections close, which ends the wait at once). Error when malformed.
+ServerHeader next_header(Transport& wire, uint32_t index) {
+  constexpr Milliseconds kWhenever = std::chrono::hours(24 * 365);
+  ServerHeader h;
+  h.magic = 0;
+  wire.broadcast(std::as_writable_bytes(std::span(&h, 1)), 0, kWhenever)->wait(kWhenever);
+  if (h.magic != ServerHeader::kMagic) {
+    throw Error(
+        fmt::format("server {}: a control message from the workers is malformed "
+                    "(magic {:#x}, expected {:#x}); do workers and server run the "
+                    "same gradcomp?",
+                    index, h.magic, ServerHeader::kMagic));
+  }
+  return h;
+}
+
+// One channel's thread: the headers of the engine that claimed it, in order, each operation's
+// part on the channel; the pulls go to the Puller.
 class Server {
  public:
   Server(Transport& wire, const ServerOptions& o, FirstFailure& failure)
@@ -338,7 +357,7 @@ class Server {
  private:
   void serve(Puller& puller) {
     for (;;) {
-      const ServerHeader h = next_header();
+      const ServerHeader h = next_header(*wire_, index_);
       switch (h.op) {
         case ServerOp::kOpen: open(h); break;
         case ServerOp::kExchange: {
@@ -359,20 +378,6 @@ class Server {
       }
       if (failure_.failed()) return;  // the pull stream's (run() throws it)
     }
-  }
-
-  ServerHeader next_header() {
-    ServerHeader h;
-    h.magic = 0;
-    wire_->broadcast(std::as_writable_bytes(std::span(&h, 1)), 0)
-        ->wait(wire_->timeout() + Milliseconds(1000));
-    if (h.magic != ServerHeader::kMagic) {
-      throw Error(fmt::format("server {}: a control message from the workers is malformed "
-                              "(magic {:#x}, expected {:#x}); do workers and server run the "
-                              "same gradcomp?",
-                              index_, h.magic, ServerHeader::kMagic));
-    }
-    return h;
   }
 
   void open(const ServerHeader& h) {
@@ -410,6 +415,58 @@ class Server {
   std::map<uint64_t, std::shared_ptr<ServedShard>> shards_;
 };
 
+// The control communicator's thread (run_server's): a channel for each engine that claims one
+// (kChannel, numbered from 0 in the order the workers make them), each split from the control
+// communicator and served on a thread of its own, until the workers' stop.
+class Control {
+ public:
+  Control(Transport& wire, const ServerOptions& o) : wire_(wire), options_(o) {}
+
+  void run() {
+    try {
+      serve();
+    } catch (...) {
+      failure_->record(std::current_exception());
+    }
+    // Each channel ended on its own stop, which the workers send before ours. After a failure
+    // a channel may wait for a header that never comes: its thread owns what it uses, and ends
+    // with the process.
+    for (auto& t : threads_) failure_->failed() ? t.detach() : t.join();
+    failure_->rethrow();
+  }
+
+ private:
+  void serve() {
+    const auto index = static_cast<uint32_t>(options_.index);
+    for (;;) {
+      const ServerHeader h = next_header(wire_, index);
+      if (h.op == ServerOp::kStop) return;
+      if (h.op != ServerOp::kChannel || h.id > channels_.size()) {
+        throw Error(
+            fmt::format("server {}: operation {} (id {}) on the control link, where the "
+                        "workers send channels (next: {}) and the stop",
+                        index, static_cast<uint32_t>(h.op), h.id, channels_.size()));
+      }
+      if (h.id < channels_.size()) continue;  // an engine claims a channel another one freed
+      std::shared_ptr<Transport> channel = wire_.split(0, wire_.rank());
+      channels_.push_back(channel);
+      threads_.emplace_back([channel, options = options_, failure = failure_] {
+        try {
+          Server(*channel, options, *failure).run();
+        } catch (...) {
+          failure->record(std::current_exception());
+        }
+      });
+    }
+  }
+
+  Transport& wire_;
+  ServerOptions options_;
+  std::shared_ptr<FirstFailure> failure_ = std::make_shared<FirstFailure>();
+  std::vector<std::shared_ptr<Transport>> channels_;  // channel k at index k
+  std::vector<std::thread> threads_;
+};
+
 void check(const ServerOptions& o) {
   if (o.servers < 1 || o.servers > 4096) {
     throw Error(fmt::format("server: servers is {}; it must be from 1 to 4096", o.servers));
@@ -444,8 +501,7 @@ void run_server(const ServerOptions& options) {
   t.rendezvous = route::kServerRendezvous;
   auto wire = make_transport(t);
   try {
-    FirstFailure failure;
-    Server(*wire, options, failure).run();
+    Control(*wire, options).run();
   } catch (const CommError& e) {
     route::rethrow_with_link_ranks(e, static_cast<uint32_t>(options.workers),
                                    static_cast<uint32_t>(options.servers));

@@ -1,11 +1,13 @@
-// The workers' side of the link to the parameter servers: its making and claim, the control
-// headers, and the stop at exit.
+// The workers' side of the link to the parameter servers: its making, its channels and their
+// claims, the control headers, and the stop at exit.
 #include "route/server_link.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <numeric>
 
 #include "common/environment.h"
@@ -103,23 +105,55 @@ ServerSetting server_setting_from_environment() {
   return {static_cast<int>(*count), *store};
 }
 
+// The process's link: its control communicator and its channels, made by the first claim and
+// never deleted (a communicator's thread may be blocked in a collective of a failed job at
+// exit, which a destructor would wait for).
+struct ServerLinks {
+  ServerLinks(const Transport& workers, const ServerSetting& setting);
+  ServerLink& claim(const Transport& workers);
+  void stop(Milliseconds limit);
+  static void stop_at_exit();
+
+  std::unique_ptr<Transport> control;
+  uint32_t workers = 0;
+  uint32_t servers = 0;
+  uint32_t rank = 0;
+  std::vector<ServerLink*> channels;  // channel k at index k
+  bool stopped = false;
+  ServerHeader received;  // what control's broadcasts write into
+};
+
 namespace {
 
-std::mutex g_link_mutex;
-ServerLink* g_link = nullptr;  // never deleted: see claim
+std::mutex g_links_mutex;
+ServerLinks* g_links = nullptr;
+
+// Broadcasts worker 0's `header` into `slot` (a member: a broadcast the caller stopped waiting
+// for may still write), waiting with `p` when given, else up to the transport's timeout.
+void broadcast_header(Transport& wire, ServerHeader& slot, const ServerHeader& header,
+                      const Phases* p) {
+  slot = header;
+  const auto issued = Clock::now();
+  WorkPtr work = wire.broadcast(std::as_writable_bytes(std::span(&slot, 1)), 0);
+  if (p != nullptr) {
+    p->wait(work, "control", issued);
+  } else {
+    work->wait(wire.timeout() + Milliseconds(1000));
+  }
+}
 
 }  // namespace
 
-ServerLink::ServerLink(const Transport& workers, const ServerSetting& setting)
-    : workers_(static_cast<uint32_t>(workers.size())),
-      servers_(static_cast<uint32_t>(setting.servers)),
-      rank_(static_cast<uint32_t>(workers.rank())) {
+ServerLinks::ServerLinks(const Transport& workers_transport, const ServerSetting& setting)
+    : workers(static_cast<uint32_t>(workers_transport.size())),
+      servers(static_cast<uint32_t>(setting.servers)),
+      rank(static_cast<uint32_t>(workers_transport.rank())) {
   TransportOptions options;
   options.backend = "gloo";
-  options.rank = workers.rank();
-  options.world_size = workers.size() + setting.servers;
+  options.rank = workers_transport.rank();
+  options.world_size = workers_transport.size() + setting.servers;
   options.store = setting.store;
-  options.timeout = workers.timeout();
+  options.timeout = workers_transport.timeout();
   options.rendezvous = kServerRendezvous;
   // The servers' failures to appear read as such, not as a bare rendezvous error.
   const auto where = [&](const std::exception& e) {
@@ -127,8 +161,7 @@ ServerLink::ServerLink(const Transport& workers, const ServerSetting& setting)
                        setting.servers, setting.store, e.what());
   };
   try {
-    transport_ = make_transport(options);
-    pull_ = &transport_->stream(1);  // the servers split it right after their rendezvous too
+    control = make_transport(options);
   } catch (const TimeoutError& e) {
     throw TimeoutError(where(e));
   } catch (const CommError& e) {
@@ -138,48 +171,98 @@ ServerLink::ServerLink(const Transport& workers, const ServerSetting& setting)
   }
 }
 
-std::shared_ptr<ServerLink> ServerLink::claim(const Transport& workers) {
-  std::lock_guard lock(g_link_mutex);
-  if (g_link == nullptr) {
-    // Kept for the process: its transport's thread may be blocked in a collective of a failed
-    // job at exit, which a destructor would wait for.
-    g_link = new ServerLink(workers, server_setting_from_environment());
-    std::atexit(stop_at_exit);
-  } else if (g_link->workers_ != static_cast<uint32_t>(workers.size()) ||
-             g_link->rank_ != static_cast<uint32_t>(workers.rank())) {
+// Under g_links_mutex. The workers agree on the channel by worker 0's header.
+ServerLink& ServerLinks::claim(const Transport& workers_transport) {
+  if (workers != static_cast<uint32_t>(workers_transport.size()) ||
+      rank != static_cast<uint32_t>(workers_transport.rank())) {
     throw Error(fmt::format(
         "route 'servers': this process reaches its servers as worker {} of {}; an engine of "
         "worker {} of {} cannot use them",
-        g_link->rank_, g_link->workers_, workers.rank(), workers.size()));
+        rank, workers, workers_transport.rank(), workers_transport.size()));
   }
-  if (g_link->stopped_) {
+  if (stopped) {
     throw Error("route 'servers': this process stopped its parameter servers (stop_servers)");
   }
-  if (g_link->claimed_) {
-    throw Error(
-        "route 'servers': another live engine of this process uses the parameter servers; "
-        "one engine at a time may (use route 'twoway' for the other)");
+  const auto free = std::find_if(channels.begin(), channels.end(),
+                                 [](const ServerLink* c) { return !c->claimed_; });
+  const auto channel = static_cast<uint64_t>(free - channels.begin());
+  ServerHeader header;
+  header.op = ServerOp::kChannel;
+  header.id = channel;
+  broadcast_header(*control, received, header, nullptr);
+  if (received.id != channel) {
+    throw Error(fmt::format(
+        "route 'servers': worker {} would use channel {} of the link to the servers, worker 0 "
+        "channel {}: the workers made or freed their engines over servers in different orders",
+        rank, channel, received.id));
   }
-  g_link->claimed_ = true;
-  return std::shared_ptr<ServerLink>(g_link, [](ServerLink* link) { link->release(); });
+  if (channel == channels.size()) channels.push_back(new ServerLink(*control, servers));
+  channels[channel]->claimed_ = true;
+  return *channels[channel];
+}
+
+void ServerLinks::stop(Milliseconds limit) {
+  if (stopped) return;
+  if (std::any_of(channels.begin(), channels.end(),
+                  [](const ServerLink* c) { return c->claimed_; })) {
+    throw Error("stop_servers: a live engine still uses the parameter servers");
+  }
+  stopped = true;
+  ServerHeader header;
+  header.op = ServerOp::kStop;
+  std::exception_ptr first;
+  const auto send_stop = [&](Transport& wire, ServerHeader& slot) {
+    try {
+      slot = header;
+      wire.broadcast(std::as_writable_bytes(std::span(&slot, 1)), 0)
+          ->wait(std::min(wire.timeout(), limit));
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  };
+  for (ServerLink* c : channels) send_stop(*c->transport_, c->received_);
+  send_stop(*control, received);  // last: the servers wait for their channels' ends after it
+  if (first) std::rethrow_exception(first);
+}
+
+// Every worker sends the stop, a collective like the others; a job that failed has a broken
+// link, and a worker that stopped early makes the others wait no longer than a short bound.
+void ServerLinks::stop_at_exit() {
+  try {
+    std::lock_guard lock(g_links_mutex);
+    if (g_links == nullptr) return;
+    for (ServerLink* c : g_links->channels) c->claimed_ = false;  // engines never destroyed
+    g_links->stop(Milliseconds(30'000));
+  } catch (const std::exception&) {
+    // The servers see the workers leave instead.
+  }
+}
+
+ServerLink::ServerLink(Transport& control, uint32_t servers)
+    : transport_(control.split(0, control.rank())),
+      pull_(&transport_->stream(1)),  // the servers split it as they start serving the channel
+      workers_(static_cast<uint32_t>(control.size()) - servers),
+      servers_(servers),
+      rank_(static_cast<uint32_t>(control.rank())) {}
+
+std::shared_ptr<ServerLink> ServerLink::claim(const Transport& workers) {
+  std::lock_guard lock(g_links_mutex);
+  if (g_links == nullptr) {
+    g_links = new ServerLinks(workers, server_setting_from_environment());
+    std::atexit(ServerLinks::stop_at_exit);
+  }
+  ServerLink& channel = g_links->claim(workers);
+  return std::shared_ptr<ServerLink>(&channel, [](ServerLink* link) { link->release(); });
 }
 
 void ServerLink::release() {
-  std::lock_guard lock(g_link_mutex);
+  std::lock_guard lock(g_links_mutex);
   claimed_ = false;
 }
 
 void ServerLink::send(const ServerHeader& header, std::span<const std::byte> payload,
                       const Phases* p) {
-  received_ = header;
-  const auto issued = Clock::now();
-  auto bytes = std::as_writable_bytes(std::span(&received_, 1));
-  WorkPtr work = transport_->broadcast(bytes, 0);
-  if (p != nullptr) {
-    p->wait(work, "control", issued);
-  } else {
-    work->wait(transport_->timeout() + Milliseconds(1000));
-  }
+  broadcast_header(*transport_, received_, header, p);
   if (std::memcmp(&received_, &header, sizeof(header)) != 0) {
     throw Error(fmt::format(
         "route 'servers': worker {} was to send operation {} of bucket id {} to the servers, "
@@ -189,7 +272,7 @@ void ServerLink::send(const ServerHeader& header, std::span<const std::byte> pay
   }
   if (payload.empty()) return;
   payload_.assign(payload.begin(), payload.end());
-  work = transport_->broadcast(payload_, 0);
+  WorkPtr work = transport_->broadcast(payload_, 0);
   work->wait(transport_->timeout() + Milliseconds(1000));
   if (!std::equal(payload_.begin(), payload_.end(), payload.begin())) {
     throw Error("route 'servers': the workers disagree on a bucket's server configuration");
@@ -219,35 +302,8 @@ void ServerLink::forget(uint64_t id) {
 }
 
 void ServerLink::stop(Milliseconds limit) {
-  ServerLink* link = nullptr;
-  {
-    std::lock_guard lock(g_link_mutex);
-    if (g_link == nullptr || g_link->stopped_) return;
-    if (g_link->claimed_) {
-      throw Error("stop_servers: a live engine still uses the parameter servers");
-    }
-    g_link->stopped_ = true;
-    link = g_link;
-  }
-  ServerHeader header;
-  header.op = ServerOp::kStop;
-  link->received_ = header;
-  auto bytes = std::as_writable_bytes(std::span(&link->received_, 1));
-  link->transport_->broadcast(bytes, 0)->wait(std::min(link->transport_->timeout(), limit));
-}
-
-// Every worker sends the stop, a collective like the others; a job that failed has a broken
-// link, and a worker that stopped early makes the others wait no longer than a short bound.
-void ServerLink::stop_at_exit() {
-  try {
-    {
-      std::lock_guard lock(g_link_mutex);
-      if (g_link != nullptr) g_link->claimed_ = false;  // an engine never destroyed
-    }
-    stop(Milliseconds(30'000));
-  } catch (const std::exception&) {
-    // The servers see the workers leave instead.
-  }
+  std::lock_guard lock(g_links_mutex);
+  if (g_links != nullptr) g_links->stop(limit);
 }
 
 }  // namespace gradcomp::route

@@ -1,20 +1,27 @@
 // The link between the workers and their dedicated parameter servers (route 'servers',
-// `gradcomp server`): one Gloo transport over the W workers (ranks 0..W-1, their ranks in the
+// `gradcomp server`): Gloo communicators over the W workers (ranks 0..W-1, their ranks in the
 // job) and the S servers (ranks W..W+S-1), and the control messages that tell the servers what
-// comes next. Worker 0 broadcasts a header before every operation of a bucket; every worker
+// comes next.
+//
+// Channels. The link's first communicator (control) carries only the making of channels and
+// the stop. Each live engine of the process that routes over servers claims a channel of its
+// own (a GAN's two optimizers: two channels), so two engines never issue on one communicator
+// from two threads; a channel freed by an engine that is gone serves the next claim. The
+// channels are numbered in the order the workers make them, which every worker does in the
+// same order (its engines are made in program order); the servers serve each on a thread.
+//
+// On a channel, worker 0 broadcasts a header before every operation of a bucket; every worker
 // issues the same sequence (the engine exchanges the buckets of a servers route on its first
 // stream, in plan order), so each header is a collective all W + S ranks take part in, and a
-// dead worker or server is an error on every peer within the link's timeout.
-//
-// Two communicators: the link itself carries the headers, the pushes and the state operations;
-// a second one split from it (its pull stream) carries the servers' results, in the same bucket
-// order. A worker pulls bucket b when it decodes it (the engine's decode stage) while its
-// exchange stage already pushes bucket b + 1; each server pulls on a thread of its own, so the
-// two directions of every NIC are busy at once.
+// dead worker or server is an error on every peer within the link's timeout. A channel has two
+// communicators: the first carries the headers, the pushes and the state operations; its pull
+// stream (split from it) carries the servers' results, in the same bucket order. A worker pulls
+// bucket b when it decodes it (the engine's decode stage) while its exchange stage already
+// pushes bucket b + 1; each server pulls on a thread of its own, so the two directions of every
+// NIC are busy at once.
 //
 // The link is made by the first engine of the process that needs it (the rendezvous with the
 // servers) and kept for the life of the process: at exit the workers tell the servers to stop.
-// One live engine at a time may use it (claim).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +46,7 @@ enum class ServerOp : uint32_t {
   kStop = 4,      // the workers are done
   kSave = 5,      // each server sends its state of the bucket to its keeper (checkpoints)
   kRestore = 6,   // each server gets its state of the bucket back from its keeper
+  kChannel = 7,   // control: an engine claims channel `id` (a new one is split from control)
 };
 
 // How the servers settle the previous step of a bucket before its next operation (Route::settle
@@ -117,13 +125,15 @@ ServerSetting server_setting_from_environment();
 // servers.
 inline constexpr const char* kServerRendezvous = "servers";
 
+// One channel of the link (see the top of this file), claimed by one live engine at a time.
 class ServerLink {
  public:
-  // This process's link, made by the first call (a collective of the workers, and the servers'
-  // rendezvous) from the environment; the worker's rank and count are those of `workers`, the
-  // engine's transport. The claim is released when the returned pointer is. Throws Error when
-  // no servers are configured, when another live engine holds the claim, or when `workers`
-  // differs from the transport the link was made for.
+  // A channel of this process's link for an engine on `workers` (its transport: the worker's
+  // rank and count): the first free one, or a new one. A collective of the workers, in the same
+  // order on each (engines are made in program order); the first call makes the link (the
+  // servers' rendezvous) from the environment. The claim is released when the returned pointer
+  // is. Throws Error when no servers are configured, when `workers` differs from the transport
+  // the link was made for, or when the workers would claim different channels.
   static std::shared_ptr<ServerLink> claim(const Transport& workers);
 
   Transport& transport() { return *transport_; }
@@ -150,15 +160,17 @@ class ServerLink {
   // The bucket's route is gone (no message: the next open tells the servers).
   void forget(uint64_t id);
 
-  // Sends the stop (every worker: a collective), waiting at most `limit`; later claims fail.
-  // Error when an engine holds the claim. Nothing when the link was never made or stopped.
+  // Sends the stop on every channel and then on control (every worker: a collective), waiting
+  // at most `limit` for each; later claims fail. Error when an engine holds a channel. Nothing
+  // when the link was never made or stopped.
   static void stop(Milliseconds limit);
 
   ~ServerLink() = delete;  // kept for the life of the process (see claim)
 
  private:
-  ServerLink(const Transport& workers, const ServerSetting& setting);
-  static void stop_at_exit();
+  friend struct ServerLinks;
+  // Channel `channel`, split from `control` (the servers split it on the kChannel header).
+  ServerLink(Transport& control, uint32_t servers);
   void release();
 
   std::unique_ptr<Transport> transport_;
@@ -167,8 +179,7 @@ class ServerLink {
   uint32_t servers_ = 0;
   uint32_t rank_ = 0;
   std::mutex mutex_;
-  bool claimed_ = false;
-  bool stopped_ = false;
+  bool claimed_ = false;  // under the links' mutex
   uint64_t next_id_ = 1;
   std::set<uint64_t> live_;
   // What the broadcasts write into (members: a collective the link stopped waiting for may

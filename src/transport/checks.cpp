@@ -81,10 +81,17 @@ WorkPtr Transport::alltoallv(std::span<const std::byte> in, std::span<const size
 }
 
 WorkPtr Transport::broadcast(std::span<std::byte> buffer, int root) {
+  return broadcast(buffer, root, timeout());
+}
+
+WorkPtr Transport::broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout) {
   if (root < 0 || root >= size()) {
     throw Error(fmt::format("broadcast: root {} is not a rank (0..{})", root, size() - 1));
   }
-  return start_broadcast(buffer, root);
+  if (timeout.count() <= 0) {
+    throw Error(fmt::format("broadcast: timeout is {} ms; it must be positive", timeout.count()));
+  }
+  return start_broadcast(buffer, root, timeout);
 }
 
 WorkPtr Transport::barrier() { return start_barrier(); }

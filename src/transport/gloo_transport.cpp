@@ -451,7 +451,7 @@ class GlooTransport final : public Transport {
   WorkPtr start_alltoall(std::span<const std::byte> in, std::span<std::byte> out) override;
   WorkPtr start_alltoallv(std::span<const std::byte> in, std::span<const size_t> in_counts,
                           std::span<std::byte> out, std::span<const size_t> out_counts) override;
-  WorkPtr start_broadcast(std::span<std::byte> buffer, int root) override;
+  WorkPtr start_broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout) override;
   WorkPtr start_barrier() override;
 
  private:
@@ -647,14 +647,15 @@ WorkPtr GlooTransport::start_alltoallv(std::span<const std::byte> in,
                 });
 }
 
-WorkPtr GlooTransport::start_broadcast(std::span<std::byte> buffer, int root) {
+WorkPtr GlooTransport::start_broadcast(std::span<std::byte> buffer, int root,
+                                       Milliseconds timeout) {
   return submit("broadcast", buffer.size(), [=, this](uint32_t tag) {
     if (size_ == 1 || buffer.empty()) return;
     gloo::BroadcastOptions opts(context_);
     opts.setOutput(address(buffer), buffer.size());
     opts.setRoot(root);
     opts.setTag(tag);
-    opts.setTimeout(timeout_);
+    opts.setTimeout(timeout);
     gloo::broadcast(opts);
   });
 }

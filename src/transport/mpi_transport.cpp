@@ -149,7 +149,7 @@ class MpiTransport final : public Transport {
   WorkPtr start_alltoall(std::span<const std::byte> in, std::span<std::byte> out) override;
   WorkPtr start_alltoallv(std::span<const std::byte> in, std::span<const size_t> in_counts,
                           std::span<std::byte> out, std::span<const size_t> out_counts) override;
-  WorkPtr start_broadcast(std::span<std::byte> buffer, int root) override;
+  WorkPtr start_broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout) override;
   WorkPtr start_barrier() override;
 
  private:
@@ -172,8 +172,12 @@ class MpiTransport final : public Transport {
   // Queues `body(deadline)`; the deadline starts when the collective starts, not when queued.
   template <typename Body>
   WorkPtr submit(Body body) {
+    return submit(timeout_, std::move(body));
+  }
+  template <typename Body>
+  WorkPtr submit(Milliseconds timeout, Body body) {
     return queue_.submit(
-        [this, body = std::move(body)]() mutable { body(Clock::now() + timeout_); });
+        [timeout, body = std::move(body)]() mutable { body(Clock::now() + timeout); });
   }
   MPI_Comm comm() const { return comm_.get(); }
 
@@ -249,8 +253,8 @@ WorkPtr MpiTransport::start_alltoallv(std::span<const std::byte> in,
       });
 }
 
-WorkPtr MpiTransport::start_broadcast(std::span<std::byte> buffer, int root) {
-  return submit([this, buffer, root](Clock::time_point deadline) {
+WorkPtr MpiTransport::start_broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout) {
+  return submit(timeout, [this, buffer, root](Clock::time_point deadline) {
     size_t done = 0;
     do {  // chunks of at most INT_MAX bytes; every rank has the same size, so the same chunks
       const size_t count = std::min(buffer.size() - done, kMaxCount);

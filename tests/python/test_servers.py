@@ -54,6 +54,33 @@ def test_other_server_counts_train_alike_on_every_rank(run_workers, world, serve
     assert len(set(reports[0]["digests"])) == 3  # the parameters moved every step
 
 
+@pytest.mark.parametrize("case, keys", [("two_optimizers", ["a", "b"]), ("gan", ["g", "d"])])
+def test_two_optimizers_of_one_process_use_the_servers_together(run_workers, case, keys):
+    """Two live engines over servers (two models under one loss; a GAN's loop): each claims a
+    channel of the link, and both compute what they do over the co-located two-way route."""
+    def steps(route, servers):
+        job = run_workers("coordination.py", "--case", case, "--steps", "4", "--compression",
+                          f"{SPEC}|{route}", servers=servers).check()
+        return job.loads("steps")
+    twoway, over_servers = steps("twoway", 0), steps("servers", 2)
+    for rank in range(2):
+        for step, (got, want) in enumerate(zip(over_servers[rank], twoway[rank])):
+            for key in keys:
+                assert got[key] == want[key], f"rank {rank} step {step}: {key} differs"
+    assert over_servers[0][-1][keys[0]] != over_servers[0][0][keys[0]]  # they trained
+
+
+def test_servers_wait_out_a_pause_longer_than_the_timeout(run_workers, twoway_digests):
+    """Between steps the servers wait for the workers' next operation however long it takes (an
+    evaluation, a checkpoint written): only a collective under way is bound by GRADCOMP_TIMEOUT."""
+    job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "4",
+                      "--at", "1", "--pause", "6", servers=2,
+                      env={"GRADCOMP_TIMEOUT": "2"}).check()
+    for report in job.reports():
+        assert report["error"] is None
+        assert report["digests"] == twoway_digests
+
+
 def test_mpirun_workers_reach_servers_started_by_hand(tmp_path, twoway_digests):
     port = free_port()
     store = f"tcp://127.0.0.1:{port}"

@@ -239,6 +239,32 @@ TEST(GlooFault, StoppedPeerIsATimeout) {
   EXPECT_TRUE(exit_code(status[1]) == kTimedOut || exit_code(status[2]) == kTimedOut);
 }
 
+// A broadcast given a timeout of its own waits that long, past the transport's (a parameter
+// server waiting for its workers' next step). (StoppedPeerIsATimeout: one without it fails.)
+TEST(GlooFault, ABroadcastWaitsAsLongAsItsOwnTimeout) {
+  TempDir dir;
+  constexpr auto kLate = kTimeout + 2000ms;
+  const auto status = run_ranks(
+      2,
+      [&](int rank) -> int {
+        auto t = connect(dir.path(), rank, 2);
+        if (int code = warm_up(*t); code != kOk) return code;
+        uint64_t value = rank == 0 ? 0x5eed : 0;
+        if (rank == 0) std::this_thread::sleep_for(kLate);  // the root comes late
+        try {
+          t->broadcast(std::as_writable_bytes(std::span(&value, 1)), 0, kLate * 3)->wait(kLate * 3);
+        } catch (const TimeoutError&) {
+          return kTimedOut;
+        } catch (const CommError&) {
+          return kCommFailed;
+        }
+        return value == 0x5eed ? kOk : kWrong;
+      },
+      40s);
+  EXPECT_EQ(exit_code(status[0]), kOk);
+  EXPECT_EQ(exit_code(status[1]), kOk);
+}
+
 TEST(GlooFault, SingleRankRunsEveryCollectiveAlone) {
   TempDir dir;
   auto t = connect(dir.path(), 0, 1);

@@ -36,8 +36,9 @@ void add_server_command(CLI::App& app, int& exit_code) {
                   "The workers' rendezvous store, tcp://host:port (worker 0 serves it) or "
                   "file:/shared/directory; default: GRADCOMP_SERVER_STORE");
   cmd->add_option("--timeout", s->timeout_s,
-                  "Seconds to wait for the workers' next message (longer than the workers' "
-                  "collective timeout: they evaluate and checkpoint between steps)")
+                  "Seconds a collective with the workers may take once under way, and the "
+                  "rendezvous with them (between steps a server waits for the workers "
+                  "without a limit)")
       ->check(finite_range(1e-3, 7 * 86400.0))
       ->capture_default_str();
   cmd->callback([s, &exit_code] {

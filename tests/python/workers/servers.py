@@ -4,7 +4,8 @@ rank 0 kill server S (SIGKILL) after step --at; --exit-rank R makes rank R leave
 after step --at; --checkpoint asks for this rank's state_dict at the end and reports what happened; --save P
 --save-after K has rank 0 write one checkpoint of every rank (state_dict(all_ranks=True)) after
 K steps, and --load P --begin K resumes from it (--model-only: the model and SGD state alone);
---ddp trains through DDP with gradcomp's communication hook instead."""
+--ddp trains through DDP with gradcomp's communication hook instead; --pause S after step --at
+has every rank sleep S seconds (a long evaluation between steps)."""
 import hashlib
 import os
 import signal
@@ -67,6 +68,7 @@ def main():
     p.add_argument("--load")
     p.add_argument("--begin", type=int, default=0)
     p.add_argument("--model-only", action="store_true")
+    p.add_argument("--pause", type=float, default=0.0)
     args = p.parse_args()
     rank, world = common.setup()
     if args.transport == "pg" or args.ddp:
@@ -103,6 +105,8 @@ def main():
                 time.sleep(0.5)
             if step == args.at and rank == args.exit_rank:
                 os._exit(3)
+            if step == args.at and args.pause > 0:
+                time.sleep(args.pause)
     except gradcomp.Error as e:
         error = {"type": type(e).__name__, "message": str(e), "step": len(digests)}
     record = {"world": world, "digests": digests, "error": error,
