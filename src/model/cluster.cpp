@@ -8,7 +8,8 @@
 // A bandwidth is a string with a unit (parse_rate) or a number of bytes per second; a latency a
 // string with a unit (parse_duration) or a number of seconds. per_node defaults to 1; "intra"
 // may be left out only when per_node is 1 (no link inside a node is used then); "servers" (the
-// dedicated parameter servers route 'servers' reaches) defaults to 0, as many as workers.
+// dedicated parameter servers route 'servers' reaches) defaults to 0: none (the planner does not
+// offer the route; a plan naming it is priced with as many as workers).
 #include "gradcomp/model/cluster.h"
 
 #include <fmt/format.h>

@@ -380,12 +380,18 @@ std::vector<Option> candidate_options(const PlannerSettings& settings, const Clu
           !settings.one_lossy_step && cluster.workers > 1) {
         routes.push_back("twoway");
       }
+      // The dedicated servers' route when the job has servers: twoway's computation, the
+      // servers' work off the workers.
+      if (route::route_fits(RouteKind::kServers, traits) && !lossless && !settings.one_lossy_step &&
+          cluster.servers > 0) {
+        routes.push_back("servers");
+      }
       // Each flat route also inside a route over nodes. Not sharded for a codec that
       // compresses each tensor on its own (PowerSGD's matrices): a shard cuts through
       // tensors, so it would compress other matrices than the ones it was measured on.
       if (multi_node) {
         for (const auto& r : std::vector<std::string>(routes)) {
-          if (r == "twoway" && settings.one_lossy_step) continue;
+          if (r == "servers" || (r == "twoway" && settings.one_lossy_step)) continue;
           routes.push_back("hierarchical:inner=" + r);
           if (!traits.uses_layout) routes.push_back("sharded:inner=" + r);
         }

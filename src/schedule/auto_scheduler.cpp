@@ -1,23 +1,23 @@
 // The auto scheduler's state machine (scheduler.h): warm-up -> (calibrate, propose) -> a trial
 // per proposal -> (correct the model, propose again) -> a trial per new proposal -> decided,
 // watching for drift -> calibrate again.
-#include "gradcomp/scheduler.h"
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
+#include "common/environment.h"
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
+#include "gradcomp/scheduler.h"
 #include "schedule/agreement.h"
 #include "schedule/calibration.h"
 #include "schedule/model_correction.h"
@@ -201,6 +201,7 @@ struct AutoScheduler::Impl {
   Plan resume_in(const Plan& plan, bool trial);  // restore(): the plan to run, always returned
   int node_size();    // ranks per node of the plans: 1 unless the world is nodes of several
   void calibrate();   // link(s) and codecs, into cluster, link, codec_costs
+  int agreed_servers();  // the dedicated parameter servers every rank sees (0: none)
 
   std::shared_ptr<Transport> transport;
   std::vector<TensorInfo> tensors;
@@ -450,6 +451,24 @@ void AutoScheduler::Impl::calibrate() {
   }
   codec_costs = settings.codec_costs ? *settings.codec_costs
                                      : schedule::calibrate_codecs(*transport, allowed_candidates());
+  cluster.servers = agreed_servers();
+}
+
+// The job's dedicated parameter servers (GRADCOMP_SERVERS with GRADCOMP_SERVER_STORE, as
+// `gradcomp launch --servers` sets them), so that the planner may offer route servers; 0 when
+// there are none. Every rank must see the same count.
+int AutoScheduler::Impl::agreed_servers() {
+  const auto count = env_int("GRADCOMP_SERVERS", 1, 4096, "parameter servers of the job");
+  const double mine = count && env_text("GRADCOMP_SERVER_STORE") ? static_cast<double>(*count) : 0;
+  const auto most = schedule::max_over_ranks(*transport, {mine, -mine});
+  if (most[0] != -most[1]) {
+    throw Error(
+        fmt::format("auto: the ranks see from {} to {} parameter servers "
+                    "(GRADCOMP_SERVERS and GRADCOMP_SERVER_STORE must be the same on "
+                    "every worker)",
+                    -most[1], most[0]));
+  }
+  return static_cast<int>(mine);
 }
 
 std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,

@@ -337,6 +337,33 @@ TEST(Planner, OneLossyStepExcludesTwoWayAndHierarchicalTwoWay) {
   EXPECT_TRUE(twoway);
 }
 
+// Route servers only to a job that has servers (the cluster says how many), only to codecs it
+// can carry, never inside a route over nodes, and not when one lossy step is the rule.
+TEST(Planner, OffersTheServersRouteOnlyToAJobWithServers) {
+  Cluster cluster;
+  cluster.workers = 16;
+  cluster.per_node = 4;
+  PlannerSettings settings;
+  settings.codecs = {"topk:ratio=0.01|ef", "powersgd:rank=4|ef"};
+  const auto routes_of = [&](const std::string& codec) {
+    std::multiset<std::string> routes;
+    for (const auto& o : candidate_options(settings, cluster)) {
+      if (o.codec.rfind(codec, 0) == 0 && o.encode_on == EncodeOn::kEngine) routes.insert(o.route);
+    }
+    return routes;
+  };
+  EXPECT_EQ(routes_of("topk").count("twoway"), 1u);
+  EXPECT_EQ(routes_of("topk").count("servers"), 0u);
+  cluster.servers = 4;
+  EXPECT_EQ(routes_of("topk").count("servers"), 1u);
+  EXPECT_EQ(routes_of("none").count("servers"), 0u);
+  EXPECT_EQ(routes_of("powersgd").count("servers"), 0u);  // not shardable: twoway neither
+  EXPECT_EQ(routes_of("powersgd").count("twoway"), 0u);
+  for (const auto& r : routes_of("topk")) EXPECT_EQ(r.find("inner=servers"), std::string::npos);
+  settings.one_lossy_step = true;
+  EXPECT_EQ(routes_of("topk").count("servers"), 0u);
+}
+
 // Over nodes the planner offers both routes, but not the sharded one to a codec that compresses
 // each tensor on its own: its shards cut through the tensors.
 TEST(Planner, ShardsOverNodesOnlyCodecsThatIgnoreTheLayout) {

@@ -139,6 +139,25 @@ def test_nodes_are_calibrated_apart_and_their_routes_run(run_workers):
             f"rank {rank} differs"
 
 
+def test_a_job_with_servers_tells_the_planner_and_tries_them(run_workers):
+    """Started with parameter servers (GRADCOMP_SERVERS), auto tells the planner, which may then
+    route buckets over them (tests/model/planner_test.cpp: it offers route servers only then);
+    the calibration it saves for `gradcomp plan` says so too. A candidate on route servers gets
+    trials through the engine, the plan changes to and from it, and every rank ends with the
+    same parameters whatever was kept."""
+    job = run_workers("auto_mode.py", "--candidates", "topk:ratio=0.01|ef|servers",
+                      servers=2).check()
+    report = job.report(0)["report"]
+    assert report["cluster"]["servers"] == 2, report["cluster"]
+    tried = [c for c in report["decisions"][0]["candidates"]
+             if any(b["route"] == "servers" for b in c["plan"]["buckets"])]
+    assert tried and all(c["measured_ms"] > 0 for c in tried), report["decisions"][0]
+    first = job.load("params", 0)
+    assert all(torch.equal(a, b) for a, b in zip(first, job.load("params", 1)))
+    without = run_workers("auto_mode.py", "--candidates", "topk:ratio=0.01|ef").check()
+    assert "servers" not in without.report(0)["report"]["cluster"]
+
+
 def test_the_ddp_hook_decides_too_every_rank_alike(ddp_runs):
     straight, _ = ddp_runs
     report = straight.report(0)["report"]

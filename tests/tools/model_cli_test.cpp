@@ -113,6 +113,27 @@ TEST_F(ModelCli, PlanStartStepWarmsTheCompressedBuckets) {
   EXPECT_NE(bad.output.find("--start-step"), std::string::npos) << bad.output;
 }
 
+// --servers S: the job has dedicated parameter servers, so the planner may route over them
+// (here it does, where the model prices them cheaper); without it, never.
+TEST_F(ModelCli, PlanRoutesOverServersOnlyWhenTheJobHasThem) {
+  const std::string base =
+      "plan --profile resnet50 --workers 4 --inter 1gbit --codecs "
+      "'topk:ratio=0.01|ef' --json ";
+  const auto routes = [&](const std::string& extra) {
+    const std::string out = path("servers_plan.json");
+    const Result r = run(base + out + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::set<std::string> names;
+    for (const auto& b : gradcomp::Plan::load(out).buckets) names.insert(b.option.route);
+    return names;
+  };
+  EXPECT_EQ(routes("").count("servers"), 0u);
+  EXPECT_EQ(routes(" --servers 4").count("servers"), 1u);
+  const Result bad = run(base + path("x.json") + " --servers -2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--servers"), std::string::npos) << bad.output;
+}
+
 TEST_F(ModelCli, PlanReadsAProfileItHasNeverSeen) {
   const std::string profile = write("unseen.json", unseen_profile());
   const std::string out = path("plan.json");

@@ -54,6 +54,11 @@ void ClusterFlags::add_to(CLI::App& command) {
                                            "Inter-node latency per message (default 10us)");
   intra_latency_flag_ = command.add_option("--intra-latency", intra_latency_,
                                            "Intra-node latency per message (default 5us)");
+  servers_flag_ = command
+                      .add_option("--servers", servers_,
+                                  "Dedicated parameter servers of the job (route servers; "
+                                  "default 0: none, the route is not offered)")
+                      ->check(CLI::Range(0, model::kMaxWorkers));
 }
 
 model::Cluster ClusterFlags::cluster(std::optional<int> workers) const {
@@ -84,6 +89,7 @@ model::Cluster ClusterFlags::cluster(std::optional<int> workers) const {
   if (use(intra_flag_)) c.intra.bytes_per_s = rate(intra_, "--intra");
   if (use(inter_latency_flag_)) c.inter.latency_s = duration(inter_latency_, "--inter-latency");
   if (use(intra_latency_flag_)) c.intra.latency_s = duration(intra_latency_, "--intra-latency");
+  if (use(servers_flag_)) c.servers = servers_;
   if (workers) c.workers = *workers;
   c.validate();
   return c;

@@ -24,7 +24,7 @@ namespace gradcomp::tools {
 std::vector<std::string> split_specs(const std::vector<std::string>& texts);
 
 // The cluster flags: --cluster FILE, --per-node, --inter, --intra, --inter-latency,
-// --intra-latency. Flags given on the command line override the file's values.
+// --intra-latency, --servers. Flags given on the command line override the file's values.
 class ClusterFlags {
  public:
   void add_to(CLI::App& command);
@@ -42,6 +42,8 @@ class ClusterFlags {
   CLI::Option* intra_flag_ = nullptr;
   CLI::Option* inter_latency_flag_ = nullptr;
   CLI::Option* intra_latency_flag_ = nullptr;
+  int servers_ = 0;
+  CLI::Option* servers_flag_ = nullptr;
 };
 
 // --costs FILE (a codec-costs JSON; default: the shipped profiles/codec-costs.json) and

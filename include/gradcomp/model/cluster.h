@@ -28,7 +28,8 @@ struct Cluster {
   Link inter{25e9 / 8, 10e-6};   // between nodes (per node NIC)
   Link intra{100e9 / 8, 5e-6};   // inside a node
   // Dedicated parameter servers (route servers), each on a host of its own with an `inter`
-  // link; 0: as many as workers (BytePS's advice).
+  // link. 0: the job has none, so the planner does not offer the route; a plan that names it
+  // anyway is priced with as many as workers (BytePS's advice).
   int servers = 0;
   int nodes() const { return workers / per_node; }
   int server_count() const { return servers > 0 ? servers : workers; }

@@ -26,7 +26,8 @@ namespace gradcomp::model {
 struct PlannerSettings {
   // Compression choices, "codec[|feedback[|route]]" each ("none" is always added). Without a
   // route, every route the codec can take is tried (allreduce if summable; allgather; twoway
-  // if shardable; hierarchical when there are several nodes of several workers).
+  // if shardable, and servers when the cluster has dedicated servers; hierarchical when there
+  // are several nodes of several workers).
   std::vector<std::string> codecs{"none"};
   bool try_caller_encoding = true;   // also consider encoding on the compute thread
   bool one_lossy_step = false;       // forbid twoway and lossy-inside-the-node hierarchical
