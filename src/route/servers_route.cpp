@@ -65,6 +65,16 @@ class ServersRoute final : public FlatRoute {
     return codec_context(env_, shard_key(key_, shard, server), step, rank, world_size_);
   }
   ServerHeader header(ServerOp op, const StepState& step);
+  // Runs `operation` (collectives on the link); a CommError or TimeoutError it raises comes
+  // back with the link's ranks named (its messages speak of link ranks).
+  template <typename F>
+  void on_link(F operation) {
+    try {
+      operation();
+    } catch (const CommError& e) {
+      rethrow_with_link_ranks(e, link_.workers(), servers_);
+    }
+  }
   void send_shards(const Phases& p);
   void receive_results(const Phases& p);
   void restore_if_loaded();
@@ -141,13 +151,15 @@ ServersRoute::ServersRoute(const RouteConfig& c)
   no_counts_.assign(ranks, 0);
   for (uint32_t s = 0; s < servers_; ++s) recv_counts_[link_.server_rank(s)] = max_frames_[s];
   results_.resize(all_frames);
-  id_ = link_.open({.codec = c.codec(),
-                    .server_feedback = c.option.server_feedback,
-                    .elements = n_,
-                    .key = key_,
-                    .seed = env_.seed,
-                    .threads = env_.threads,
-                    .live = {}});
+  on_link([&] {
+    id_ = link_.open({.codec = c.codec(),
+                      .server_feedback = c.option.server_feedback,
+                      .elements = n_,
+                      .key = key_,
+                      .seed = env_.seed,
+                      .threads = env_.threads,
+                      .live = {}});
+  });
 }
 
 ServerHeader ServersRoute::header(ServerOp op, const StepState& step) {
@@ -206,24 +218,18 @@ void ServersRoute::receive_results(const Phases& p) {
 // The push; the pull waits for decode (the engine's next stage), so that the exchange stage
 // pushes the next bucket meanwhile.
 void ServersRoute::exchange(const StepState& step, const Phases& p) {
-  try {
+  on_link([&] {
     restore_if_loaded();
     held_current_ = false;
     held_ = {};  // the servers' state moves on
     link_.send(header(ServerOp::kExchange, step), {}, &p);
     send_shards(p);
-  } catch (const CommError& e) {
-    rethrow_with_link_ranks(e, link_.workers(), servers_);  // its messages name link ranks
-  }
+  });
 }
 
 void ServersRoute::decode(std::span<float> out, const StepState& step, const Phases& p) {
   check_output(out);
-  try {
-    receive_results(p);
-  } catch (const CommError& e) {
-    rethrow_with_link_ranks(e, link_.workers(), servers_);
-  }
+  on_link([&] { receive_results(p); });
   p.run("decode", [&] {
     decode_shards(
         worker_.codec(), results_, shards_, out,
@@ -237,7 +243,7 @@ void ServersRoute::decode(std::span<float> out, const StepState& step, const Pha
 // mean over the W workers delivers it once.
 double ServersRoute::retire(std::span<float> into) {
   check_output(into);
-  restore_if_loaded();
+  on_link([&] { restore_if_loaded(); });
   const double scale = carry(into);
   const size_t ranks = static_cast<size_t>(wire_.size());
   std::vector<size_t> counts(ranks, 0);
@@ -247,8 +253,10 @@ double ServersRoute::retire(std::span<float> into) {
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   std::vector<std::byte> held(total);
   const std::vector<size_t> nothing(ranks, 0);
-  link_.send(header(ServerOp::kRetire, StepState{}), {}, nullptr);
-  wire_.alltoallv({}, nothing, held, counts)->wait(wire_.timeout() + Milliseconds(1000));
+  on_link([&] {
+    link_.send(header(ServerOp::kRetire, StepState{}), {}, nullptr);
+    wire_.alltoallv({}, nothing, held, counts)->wait(wire_.timeout() + Milliseconds(1000));
+  });
   double server_scale = 0;
   size_t at = 0;
   for (uint32_t s = 0; s < servers_; ++s) {
@@ -279,7 +287,7 @@ std::vector<uint32_t> ServersRoute::kept_servers() const {
 
 void ServersRoute::fetch_remote_state() {
   if (!server_stateful_) return;
-  try {
+  on_link([&] {
     restore_if_loaded();
     link_.send(header(ServerOp::kSave, StepState{}), {}, nullptr);
     const auto in = swap_blobs(wire_, std::vector<std::vector<std::byte>>(wire_.size()),
@@ -290,9 +298,7 @@ void ServersRoute::fetch_remote_state() {
       held_.push_back(in[link_.server_rank(s)]);
     }
     held_current_ = true;
-  } catch (const CommError& e) {
-    rethrow_with_link_ranks(e, link_.workers(), servers_);
-  }
+  });
 }
 
 void ServersRoute::restore_if_loaded() {
