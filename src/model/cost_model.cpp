@@ -313,9 +313,10 @@ EndCosts servers_route(const RouteModel& m, const Cluster& c, Linear pass, doubl
   const Link& link = c.inter;
   const double frame = frame_bytes(*m.codec, shard);
   const double ranks = w + s;
-  // Control header (route/server_link.h, 112 bytes): a broadcast from worker 0 to W + S ranks.
-  constexpr double kHeaderBytes = 112;
-  sink("control", std::ceil(std::log2(ranks)) * link.latency_s, kHeaderBytes);
+  // Control header (route/server_link.h, 112 bytes): a broadcast from worker 0 to W + S ranks,
+  // priced by its latency. Its bytes are not a worker's: worker 0 alone sends it, and the
+  // route's byte counters leave it out, as here.
+  sink("control", std::ceil(std::log2(ranks)) * link.latency_s, 0);
   // Size words: an alltoall over every rank of the link (a message to each peer).
   const double sizes = (ranks - 1) * link.latency_s;
   const auto move = [&](double worker_bytes, double server_bytes) {

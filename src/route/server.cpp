@@ -441,15 +441,14 @@ class Control {
     for (;;) {
       const ServerHeader h = next_header(wire_, index);
       if (h.op == ServerOp::kStop) return;
-      if (h.op != ServerOp::kChannel || h.id > channels_.size()) {
+      if (h.op != ServerOp::kChannel || h.id > threads_.size()) {
         throw Error(
             fmt::format("server {}: operation {} (id {}) on the control link, where the "
                         "workers send channels (next: {}) and the stop",
-                        index, static_cast<uint32_t>(h.op), h.id, channels_.size()));
+                        index, static_cast<uint32_t>(h.op), h.id, threads_.size()));
       }
-      if (h.id < channels_.size()) continue;  // an engine claims a channel another one freed
+      if (h.id < threads_.size()) continue;  // an engine claims a channel another one freed
       std::shared_ptr<Transport> channel = wire_.split(0, wire_.rank());
-      channels_.push_back(channel);
       threads_.emplace_back([channel, options = options_, failure = failure_] {
         try {
           Server(*channel, options, *failure).run();
@@ -463,8 +462,7 @@ class Control {
   Transport& wire_;
   ServerOptions options_;
   std::shared_ptr<FirstFailure> failure_ = std::make_shared<FirstFailure>();
-  std::vector<std::shared_ptr<Transport>> channels_;  // channel k at index k
-  std::vector<std::thread> threads_;
+  std::vector<std::thread> threads_;  // channel k's at index k; each owns its transport
 };
 
 void check(const ServerOptions& o) {

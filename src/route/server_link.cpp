@@ -128,13 +128,18 @@ namespace {
 std::mutex g_links_mutex;
 ServerLinks* g_links = nullptr;
 
-// Broadcasts worker 0's `header` into `slot` (a member: a broadcast the caller stopped waiting
-// for may still write), waiting with `p` when given, else up to the transport's timeout.
+// Starts the broadcast of worker 0's `header` into `slot` (a member: a broadcast the caller
+// stopped waiting for may still write).
+WorkPtr start_header(Transport& wire, ServerHeader& slot, const ServerHeader& header) {
+  slot = header;
+  return wire.broadcast(std::as_writable_bytes(std::span(&slot, 1)), 0);
+}
+
+// Broadcasts the header, waiting with `p` when given, else up to the transport's timeout.
 void broadcast_header(Transport& wire, ServerHeader& slot, const ServerHeader& header,
                       const Phases* p) {
-  slot = header;
   const auto issued = Clock::now();
-  WorkPtr work = wire.broadcast(std::as_writable_bytes(std::span(&slot, 1)), 0);
+  WorkPtr work = start_header(wire, slot, header);
   if (p != nullptr) {
     p->wait(work, "control", issued);
   } else {
@@ -213,9 +218,7 @@ void ServerLinks::stop(Milliseconds limit) {
   std::exception_ptr first;
   const auto send_stop = [&](Transport& wire, ServerHeader& slot) {
     try {
-      slot = header;
-      wire.broadcast(std::as_writable_bytes(std::span(&slot, 1)), 0)
-          ->wait(std::min(wire.timeout(), limit));
+      start_header(wire, slot, header)->wait(std::min(wire.timeout(), limit));
     } catch (...) {
       if (!first) first = std::current_exception();
     }

@@ -243,7 +243,6 @@ void ServersRoute::decode(std::span<float> out, const StepState& step, const Pha
 // mean over the W workers delivers it once.
 double ServersRoute::retire(std::span<float> into) {
   check_output(into);
-  on_link([&] { restore_if_loaded(); });
   const double scale = carry(into);
   const size_t ranks = static_cast<size_t>(wire_.size());
   std::vector<size_t> counts(ranks, 0);
@@ -254,6 +253,7 @@ double ServersRoute::retire(std::span<float> into) {
   std::vector<std::byte> held(total);
   const std::vector<size_t> nothing(ranks, 0);
   on_link([&] {
+    restore_if_loaded();
     link_.send(header(ServerOp::kRetire, StepState{}), {}, nullptr);
     wire_.alltoallv({}, nothing, held, counts)->wait(wire_.timeout() + Milliseconds(1000));
   });

@@ -153,16 +153,22 @@ class MpiTransport final : public Transport {
   WorkPtr start_barrier() override;
 
  private:
-  // Starts one non-blocking MPI call (under the MPI lock) and waits for it until `deadline`.
+  // Starts one non-blocking MPI call (under the MPI lock) and waits for it until `deadline`,
+  // which is `timeout` (the transport's unless given) after the collective started.
   template <typename Start>
   void run(const char* op, size_t bytes, Clock::time_point deadline, Start start) {
+    run(op, bytes, deadline, timeout_, start);
+  }
+  template <typename Start>
+  void run(const char* op, size_t bytes, Clock::time_point deadline, Milliseconds timeout,
+           Start start) {
     MPI_Request request = MPI_REQUEST_NULL;
     {
       auto guard = mpi::lock();
       mpi::check(start(&request), op);
     }
     try {
-      mpi::wait(request, deadline, timeout_,
+      mpi::wait(request, deadline, timeout,
                 {.op = op, .bytes = bytes, .rank = rank_, .size = size_});
     } catch (...) {
       comm_.abandon();
@@ -254,11 +260,11 @@ WorkPtr MpiTransport::start_alltoallv(std::span<const std::byte> in,
 }
 
 WorkPtr MpiTransport::start_broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout) {
-  return submit(timeout, [this, buffer, root](Clock::time_point deadline) {
+  return submit(timeout, [this, buffer, root, timeout](Clock::time_point deadline) {
     size_t done = 0;
     do {  // chunks of at most INT_MAX bytes; every rank has the same size, so the same chunks
       const size_t count = std::min(buffer.size() - done, kMaxCount);
-      run("broadcast", buffer.size(), deadline, [&](MPI_Request* r) {
+      run("broadcast", buffer.size(), deadline, timeout, [&](MPI_Request* r) {
         return MPI_Ibcast(address(buffer.subspan(done)), static_cast<int>(count), MPI_BYTE, root,
                           comm(), r);
       });

@@ -62,10 +62,10 @@ class Job:
         return [self.load(name, r) for r in range(self.world)]
 
 
-def _command(launcher, world, argv, servers=0):
+def _command(launcher, world, argv, servers=0, launch_args=()):
     if launcher == "launch":
         extra = (["--servers", str(servers), "--server-port", str(free_port())] if servers
-                 else [])
+                 else []) + list(launch_args)
         return [str(GRADCOMP), "launch", "-n", str(world), "--master-port", str(free_port()),
                 *extra, "--"] + argv
     if launcher == "mpirun":
@@ -121,21 +121,22 @@ def _session_members(sid):
 
 
 class Runner:
-    """runner(script, *args, world=2, launcher="launch", timeout=150, env=None, servers=0)
-    runs workers/<script> on `world` ranks (and `servers` parameter servers beside them,
-    launch only) and returns a Job; each call gets its own --out dir under `base`."""
+    """runner(script, *args, world=2, launcher="launch", timeout=150, env=None, servers=0,
+    launch_args=()) runs workers/<script> on `world` ranks (and `servers` parameter servers
+    beside them, and `launch_args` to `gradcomp launch`: launch only) and returns a Job; each
+    call gets its own --out dir under `base`."""
 
     def __init__(self, base):
         self.base = Path(base)
         self.calls = 0
 
     def __call__(self, script, *args, world=2, launcher="launch", timeout=150, env=None,
-                 servers=0):
+                 servers=0, launch_args=()):
         out = self.base / f"job{self.calls}"
         self.calls += 1
         out.mkdir(parents=True)
         argv = [PYTHON, str(WORKERS / script), "--out", str(out), *map(str, args)]
-        cmd = _command(launcher, world, argv, servers)
+        cmd = _command(launcher, world, argv, servers, launch_args)
         start = time.monotonic()
         # A session of its own, so that _stop can reach whatever the job left behind.
         proc = subprocess.Popen(cmd, cwd=WORKERS, env=_environment(env), text=True,

@@ -72,9 +72,12 @@ def test_two_optimizers_of_one_process_use_the_servers_together(run_workers, cas
 
 def test_servers_wait_out_a_pause_longer_than_the_timeout(run_workers, twoway_digests):
     """Between steps the servers wait for the workers' next operation however long it takes (an
-    evaluation, a checkpoint written): only a collective under way is bound by GRADCOMP_TIMEOUT."""
+    evaluation, a checkpoint written): only a collective under way is bound by a timeout, the
+    workers' GRADCOMP_TIMEOUT and the servers' --timeout. The pause is longer than both (the
+    servers' leaves time for their rendezvous with workers still importing torch)."""
     job = run_workers("servers.py", "--compression", f"{SPEC}|servers", "--steps", "4",
-                      "--at", "1", "--pause", "6", servers=2,
+                      "--at", "1", "--pause", "18", servers=2,
+                      launch_args=["--server-timeout", "15"],
                       env={"GRADCOMP_TIMEOUT": "2"}).check()
     for report in job.reports():
         assert report["error"] is None

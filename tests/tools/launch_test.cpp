@@ -144,6 +144,8 @@ TEST(Launch, NumberOptionsMustBeFiniteAndInRange) {
       {"--timeout nan", "--timeout: nan is not allowed"},
       {"--master-port 70000", "--master-port"},
       {"--master-port 65535 --servers 1", "port 65536 (master port + 1); give --server-port"},
+      {"--servers 1 --server-timeout nan", "--server-timeout: nan is not allowed"},
+      {"--servers 1 --server-timeout 0", "--server-timeout: 0 is not allowed"},
   };
   for (const auto& [option, message] : cases) {
     const Result r = run(std::string("launch -n 1 ") + option + " -- true");

@@ -94,9 +94,15 @@ std::vector<std::string> server_command(const LaunchOptions& o, int s) {
   std::error_code error;
   const auto self = std::filesystem::read_symlink("/proc/self/exe", error);
   if (error) throw Error(fmt::format("launch: cannot find this program to start servers: {}", error.message()));
-  return {self.string(), "server", "--index", std::to_string(s), "--servers",
-          std::to_string(o.servers), "--workers", std::to_string(o.ranks), "--store",
-          server_store(o)};
+  std::vector<std::string> command{self.string(), "server",
+                                   "--index",     std::to_string(s),
+                                   "--servers",   std::to_string(o.servers),
+                                   "--workers",   std::to_string(o.ranks),
+                                   "--store",     server_store(o)};
+  if (o.server_timeout_seconds > 0) {
+    command.insert(command.end(), {"--timeout", fmt::format("{}", o.server_timeout_seconds)});
+  }
+  return command;
 }
 
 // Forks one rank (or server). Everything the child needs is built before fork(), so the child
@@ -357,6 +363,10 @@ void add_launch_command(CLI::App& app, int& exit_code) {
                   "Port of the servers' rendezvous store, which rank 0 serves (default: "
                   "master port + 1)")
       ->check(CLI::Range(1, 65535));
+  cmd->add_option("--server-timeout", options->server_timeout_seconds,
+                  "The servers' --timeout: seconds a collective with the workers may take once "
+                  "under way, and their rendezvous (default: the server's, 3600)")
+      ->check(finite_range(1e-3, 7 * 86400.0));
   cmd->add_option("command", options->command, "The command every rank runs (after --)")
       ->required();
   cmd->callback([options, &exit_code] { exit_code = launch(*options); });

@@ -27,6 +27,7 @@ struct LaunchOptions {
   // master_addr:server_port; 0: master_port + 1).
   int servers = 0;
   int server_port = 0;
+  double server_timeout_seconds = 0;  // > 0: the servers' --timeout; else their default
   std::vector<std::string> command;
 };
 
