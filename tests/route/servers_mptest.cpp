@@ -4,12 +4,8 @@
 // With S = W the servers cut a bucket as the co-located two-way route does (shard s on server
 // s, the same randomness keys and decoding order), so the two must agree bit for bit; that is
 // the reference here (route_mptest.cpp checks twoway against an in-process reference).
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cctype>
 #include <cmath>
@@ -26,6 +22,7 @@
 #include "route/server_link.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
+#include "support/server_threads.h"
 
 namespace gradcomp::testing {
 namespace {
@@ -37,62 +34,7 @@ constexpr int kSteps = 3;
 uint32_t world_size() { return static_cast<uint32_t>(world()->size()); }
 uint32_t my_rank() { return static_cast<uint32_t>(world()->rank()); }
 
-// A port free now on the loopback (rank 0's; the others get it from rank 0).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw Error("free_port: no socket");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// One server per worker process, on a thread, for the whole run; stopped at the end.
-class Servers : public ::testing::Environment {
- public:
-  void SetUp() override {
-    int port = my_rank() == 0 ? free_port() : 0;
-    world()->broadcast(std::as_writable_bytes(std::span(&port, 1)), 0)->wait(world()->timeout());
-    const std::string store = fmt::format("tcp://127.0.0.1:{}", port);
-    ::setenv("GRADCOMP_SERVERS", std::to_string(world_size()).c_str(), 1);
-    ::setenv("GRADCOMP_SERVER_STORE", store.c_str(), 1);
-    ServerOptions o;
-    o.index = static_cast<int>(my_rank());
-    o.servers = static_cast<int>(world_size());
-    o.workers = static_cast<int>(world_size());
-    o.store = store;
-    o.timeout = world()->timeout();
-    thread_ = std::thread([this, o] {
-      try {
-        run_server(o);
-      } catch (...) {
-        error_ = std::current_exception();
-      }
-    });
-  }
-  void TearDown() override {
-    stop_servers();
-    thread_.join();
-    if (error_) {
-      try {
-        std::rethrow_exception(error_);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "server " << my_rank() << ": " << e.what();
-      }
-    }
-  }
-
- private:
-  std::thread thread_;
-  std::exception_ptr error_;
-};
-
-[[maybe_unused]] auto* const g_servers = ::testing::AddGlobalTestEnvironment(new Servers);
+[[maybe_unused]] auto* const g_servers = ::testing::AddGlobalTestEnvironment(new ServerThreads);
 
 StepState step_state(uint64_t s) {
   return {.step = s, .lr = 0.1 / static_cast<double>(s + 1),
