@@ -77,6 +77,13 @@ WorkPtr Transport::alltoallv(std::span<const std::byte> in, std::span<const size
     throw Error(fmt::format("alltoallv: output has {} bytes; out_counts add up to {}",
                             out.size(), sum(out_counts)));
   }
+  const auto me = static_cast<size_t>(rank());
+  if (in_counts[me] != out_counts[me]) {
+    throw Error(
+        fmt::format("alltoallv: rank {} sends itself {} bytes (in_counts[{}]) but "
+                    "receives {} from itself (out_counts[{}]); the two must be equal",
+                    me, in_counts[me], me, out_counts[me], me));
+  }
   return start_alltoallv(in, in_counts, out, out_counts);
 }
 

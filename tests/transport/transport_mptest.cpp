@@ -634,6 +634,11 @@ TEST(Transport, ArgumentErrorsAtIssueTime) {
       contains(text([&] { t.alltoallv(small, counts, out, counts); }), "in_counts add up to"));
   EXPECT_TRUE(
       contains(text([&] { t.alltoallv(out, counts, small, counts); }), "out_counts add up to"));
+  std::vector<size_t> more_from_self = counts;
+  more_from_self[static_cast<size_t>(t.rank())] += 1;
+  Bytes wider(8 * w + 1);
+  EXPECT_TRUE(contains(text([&] { t.alltoallv(out, counts, wider, more_from_self); }),
+                       "receives 9 from itself"));
   EXPECT_TRUE(contains(text([&] { t.broadcast(in, -1); }), "root -1 is not a rank"));
   EXPECT_TRUE(contains(text([&] { t.broadcast(in, t.size()); }),
                        fmt::format("root {} is not a rank", t.size())));
