@@ -317,8 +317,9 @@ EndCosts servers_route(const RouteModel& m, const Cluster& c, Linear pass, doubl
   // priced by its latency. Its bytes are not a worker's: worker 0 alone sends it, and the
   // route's byte counters leave it out, as here.
   sink("control", std::ceil(std::log2(ranks)) * link.latency_s, 0);
-  // Size words: an alltoall over every rank of the link (a message to each peer).
-  const double sizes = (ranks - 1) * link.latency_s;
+  // Size words: a word from each worker to each server (the link's alltoallv sends no empty
+  // blocks), so the busier end has max(W, S) messages.
+  const double sizes = std::max(w, s) * link.latency_s;
   const auto move = [&](double worker_bytes, double server_bytes) {
     return std::max(s * link.latency_s + worker_bytes / link.bytes_per_s,
                     w * link.latency_s + server_bytes / link.bytes_per_s);

@@ -58,13 +58,14 @@ class ServedShard {
         sum_(shard_.size()),
         frame_(max_frame_),
         copies_(max_frame_ * workers),
-        sizes_(workers + servers, 0),
-        sizes_in_(workers + servers, 0),
+        shard_sizes_(workers, 0),
+        result_sizes_(workers, 0),
+        worker_words_(workers + servers, 0),
         in_counts_(workers + servers, 0),
         out_counts_(workers + servers, 0),
-        nothing_(workers + servers, 0),
-        pull_sizes_(workers + servers, 0),
-        pull_sizes_in_(workers + servers, 0) {}
+        nothing_(workers + servers, 0) {
+    std::fill_n(worker_words_.begin(), workers, sizeof(uint64_t));
+  }
 
   // One step's push: the workers' frames in, served; returns the bytes of this server's frame,
   // which pull() sends (on the pull stream's thread).
@@ -77,13 +78,12 @@ class ServedShard {
       pulling_ = true;
     }
     settle(h);
-    std::fill(sizes_.begin(), sizes_.end(), 0);
     for (uint32_t w = 0; w < workers_; ++w) in_counts_[w] = max_frame_;
     if (!fixed_) {
-      run(wire.alltoall(route::bytes_of(sizes_), route::bytes_of(sizes_in_)), wire, "shard sizes",
-          h);
+      run(wire.alltoallv({}, nothing_, route::bytes_of(shard_sizes_), worker_words_), wire,
+          "shard sizes", h);
       for (uint32_t w = 0; w < workers_; ++w) {
-        in_counts_[w] = route::checked_size(sizes_in_[w], max_frame_, static_cast<int>(w),
+        in_counts_[w] = route::checked_size(shard_sizes_[w], max_frame_, static_cast<int>(w),
                                             "shard frame size");
       }
     }
@@ -99,10 +99,10 @@ class ServedShard {
     for (uint32_t w = 0; w < workers_; ++w) {
       std::memcpy(copies_.data() + w * bytes, frame_.data(), bytes);
       out_counts_[w] = bytes;
-      pull_sizes_[w] = bytes;
+      result_sizes_[w] = bytes;
     }
     if (!fixed_) {
-      run(wire.alltoall(route::bytes_of(pull_sizes_), route::bytes_of(pull_sizes_in_)), wire,
+      run(wire.alltoallv(route::bytes_of(result_sizes_), worker_words_, {}, nothing_), wire,
           "result sizes", h);
     }
     run(wire.alltoallv(std::span(copies_).first(bytes * workers_), out_counts_, {}, nothing_),
@@ -215,15 +215,16 @@ class ServedShard {
   Buffer<float> sum_;
   Buffer<std::byte> frame_;   // this server's frame
   Buffer<std::byte> copies_;  // one copy per worker (alltoallv sends a block to each)
-  // Per link rank (sized once: a step allocates nothing): the sizes sent and received, the
-  // bytes each worker sends here and gets back, and zeros (the servers' blocks).
-  std::vector<uint64_t> sizes_;
-  std::vector<uint64_t> sizes_in_;
+  // Sized once (a step allocates nothing). Per worker: the sizes of its frames here, and of
+  // this server's frame to it (the pull's, apart: it runs on the pull thread).
+  std::vector<uint64_t> shard_sizes_;
+  std::vector<uint64_t> result_sizes_;
+  // Per link rank: a size word to or from each worker (read-only: both threads use it), the
+  // bytes each worker sends here and gets back, and zeros.
+  std::vector<size_t> worker_words_;
   std::vector<size_t> in_counts_;
   std::vector<size_t> out_counts_;
   std::vector<size_t> nothing_;
-  std::vector<uint64_t> pull_sizes_;  // the pull's, apart: it runs on the pull thread
-  std::vector<uint64_t> pull_sizes_in_;
   // From push() to the end of its pull(): frame_ is the pull's.
   std::mutex mutex_;
   std::condition_variable pulled_;

@@ -5,11 +5,11 @@
 //            goes into the matching slice of the feedback's residual)
 //   control: the header that tells the servers which bucket and step come (and how to settle
 //            the bucket's previous step)
-//   alltoall + alltoallv: each worker's frame of shard s goes to server s (sizes first, 8 bytes,
+//   alltoallv x 2: each worker's frame of shard s goes to server s (its size first, 8 bytes,
 //            unless the codec's frames have a fixed size)
 //   server:  decode the W frames in worker order, finalize, compensate with the server
 //            feedback, re-encode with residual
-//   alltoall + alltoallv: every server's frame goes to every worker (sizes first, likewise),
+//   alltoallv x 2: every server's frame goes to every worker (its size first, likewise),
 //            on the link's pull stream, at decode: meanwhile the next bucket is pushed
 //   decode:  frame s into out[shard s]; the servers already aggregated.
 // Checkpoints: fetch_remote_state() has every server send its state of the bucket to its keeper
@@ -105,9 +105,10 @@ class ServersRoute final : public FlatRoute {
   bool fixed_;  // every frame of shard s is max_frames_[s] bytes: no size exchanges
 
   Buffer<std::byte> sent_frames_;     // this worker's S shard frames, consecutive
-  std::vector<uint64_t> send_sizes_;  // one block per link rank: block W + s, shard s's size
-  std::vector<uint64_t> recv_sizes_;  // block W + s: server s's frame size
-  std::vector<size_t> send_counts_;   // per link rank; workers get nothing
+  std::vector<uint64_t> shard_sizes_;   // S words: this worker's frame of shard s, to server s
+  std::vector<uint64_t> result_sizes_;  // S words: server s's frame
+  std::vector<size_t> server_words_;    // per link rank: a size word to or from each server
+  std::vector<size_t> send_counts_;     // per link rank; workers get nothing
   std::vector<size_t> recv_counts_;
   // Zeros, one per link rank: what a push receives and a pull sends (sized once: the exchange
   // thread allocates nothing per step).
@@ -144,12 +145,16 @@ ServersRoute::ServersRoute(const RouteConfig& c)
   const size_t all_frames = std::accumulate(max_frames_.begin(), max_frames_.end(), size_t{0});
   const size_t ranks = static_cast<size_t>(wire_.size());
   sent_frames_.resize(all_frames);
-  send_sizes_.assign(ranks, 0);
-  recv_sizes_.assign(ranks, 0);
+  shard_sizes_.assign(servers_, 0);
+  result_sizes_.assign(servers_, 0);
+  server_words_.assign(ranks, 0);
   send_counts_.assign(ranks, 0);
   recv_counts_.assign(ranks, 0);
   no_counts_.assign(ranks, 0);
-  for (uint32_t s = 0; s < servers_; ++s) recv_counts_[link_.server_rank(s)] = max_frames_[s];
+  for (uint32_t s = 0; s < servers_; ++s) {
+    recv_counts_[link_.server_rank(s)] = max_frames_[s];
+    server_words_[link_.server_rank(s)] = sizeof(uint64_t);
+  }
   results_.resize(all_frames);
   on_link([&] {
     id_ = link_.open({.codec = c.codec(),
@@ -181,14 +186,15 @@ void ServersRoute::encode(std::span<float> grad, const StepState& step, const Ph
     encode_shards(
         worker_, grad, shards_, max_frames_, sent_frames_, step, world_size_,
         [&](uint32_t s) { return context(step, s, false, rank_); }, to_servers);
-    std::copy(send_counts_.begin(), send_counts_.end(), send_sizes_.begin());
+    std::copy(to_servers.begin(), to_servers.end(), shard_sizes_.begin());
   });
 }
 
 void ServersRoute::send_shards(const Phases& p) {
   auto issued = Clock::now();
   if (!fixed_) {
-    p.wait(wire_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "shard sizes", issued);
+    p.wait(wire_.alltoallv(bytes_of(shard_sizes_), server_words_, {}, no_counts_), "shard sizes",
+           issued);
     sent_ += servers_ * sizeof(uint64_t);
   }
   const size_t out = std::accumulate(send_counts_.begin(), send_counts_.end(), size_t{0});
@@ -201,12 +207,11 @@ void ServersRoute::send_shards(const Phases& p) {
 void ServersRoute::receive_results(const Phases& p) {
   auto issued = Clock::now();
   if (!fixed_) {
-    std::fill(send_sizes_.begin(), send_sizes_.end(), 0);
-    p.wait(pull_.alltoall(bytes_of(send_sizes_), bytes_of(recv_sizes_)), "result sizes",
-           issued);
+    p.wait(pull_.alltoallv({}, no_counts_, bytes_of(result_sizes_), server_words_),
+           "result sizes", issued);
     for (uint32_t s = 0; s < servers_; ++s) {
       const int from = link_.server_rank(s);
-      recv_counts_[from] = checked_size(recv_sizes_[from], max_frames_[s], from, "server frame size");
+      recv_counts_[from] = checked_size(result_sizes_[s], max_frames_[s], from, "server frame size");
     }
   }
   const size_t in = std::accumulate(recv_counts_.begin(), recv_counts_.end(), size_t{0});

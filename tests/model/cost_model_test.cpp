@@ -220,6 +220,8 @@ TEST(Routes, ServersPushThenPullOverTheBusierNic) {
   const BucketCost t =
       CostModel(many, costs()).bucket(parse_option("threshold:tau=0.01|ef|servers"), n);
   EXPECT_EQ(names(t), (std::vector<std::string>{"control", "shard sizes", "shards", "server"}));
+  // A word from each worker to each server: W = S messages at either end, none to workers.
+  EXPECT_DOUBLE_EQ(t.phases[1].seconds, w * kAlpha);
 }
 
 TEST(Routes, HierarchicalIntraThenLeadersThenBroadcast) {

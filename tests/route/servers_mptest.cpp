@@ -111,7 +111,7 @@ TEST_P(ServersRoute, MatchesTheCoLocatedTwoWayRouteBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Codecs, ServersRoute,
                          ::testing::Values("qsgd|ef", "topk:ratio=0.05|ef", "fp16|none",
                                            "signsgd|ef", "randomk:ratio=0.1|ef", "terngrad|none",
-                                           "natural|none"),
+                                           "natural|none", "threshold:tau=0.01|ef"),
                          [](const auto& info) {
                            std::string name;
                            for (char c : info.param) name += std::isalnum(c) ? c : '_';
