@@ -586,7 +586,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         `gradcomp plan` and `gradcomp simulate` read (profile.json, cluster.json,
         codec-costs.json in `directory`), so the decision can be replayed offline:
         gradcomp plan --profile profile.json --cluster cluster.json --costs codec-costs.json
-        --codecs <report's planner_codecs> --min-compress <min_compress_elements>.
+        --codecs <report's planner_codecs> --small-tensors <min_compress_elements>.
         Returns the three paths."""
         report = self.auto_report()
         if report is None or report.get("cluster") is None:

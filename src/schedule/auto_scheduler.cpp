@@ -489,7 +489,7 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   const auto options = allowed_candidates();
   planner.codecs = options;
   const model::PlanResult best = model::make_plan(p, cost, planner);
-  add("the planner's best", best.plan);
+  const bool planner_best = add("the planner's best", best.plan);
   for (const auto& c : options) {
     planner.codecs = {c};
     add(fmt::format("{} alone", c), model::make_plan(p, cost, planner).plan);
@@ -500,23 +500,30 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
     const Plan plan = make_default_plan(tensors, plain);
     if (add(fmt::format("{}, default plan", c), plan)) default_plans.insert(plan.hash());
   }
-  std::stable_sort(compressed.begin(), compressed.end(),
-                   [](const auto& a, const auto& b) { return a.predicted_ms < b.predicted_ms; });
-  // At least one default plan (few large buckets, what a user would write) is tried, the one
-  // the model ranks best: the model can be wrong about it (the trials are there to find out),
-  // and trials of plans of few and of many buckets let the fit tell a cost per message from a
-  // fixed overhead. When none is among the first max_proposals, the best moves to the last
-  // place kept.
-  if (compressed.size() > settings.max_proposals && settings.max_proposals >= 2) {
+  const auto by_prediction = [](const auto& a, const auto& b) {
+    return a.predicted_ms < b.predicted_ms;
+  };
+  std::stable_sort(compressed.begin(), compressed.end(), by_prediction);
+  // Among the first max_proposals, always the planner's best: the plan `gradcomp plan` makes
+  // from the saved calibration, so that the decision replays offline (the planner's search is
+  // a heuristic, and may predict another candidate's plan faster; the trials decide). And at
+  // least one default plan (few large buckets, what a user would write), the one the model
+  // ranks best: the model can be wrong about it (the trials are there to find out), and trials
+  // of plans of few and of many buckets let the fit tell a cost per message from a fixed
+  // overhead. The rest by prediction.
+  if (compressed.size() > settings.max_proposals) {
     const auto is_default = [&](const auto& c) { return default_plans.contains(c.plan.hash()); };
     const auto best_default = std::find_if(compressed.begin(), compressed.end(), is_default);
-    const auto last_kept =
-        compressed.begin() + static_cast<std::ptrdiff_t>(settings.max_proposals - 1);
-    if (best_default != compressed.end() && best_default > last_kept) {
-      std::rotate(last_kept, best_default, best_default + 1);
+    std::set<uint64_t> must;
+    if (planner_best) must.insert(best.plan.hash());
+    if (best_default != compressed.end() && settings.max_proposals >= 2) {
+      must.insert(best_default->plan.hash());
     }
+    std::stable_partition(compressed.begin(), compressed.end(),
+                          [&](const auto& c) { return must.contains(c.plan.hash()); });
+    compressed.resize(settings.max_proposals);
+    std::stable_sort(compressed.begin(), compressed.end(), by_prediction);
   }
-  if (compressed.size() > settings.max_proposals) compressed.resize(settings.max_proposals);
   std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
                                   1e3 * model::simulate(p, uncompressed, cost, sim).iteration_s, 0, 0,
                                   uncompressed}};

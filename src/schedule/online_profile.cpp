@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "schedule/agreement.h"
 
 namespace gradcomp::schedule {
@@ -40,7 +42,9 @@ model::Profile OnlineProfile::agreed(Transport& transport) const {
     profile.tensors.push_back({tensors_[i].name, tensors_[i].elements, ready});
   }
   profile.backward_s = std::max(all[1], ready);
-  return profile;
+  // As its JSON holds it (times to the nanosecond, in milliseconds): the plans made from it
+  // here and by `gradcomp plan` from the saved calibration are then the same, near ties too.
+  return model::Profile::from_json(profile.to_json());
 }
 
 }  // namespace gradcomp::schedule

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradcomp/error.h"
+#include "gradcomp/model/planner.h"
 #include "gradcomp/option.h"
 #include "gradcomp/scheduler.h"
 #include "support/codec_testing.h"
@@ -334,6 +335,54 @@ TEST(AutoScheduler, RefineProposalsZeroTriesOnlyTheFirstRound) {
   for (const auto& c : decision["candidates"]) EXPECT_EQ(c["round"], 1) << c["name"];
   EXPECT_EQ(decision["model_error"]["refined"].get<double>(), -1);
   EXPECT_EQ(decision["candidates"].size(), 2u);  // uncompressed and the planner's best
+}
+
+// The plan `gradcomp plan` makes from the decision's saved calibration (its profile, cluster
+// and codec costs, with the report's planner codecs and small-tensor rule).
+Plan replayed_plan(const nlohmann::json& report) {
+  model::PlannerSettings planner;
+  planner.codecs = report["planner_codecs"].get<std::vector<std::string>>();
+  planner.small_tensor_elements = report["min_compress_elements"].get<size_t>();
+  const model::CostModel cost(model::Cluster::from_json(report["cluster"]),
+                              model::CodecCosts::from_json(report["codec_costs"]));
+  return model::make_plan(model::Profile::from_json(report["profile"]), cost, planner).plan;
+}
+
+// The planner's best is tried whenever it compresses, even where the model predicts other
+// proposals faster (its search is a heuristic) and only one or two plans are proposed: the
+// decision replays offline. Over links of three rates and candidate sets where a single-codec
+// or default plan is predicted faster than the planner's best.
+TEST(AutoScheduler, ThePlannersBestIsAlwaysAmongTheProposals) {
+  const std::vector<std::vector<std::string>> candidate_sets = {
+      {"fp16", "powersgd:rank=2|ef", "qsgd:levels=15,block=512"},
+      {"topk:ratio=0.01|ef", "dither", "fp16", "intq:bits=8"},
+      {"powersgd:rank=4|ef", "signsgd|ef", "randomk:ratio=0.01|ef"}};
+  int checked = 0;
+  for (const double rate : {1.25e7, 1.25e8, 1.25e9}) {
+    for (const auto& candidates : candidate_sets) {
+      for (const size_t most : {size_t{1}, size_t{2}}) {
+        AutoSettings s = message_bound_settings();
+        s.candidates = candidates;
+        s.max_proposals = most;
+        s.refine_proposals = 0;
+        s.link = model::Link{.bytes_per_s = rate, .latency_s = 50e-6};
+        AutoScheduler scheduler(world(), large_tensors(), s);
+        drive_on(scheduler, 45, costly_messages_ms);
+        ASSERT_EQ(scheduler.phase(), "decided");
+        const auto report = scheduler.report();
+        const Plan best = replayed_plan(report);
+        if (!compresses_any(best)) continue;
+        ++checked;
+        const auto& tried = report["decisions"][0]["candidates"];
+        EXPECT_TRUE(std::any_of(tried.begin(), tried.end(),
+                                [&](const auto& c) { return Plan::from_json(c["plan"]) == best; }))
+            << fmt::format("{} B/s, at most {} proposals, {}:", rate, most,
+                           fmt::join(candidates, " "))
+            << trials_text(report["decisions"][0]);
+      }
+    }
+  }
+  EXPECT_GT(checked, 0) << "no planner's best compressed: the test checks nothing";
 }
 
 TEST(AutoScheduler, NeverKeepsAPlanSlowerThanUncompressed) {
