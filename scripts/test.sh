@@ -11,10 +11,12 @@
 #      injection (tests/faults: a rank killed or stopped, ranks that disagree);
 #   5. every libFuzzer target (clang; docs/fuzzing.md) for a bounded time: GRADCOMP_FUZZ_SECONDS
 #      in total (default 160), split evenly among the targets (scripts/run_fuzzers.sh).
-# The trees of 2, 3 and 5 are built by scripts/build_sanitized.sh after step 1 (2 and 5 share
-# one). The fuzzers run
-# beside step 4 at the lowest CPU priority: much of pytest waits (for timeouts, rendezvous and
-# rate-limited links), and a fuzzer at nice 19 takes the CPU only when nothing else wants it.
+# The trees of 2, 3 and 5 are built by scripts/build_sanitized.sh (2 and 5 share one) beside
+# the Python tests of step 4, and the fuzzers run beside its fault injection, both at the lowest
+# CPU priority: much of pytest waits (for timeouts, rendezvous and rate-limited links), and a
+# build or a fuzzer at nice 19 takes the CPU only when nothing else wants it. So the stages run
+# in the order 1, 4 (the Python tests, the build beside them), 2, 3, 4 (the fault injection, the
+# fuzzers beside it), 5 (the fuzzers' results).
 # Stops at the first failure and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +28,35 @@ jobs=$(nproc)
 stage "unit tests (Release)"
 ctest --test-dir build --output-on-failure -j "$jobs" | tee build/ctest.log
 
-stage "the sanitizer and fuzzer builds"
-scripts/build_sanitized.sh
+# A job at the lowest CPU priority in a process group of its own (setsid), so that a failing
+# stage stops it and all under it: background <log> <command...>; its pid in $!.
+background() {
+  local log=$1
+  shift
+  setsid nice -n 19 "$@" >"$log" 2>&1 &
+}
+# Waits for a background job and shows its log; fails with its log's last lines if it failed.
+finish() {  # finish <pid> <log> <what>
+  local status=0
+  wait "$1" || status=$?
+  if ((status)); then
+    tail -n 60 "$2"
+    echo "$3 failed (the lines above say why)"
+    exit 1
+  fi
+  cat "$2"
+}
+jobs_in_background=()
+trap 'for p in "${jobs_in_background[@]}"; do kill -- -"$p" 2>/dev/null || true; done' EXIT
+
+stage "Python front end and the cluster benchmark's parts (pytest), the sanitizer builds beside"
+background build/build_sanitized.log scripts/build_sanitized.sh
+builds=$!
+jobs_in_background+=("$builds")
+/usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/layout | tee build/pytest.log
+
+stage "the sanitizer and fuzzer builds (finishing)"
+finish "$builds" build/build_sanitized.log scripts/build_sanitized.sh
 
 stage "unit tests under ASan + UBSan"
 # Under mpirun the tests set their own LSAN_OPTIONS (tests/transport/mpi_lsan.supp). The
@@ -45,24 +74,17 @@ stage "engine tests under ThreadSanitizer"
 TSAN_OPTIONS=halt_on_error=1:suppressions=$PWD/tests/tsan.supp ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
   -R '^(Engine|PlanChange|OpQueue|KeptThread|(engine|plan_change|servers)_mptest[.]gloo|SparseSelect[.]CollectFinds)'
 
-stage "Python front end and the cluster benchmark's parts (pytest)"
-/usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/layout | tee build/pytest.log
-
 stage "fault injection (pytest), the fuzzers beside it"
-# The fault tests mostly wait (for a stopped rank's timeout): the fuzzers, at the lowest CPU
-# priority, take what CPU they leave. Measured on 2 cores: 274 s for the fault tests with the
-# fuzzers beside them, 255 s without (and 160 s of fuzzing saved). Its own process group
-# (setsid), so that a failing test stops it and every fuzzer under it.
-setsid nice -n 19 scripts/run_fuzzers.sh >build/run_fuzzers.log 2>&1 &
+# The fault tests mostly wait (for a stopped rank's timeout): the fuzzers take what CPU they
+# leave. Measured on 2 cores: 274 s for the fault tests with the fuzzers beside them, 255 s
+# without (and 160 s of fuzzing saved).
+background build/run_fuzzers.log scripts/run_fuzzers.sh
 fuzzers=$!
-trap 'kill -- -$fuzzers 2>/dev/null || true' EXIT
+jobs_in_background+=("$fuzzers")
 /usr/bin/python3 -m pytest -q --durations=5 tests/faults | tee build/pytest-faults.log
 
 stage "the fuzzers' results"
-status=0
-wait "$fuzzers" || status=$?
-cat build/run_fuzzers.log
-(( status == 0 )) || { echo "scripts/run_fuzzers.sh failed (the lines above say why)"; exit 1; }
+finish "$fuzzers" build/run_fuzzers.log scripts/run_fuzzers.sh
 
 # One closing line: the Release tests (which also passed under ASan + UBSan above) and the
 # Python front end's tests.
