@@ -67,7 +67,9 @@ struct AutoSettings {
   // (uncompressed) stops only when it takes more than twice as long.
   uint64_t stop_after = 2;
   double stop_margin = 0.25;
-  size_t max_proposals = 4;     // compressed plans tried besides the uncompressed one
+  // Compressed plans tried besides the uncompressed one; the planner's best and the best
+  // default plan always among them (docs/auto.md, "Proposals").
+  size_t max_proposals = 4;
   // After those trials, the model corrected by them proposes again: up to this many plans not
   // yet tried whose corrected prediction beats the fastest measured get a trial too (0: none),
   // so the first search already profits from what its own trials taught the model.

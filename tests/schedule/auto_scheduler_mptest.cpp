@@ -1,6 +1,7 @@
 // The auto scheduler across real processes (W = 2 and 4), fed a synthetic clock in which the
 // plan's speed is known: it keeps the plan that is fastest in fact, never one slower than
-// uncompressed, its first trials correct the model before it decides, every rank takes the same decisions although their clocks differ (the
+// uncompressed, its first trials correct the model before it decides, its proposals replay
+// with `gradcomp plan`, every rank takes the same decisions although their clocks differ (the
 // slowest rank's times count), it decides again when the step time drifts, and a saved
 // decision resumes without a new search. Calibration and agreement are real collectives.
 #include <gtest/gtest.h>
