@@ -584,10 +584,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def write_auto_calibration(self, directory):
         """compression="auto", after its first decision: writes what it measured in the formats
         `gradcomp plan` and `gradcomp simulate` read (profile.json, cluster.json,
-        codec-costs.json in `directory`), so the decision can be replayed offline:
+        codec-costs.json in `directory`), and the correction its trials fitted to the model
+        (correction.json), so the decision can be replayed offline:
         gradcomp plan --profile profile.json --cluster cluster.json --costs codec-costs.json
-        --codecs <report's planner_codecs> --small-tensors <min_compress_elements>.
-        Returns the three paths."""
+        --codecs <report's planner_codecs> --small-tensors <min_compress_elements>, and
+        gradcomp simulate ... --correction correction.json --plan <a candidate's plan> predicts
+        what the corrected model predicted. Returns the four paths."""
         report = self.auto_report()
         if report is None or report.get("cluster") is None:
             raise Error('write_auto_calibration: nothing calibrated yet (compression="auto" '
@@ -595,7 +597,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         os.makedirs(directory, exist_ok=True)
         paths = []
         for key, name in (("profile", "profile.json"), ("cluster", "cluster.json"),
-                          ("codec_costs", "codec-costs.json")):
+                          ("codec_costs", "codec-costs.json"),
+                          ("model_correction", "correction.json")):
             path = os.path.join(directory, name)
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(report[key], f, indent=1)

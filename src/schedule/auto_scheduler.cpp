@@ -194,7 +194,7 @@ struct AutoScheduler::Impl {
   bool uses_excluded(const Plan& plan) const;  // a bucket with a codec backed off from
   std::vector<AutoCandidate> propose(const model::Profile& p, const model::CostModel& cost,
                                      const model::SimulatorSettings& sim);
-  schedule::ModelCorrection fit_to_trials() const;
+  model::Correction fit_to_trials() const;
   void learn_from_trials();
   void say(const std::string& text) const;
   std::optional<Plan> switch_to(const Plan& plan);
@@ -218,7 +218,7 @@ struct AutoScheduler::Impl {
   schedule::LinkFit link;
   model::Cluster cluster;                   // the last calibration's, for the report
   std::optional<model::CodecCosts> codec_costs;
-  schedule::ModelCorrection correction;     // fitted to the last search's trials
+  model::Correction correction;     // fitted to the last search's trials
   AutoDecision search;
   // The order of the trials (indices into search.candidates): the lossy plans of the first
   // round, then uncompressed (index 0), then the second round's plans (refine()).
@@ -377,7 +377,7 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   search.per_node = cluster.per_node;
   search.intra_link = cluster.intra;
   // The previous search's trials corrected the model (identity before the first).
-  const model::CostModel cost(correction.applied(cluster), codecs);
+  const model::CostModel cost = correction.cost_model(cluster, codecs);
   const auto planning = Clock::now();
   search.candidates = propose(correction.applied(*measured_profile), cost, correction.simulator());
   search.decision_ms = 1e3 * seconds_since(planning);
@@ -593,8 +593,8 @@ std::optional<Plan> AutoScheduler::Impl::next_trial() {
 std::optional<Plan> AutoScheduler::Impl::refine() {
   refined = true;
   if (settings.refine_proposals == 0) return decide();
-  const schedule::ModelCorrection fitted = fit_to_trials();
-  const model::CostModel cost(fitted.applied(cluster), *codec_costs);
+  const model::Correction fitted = fit_to_trials();
+  const model::CostModel cost = fitted.cost_model(cluster, *codec_costs);
   double fastest = search.candidates.front().measured_ms;
   std::set<uint64_t> tried;
   for (const auto& c : search.candidates) {
@@ -799,7 +799,7 @@ void AutoScheduler::Impl::mark(const std::string& name, Clock::time_point start,
 
 // The correction the search's trials so far fit, from the uncorrected model (so corrections
 // do not compound).
-schedule::ModelCorrection AutoScheduler::Impl::fit_to_trials() const {
+model::Correction AutoScheduler::Impl::fit_to_trials() const {
   std::vector<std::pair<Plan, double>> trials;
   for (const auto& c : search.candidates) trials.emplace_back(c.plan, c.measured_ms / 1e3);
   return schedule::fit_correction(*measured_profile, cluster, *codec_costs, trials);
@@ -961,9 +961,7 @@ json AutoScheduler::report() const {
           {"reference_ms", s.reference_ms},
           {"drift_checks", s.drift_checks_needed()},
           {"decisions", decisions},
-          {"model_correction", {{"extra_latency_s", s.correction.extra_latency_s},
-                                {"lambda", s.correction.lambda},
-                                {"step_overhead_s", s.correction.step_overhead_s}}},
+          {"model_correction", s.correction.to_json()},
           {"link_probes", probes},
           // What `gradcomp plan --profile --cluster --costs` takes, to replay the decision.
           {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)},
@@ -982,7 +980,9 @@ json AutoScheduler::save() const {
           {"reference_ms", s.reference_ms},
           {"drift_backoff", s.drift_backoff},
           {"watch_from", s.watch_from},
-          {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)}};
+          {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)},
+          // What the trials taught the model: the next search after a resume predicts with it.
+          {"correction", s.correction.to_json()}};
 }
 
 std::optional<Plan> AutoScheduler::restore(const json& saved) {
@@ -997,11 +997,16 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
     Plan plan = Plan::from_json(saved.at("plan"));
     std::optional<model::Profile> profile;
     if (!saved.at("profile").is_null()) profile = model::Profile::from_json(saved.at("profile"));
+    // Optional: states saved before the correction was kept load with the identity.
+    const model::Correction correction = saved.contains("correction")
+                                             ? model::Correction::from_json(saved.at("correction"))
+                                             : model::Correction{};
     // A state saved during the warm-up starts it again; during a trial, that plan runs on, a
     // trial still, and a new search starts after the next step; after the decision, the kept
     // plan runs and is watched. The plan is returned even when it is the one in force, so that
     // the engine learns whether it is a trial.
     s.steps = steps;
+    s.correction = correction;
     s.drift_backoff = std::min(saved.value("drift_backoff", uint64_t{0}), kMaxDriftBackoff);
     if (phase == "decided") {
       s.phase = Impl::Phase::kDecided;

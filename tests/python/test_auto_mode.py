@@ -97,7 +97,7 @@ def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):
     straight, _ = runs
     record = straight.report(0)
     report = record["report"]
-    profile, cluster, costs = record["calibration"]
+    profile, cluster, costs, _ = record["calibration"]
     out = tmp_path / "plan.json"
     subprocess.run([str(GRADCOMP), "plan", "--profile", profile, "--cluster", cluster,
                     "--costs", costs, "--codecs", ",".join(report["planner_codecs"]),
@@ -112,6 +112,27 @@ def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):
     else:
         assert all(b["codec"] == "none" for b in replayed["buckets"]), \
             [c["name"] for c in report["decisions"][0]["candidates"]]
+
+
+def test_the_corrected_model_replays_offline_with_gradcomp_simulate(runs, tmp_path):
+    """The correction it saves, given to `gradcomp simulate` with the calibration, predicts
+    every trial of the decision as the scheduler's corrected model did: the same mean error."""
+    straight, _ = runs
+    record = straight.report(0)
+    decision = record["report"]["decisions"][0]
+    profile, cluster, costs, correction = record["calibration"]
+    errors = []
+    for i, candidate in enumerate(decision["candidates"]):
+        plan, out = tmp_path / f"plan{i}.json", tmp_path / f"sim{i}.json"
+        plan.write_text(json.dumps(candidate["plan"]))
+        subprocess.run([str(GRADCOMP), "simulate", "--profile", profile, "--cluster", cluster,
+                        "--costs", costs, "--correction", correction, "--plan", str(plan),
+                        "--json", str(out)], check=True, capture_output=True, timeout=60)
+        predicted_ms = json.loads(out.read_text())["rows"][0]["iteration_s"] * 1e3
+        errors.append(abs(predicted_ms - candidate["measured_ms"]) / candidate["measured_ms"])
+    corrected = decision["model_error"]["corrected"]
+    assert sum(errors) / len(errors) == pytest.approx(corrected, rel=1e-6, abs=1e-9), errors
+    assert corrected <= decision["model_error"]["uncorrected"]
 
 
 @pytest.fixture(scope="module")

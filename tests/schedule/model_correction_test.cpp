@@ -1,6 +1,8 @@
 // fit_correction: step times made by the model itself with a known per-message overhead,
-// compute slow-down and step overhead are fitted back (the grid holds them), and the corrected
-// model predicts them; without any of those, the correction is the identity.
+// compute slow-down, codec cost scale and step overhead are fitted back (the grid holds them),
+// and the corrected model predicts them; slow codecs are told apart from slow messages; without
+// any of those, the correction is the identity.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "schedule/model_correction.h"
@@ -16,7 +18,7 @@ model::Profile profile() {
   double ready = 0;
   for (int i = 0; i < 12; ++i) {
     ready += 0.003;
-    p.tensors.push_back({"t" + std::to_string(i), size_t{1} << (14 + i % 6), ready});
+    p.tensors.push_back({fmt::format("t{}", i), size_t{1} << (14 + i % 6), ready});
   }
   p.backward_s = ready + 0.001;
   return p;
@@ -27,7 +29,7 @@ model::CodecCosts codecs() {
   const model::Linear pass{1e-6, 2e-10};
   c.set("none", {pass, pass, pass});
   c.set("fp16", {{2e-6, 4e-10}, {2e-6, 5e-10}, {2e-6, 4e-10}});
-  c.set("topk", {{5e-6, 3e-9}, {5e-6, 3e-9}, {2e-6, 1e-10}});
+  c.set("topk", {{5e-6, 3e-8}, {5e-6, 3e-8}, {2e-6, 1e-9}});
   return c;
 }
 
@@ -53,20 +55,54 @@ model::Cluster cluster() {
   return c;
 }
 
-TEST(ModelCorrection, RecoversWhatTheModelMissed) {
-  const ModelCorrection truth{.extra_latency_s = 2e-4, .lambda = 1.2, .step_overhead_s = 0.005};
-  const model::CostModel actual(truth.applied(cluster()), codecs());
+// Step times of the plans as the model with `truth` predicts them.
+std::vector<std::pair<Plan, double>> measured_with(const model::Correction& truth) {
+  const model::CostModel actual = truth.cost_model(cluster(), codecs());
   std::vector<std::pair<Plan, double>> trials;
   for (const Plan& plan : plans(profile())) {
     trials.emplace_back(plan, model::simulate(truth.applied(profile()), plan, actual,
                                               truth.simulator()).iteration_s);
   }
-  const ModelCorrection fit = fit_correction(profile(), cluster(), codecs(), trials);
+  return trials;
+}
+
+TEST(ModelCorrection, RecoversWhatTheModelMissed) {
+  const model::Correction truth{
+      .extra_latency_s = 2e-4, .lambda = 1.2, .cost_scale = 2, .step_overhead_s = 0.005};
+  const model::Correction fit =
+      fit_correction(profile(), cluster(), codecs(), measured_with(truth));
   EXPECT_GT(fit.error_before, 0.05);
   EXPECT_LT(fit.error_after, 1e-6);
   EXPECT_DOUBLE_EQ(fit.extra_latency_s, 2e-4);
   EXPECT_NEAR(fit.lambda, 1.2, 1e-9);
+  EXPECT_DOUBLE_EQ(fit.cost_scale, 2);
   EXPECT_NEAR(fit.step_overhead_s, 0.005, 1e-9);
+}
+
+// Slow codecs and slow messages both make compressed plans slower; the uncompressed plans
+// (codec "none" costs little) tell them apart.
+TEST(ModelCorrection, TellsSlowCodecsFromSlowMessages) {
+  const model::Correction slow_codecs =
+      fit_correction(profile(), cluster(), codecs(), measured_with({.cost_scale = 3}));
+  EXPECT_DOUBLE_EQ(slow_codecs.cost_scale, 3);
+  EXPECT_EQ(slow_codecs.extra_latency_s, 0);
+  EXPECT_LT(slow_codecs.error_after, 1e-6);
+  const model::Correction slow_messages =
+      fit_correction(profile(), cluster(), codecs(), measured_with({.extra_latency_s = 1e-3}));
+  EXPECT_DOUBLE_EQ(slow_messages.extra_latency_s, 1e-3);
+  EXPECT_EQ(slow_messages.cost_scale, 1);
+  EXPECT_LT(slow_messages.error_after, 1e-6);
+}
+
+// Two trials (uncompressed in large buckets, fp16 in small ones) slowed by costly messages: a
+// cost scale of 3 fits them closer than the grid's latencies do, by less than a trial's noise;
+// that is no evidence of slow codecs.
+TEST(ModelCorrection, ScalesCodecsOnlyOnEvidence) {
+  const auto all = measured_with({.extra_latency_s = 7e-5});
+  const model::Correction fit = fit_correction(profile(), cluster(), codecs(), {all[1], all[2]});
+  EXPECT_EQ(fit.cost_scale, 1);
+  EXPECT_DOUBLE_EQ(fit.extra_latency_s, 5e-5);
+  EXPECT_LT(fit.error_after, 0.01);
 }
 
 TEST(ModelCorrection, IsTheIdentityWhenTheModelIsRight) {
@@ -75,9 +111,10 @@ TEST(ModelCorrection, IsTheIdentityWhenTheModelIsRight) {
   for (const Plan& plan : plans(profile())) {
     trials.emplace_back(plan, model::simulate(profile(), plan, cost).iteration_s);
   }
-  const ModelCorrection fit = fit_correction(profile(), cluster(), codecs(), trials);
+  const model::Correction fit = fit_correction(profile(), cluster(), codecs(), trials);
   EXPECT_EQ(fit.extra_latency_s, 0);
   EXPECT_EQ(fit.lambda, 1);
+  EXPECT_EQ(fit.cost_scale, 1);
   EXPECT_NEAR(fit.step_overhead_s, 0, 1e-12);
   EXPECT_LT(fit.error_before, 1e-12);
   EXPECT_TRUE(fit_correction(profile(), cluster(), codecs(), {}).error_after == 0);

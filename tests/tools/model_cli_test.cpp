@@ -210,6 +210,49 @@ TEST_F(ModelCli, SimulateSweepsWorkersAndBandwidths) {
   EXPECT_EQ(read(out)["rows"].size(), 2u * 3u * 2u);
 }
 
+// A correction's step overhead adds to every plan's step and nothing else; its other terms make
+// the step slower, in a sweep too; the file's errors name the file and the field.
+TEST_F(ModelCli, SimulateAppliesACorrection) {
+  const std::string plain = path("plain.json"), shifted = path("shifted.json"),
+                    slower = path("slower.json"), swept = path("swept.json");
+  const std::string codecs = " --profile resnet50 --workers 4 --codecs 'none;topk:ratio=0.01|ef' ";
+  ASSERT_EQ(run("simulate" + codecs + "--lambda 1 --json " + plain).exit_code, 0);
+  const json overhead = {{"extra_latency_s", 0}, {"lambda", 1}, {"cost_scale", 1},
+                         {"step_overhead_s", 0.01}, {"error_before", 0.2}, {"error_after", 0.1}};
+  const Result r = run("simulate" + codecs + "--correction " + write("overhead.json", overhead) +
+                       " --json " + shifted);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "corrected by")) << r.output;
+  EXPECT_EQ(read(shifted)["correction"], overhead);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(read(shifted)["rows"][i]["iteration_s"].get<double>(),
+                read(plain)["rows"][i]["iteration_s"].get<double>() + 0.01, 1e-9);
+  }
+  json slow = overhead;
+  slow["extra_latency_s"] = 1e-3;
+  slow["lambda"] = 1.2;
+  slow["cost_scale"] = 3;
+  const std::string slow_file = write("slow.json", slow);
+  ASSERT_EQ(run("simulate" + codecs + "--correction " + slow_file + " --json " + slower).exit_code, 0);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_GT(read(slower)["rows"][i]["iteration_s"].get<double>(),
+              read(shifted)["rows"][i]["iteration_s"].get<double>());
+  }
+  ASSERT_EQ(run("simulate" + codecs + "--sweep-bandwidth 25gbit --correction " + slow_file +
+                " --json " + swept).exit_code, 0);
+  EXPECT_EQ(read(swept)["rows"], read(slower)["rows"]);
+
+  json bad = overhead;
+  bad["lambda"] = 0.5;
+  const Result refused = run("simulate" + codecs + "--correction " + write("bad.json", bad));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(has(refused, "bad.json': model correction: 'lambda' = 0.5 must be from 1"))
+      << refused.output;
+  const Result both = run("simulate" + codecs + "--lambda 1.1 --correction " + slow_file);
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_TRUE(has(both, "--lambda excludes --correction")) << both.output;
+}
+
 TEST_F(ModelCli, SimulateRefusesABadBandwidthAndAnUnknownFlag) {
   const Result unit = run("simulate --profile resnet50 --sweep-bandwidth 10furlongs");
   EXPECT_NE(unit.exit_code, 0);

@@ -1,6 +1,8 @@
 // `gradcomp simulate`: the simulated step of a plan file, or of the default plan with each
 // codec, on a profile and a cluster: iteration time and where it goes, a Chrome trace, and
 // sweeps over bandwidth and workers written as JSON rows (scripts/plot_simulation.py plots them).
+// With --correction (the auto scheduler's fitted model::Correction), the corrected model: what
+// auto predicted when it chose.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -9,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "gradcomp/error.h"
+#include "gradcomp/json_text.h"
+#include "gradcomp/model/correction.h"
 #include "gradcomp/model/profile.h"
 #include "gradcomp/model/simulator.h"
 #include "cli_checks.h"
@@ -33,16 +37,28 @@ struct SimulateOptions {
   std::string encode_on = "engine";
   std::string trace_path;
   std::string json_path;
+  std::string correction_path;
   ClusterFlags cluster;
   CostFlags costs;
   CLI::Option* workers_flag = nullptr;
+  model::Correction correction;  // read from correction_path in run_simulate
 
   // --workers, or the cluster file's when only the file says.
   std::optional<int> chosen_workers() const {
     if (workers_flag->count() == 0 && cluster.has_file()) return std::nullopt;
     return workers;
   }
+  // The cluster of `workers` (chosen_workers() when absent), with the correction's latency.
+  model::Cluster corrected_cluster(std::optional<int> w) const {
+    return correction.applied(cluster.cluster(w));
+  }
 };
+
+model::Correction load_correction(const std::string& path) {
+  const std::string what = fmt::format("correction file '{}'", path);
+  const json doc = read_json_file(path, "correction file");
+  return with_context(what, [&] { return model::Correction::from_json(doc); });
+}
 
 struct NamedPlan {
   std::string name;  // the codec, or the plan file
@@ -118,7 +134,7 @@ void simulate_one(const SimulateOptions& o, const model::Profile& profile,
 // Every workers count and bandwidth: one line each, the iteration time of every plan.
 void sweep(const SimulateOptions& o, const model::Profile& profile,
            const std::vector<NamedPlan>& plans, const model::CodecCosts& costs, json& out) {
-  const model::Cluster base = o.cluster.cluster(o.chosen_workers());
+  const model::Cluster base = o.corrected_cluster(o.chosen_workers());
   const std::vector<int> workers =
       o.sweep_workers.empty() ? std::vector<int>{base.workers} : o.sweep_workers;
   std::vector<double> bandwidths;
@@ -136,7 +152,7 @@ void sweep(const SimulateOptions& o, const model::Profile& profile,
   fmt::print("\n");
   for (int w : workers) {
     for (double bw : bandwidths) {
-      model::Cluster c = o.cluster.cluster(w);
+      model::Cluster c = o.corrected_cluster(w);
       set_network_bandwidth(c, bw);
       const model::CostModel cost(c, costs);
       fmt::print("{:>8} {:>14}", w, model::format_rate(bw));
@@ -150,17 +166,32 @@ void sweep(const SimulateOptions& o, const model::Profile& profile,
   }
 }
 
-int run_simulate(const SimulateOptions& o) {
+int run_simulate(SimulateOptions& o) {
   if (!o.plan_path.empty() && !o.codecs.empty()) {
     throw Error("simulate: give either --plan FILE or --codecs, not both");
   }
-  const model::Profile profile = model::load_profile(o.profile);
-  const std::vector<NamedPlan> plans = make_plans(o, profile);
-  const model::CodecCosts costs = o.costs.load();
+  if (!o.correction_path.empty()) {
+    o.correction = load_correction(o.correction_path);
+    o.lambda = o.correction.lambda;
+  }
+  // The plans come from the measured profile; the overhead is time the step spends outside it.
+  const model::Profile measured = model::load_profile(o.profile);
+  const std::vector<NamedPlan> plans = make_plans(o, measured);
+  const model::Profile profile = o.correction.applied(measured);
+  const model::CodecCosts costs = o.correction.applied(o.costs.load());
   json out = {{"command", "gradcomp simulate"}, {"profile", profile.model},
               {"lambda", o.lambda}, {"rows", json::array()}};
+  if (!o.correction_path.empty()) {
+    out["correction"] = o.correction.to_json();
+    const model::Correction& c = o.correction;
+    fmt::print("corrected by {}: +{:g} us per message, lambda {:g}, codec costs x{:g}, +{} per "
+               "step (fitted error {:.1f}% -> {:.1f}%)\n",
+               o.correction_path, c.extra_latency_s * 1e6, c.lambda, c.cost_scale,
+               format_ms(c.step_overhead_s), c.error_before * 100, c.error_after * 100);
+  }
   if (o.sweep_workers.empty() && o.sweep_bandwidth.empty()) {
-    simulate_one(o, profile, plans, model::CostModel(o.cluster.cluster(o.chosen_workers()), costs), out);
+    simulate_one(o, profile, plans, model::CostModel(o.corrected_cluster(o.chosen_workers()), costs),
+                 out);
   } else {
     sweep(o, profile, plans, costs, out);
   }
@@ -192,8 +223,15 @@ void add_simulate_command(CLI::App& app, int& exit_code) {
                   CLI::Range(1, model::kMaxWorkers));
   add_list_option(*cmd, "--sweep-bandwidth", o.sweep_bandwidth,
                   "Network bandwidths to sweep (the inter-node link; all links on one node)", ',');
-  cmd->add_option("--lambda", o.lambda, "Compute slow-down while communicating (default 1.05)")
-      ->check(finite_range(1, 10));
+  auto* lambda =
+      cmd->add_option("--lambda", o.lambda, "Compute slow-down while communicating (default 1.05)")
+          ->check(finite_range(1, model::kMaxLambda));
+  cmd->add_option("--correction", o.correction_path,
+                  "The auto scheduler's fitted correction (correction.json from "
+                  "write_auto_calibration, or a decision's model_correction): extra latency, "
+                  "compute slow-down (replaces --lambda), codec cost scale, step overhead")
+      ->check(CLI::ExistingFile)
+      ->excludes(lambda);
   cmd->add_option("--bucket-mb", o.bucket_mb, "Default plan: bucket size in MiB (default 25)")
       ->check(finite_range(kMinBucketMb, kMaxBucketMb));
   cmd->add_option("--min-compress", o.min_compress,

@@ -1,0 +1,113 @@
+// model::Correction: each term changes what it names and nothing else; its JSON round-trips
+// exactly, and a bad file is refused naming the field.
+#include "gradcomp/model/correction.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gradcomp/error.h"
+#include "support/codec_testing.h"
+
+namespace gradcomp::model {
+namespace {
+
+using nlohmann::json;
+using testing::contains;
+using testing::error_text;
+
+const Correction kCorrection{.extra_latency_s = 2e-4,
+                             .lambda = 1.15,
+                             .cost_scale = 2.5,
+                             .step_overhead_s = 0.0123,
+                             .error_before = 0.31,
+                             .error_after = 0.042};
+
+std::string from_json_error(const json& j) {
+  return error_text([&] { Correction::from_json(j); });
+}
+
+TEST(Correction, AddsLatencyToBothLinks) {
+  Cluster c;
+  c.inter = {1e9, 1e-5};
+  c.intra = {1e10, 2e-6};
+  const Cluster corrected = kCorrection.applied(c);
+  EXPECT_DOUBLE_EQ(corrected.inter.latency_s, 1e-5 + 2e-4);
+  EXPECT_DOUBLE_EQ(corrected.intra.latency_s, 2e-6 + 2e-4);
+  EXPECT_EQ(corrected.inter.bytes_per_s, 1e9);
+  EXPECT_EQ(corrected.workers, c.workers);
+}
+
+TEST(Correction, AddsOverheadToTheForwardPassOnly) {
+  Profile p;
+  p.forward_s = 0.02;
+  p.backward_s = 0.05;
+  p.tensors.push_back({"w", 1024, 0.01});
+  const Profile corrected = kCorrection.applied(p);
+  EXPECT_DOUBLE_EQ(corrected.forward_s, 0.02 + 0.0123);
+  EXPECT_EQ(corrected.backward_s, 0.05);
+  EXPECT_EQ(corrected.tensors[0].ready_s, 0.01);
+}
+
+TEST(Correction, ScalesEveryCodecCost) {
+  CodecCosts costs;
+  costs.set("fp16", {{2e-6, 4e-10}, {3e-6, 5e-10}, {1e-6, 6e-10}});
+  const CodecCost scaled = kCorrection.applied(costs).of("fp16");
+  EXPECT_DOUBLE_EQ(scaled.encode.a, 2.5 * 2e-6);
+  EXPECT_DOUBLE_EQ(scaled.encode_ef.b, 2.5 * 5e-10);
+  EXPECT_DOUBLE_EQ(scaled.decode.b, 2.5 * 6e-10);
+  EXPECT_EQ(kCorrection.simulator().lambda, 1.15);
+}
+
+TEST(Correction, TheIdentityChangesNothing) {
+  Cluster c;
+  c.inter = {1e9, 1e-5};
+  EXPECT_EQ(Correction{}.applied(c).inter.latency_s, 1e-5);
+  Profile p;
+  p.forward_s = 0.02;
+  EXPECT_EQ(Correction{}.applied(p).forward_s, 0.02);
+  EXPECT_EQ(Correction{}.simulator().lambda, 1);
+}
+
+TEST(Correction, JsonRoundTripsExactly) {
+  const Correction back = Correction::from_json(json::parse(kCorrection.to_json().dump()));
+  EXPECT_EQ(back.extra_latency_s, kCorrection.extra_latency_s);
+  EXPECT_EQ(back.lambda, kCorrection.lambda);
+  EXPECT_EQ(back.cost_scale, kCorrection.cost_scale);
+  EXPECT_EQ(back.step_overhead_s, kCorrection.step_overhead_s);
+  EXPECT_EQ(back.error_before, kCorrection.error_before);
+  EXPECT_EQ(back.error_after, kCorrection.error_after);
+  EXPECT_EQ(back.to_json(), kCorrection.to_json());
+}
+
+// Files written before the cost scale was fitted hold three terms.
+TEST(Correction, JsonWithoutCostScaleMeansOne) {
+  json j = kCorrection.to_json();
+  j.erase("cost_scale");
+  EXPECT_EQ(Correction::from_json(j).cost_scale, 1);
+}
+
+TEST(Correction, BadJsonNamesTheField) {
+  EXPECT_TRUE(contains(from_json_error(json::array()), "must be an object"));
+  json unknown = kCorrection.to_json();
+  unknown["latency"] = 1;
+  EXPECT_TRUE(contains(from_json_error(unknown), "'latency' is unknown; expected extra_latency_s"));
+  json missing = kCorrection.to_json();
+  missing.erase("lambda");
+  EXPECT_TRUE(contains(from_json_error(missing), "'lambda' is missing"));
+  json text = kCorrection.to_json();
+  text["step_overhead_s"] = "5ms";
+  EXPECT_TRUE(contains(from_json_error(text), "'step_overhead_s' must be a number"));
+  json small = kCorrection.to_json();
+  small["lambda"] = 0.5;
+  EXPECT_TRUE(contains(from_json_error(small), "'lambda' = 0.5 must be from 1 to 10"));
+  json negative = kCorrection.to_json();
+  negative["extra_latency_s"] = -1e-3;
+  EXPECT_TRUE(contains(from_json_error(negative), "'extra_latency_s' = -0.001 must be from 0"));
+  json zero_scale = kCorrection.to_json();
+  zero_scale["cost_scale"] = 0;
+  EXPECT_TRUE(contains(from_json_error(zero_scale), "'cost_scale' = 0 must be from"));
+}
+
+}  // namespace
+}  // namespace gradcomp::model
