@@ -541,7 +541,70 @@ def replay_config(args, profile, rate, workers, names, out, port):
         for name in names:
             config["runs"].append(run_replay(args, runner, model, name, profile, dilation,
                                              config))
+    calibrated_predictions(config, out_dir, out / "auto-calibration" / config_name)
     return config
+
+
+def calibrated_predictions(config, out_dir, calibration):
+    """What auto's own model predicts of the config's other gradcomp contenders, calibrated on
+    the live cluster and corrected by its trials (the profile, link, codec costs and correction
+    its report holds, written to the folder `calibration`, through `gradcomp simulate
+    --correction`): each such run gets calibrated_ms, in emulated time as its steps. Nothing
+    without a finished auto run."""
+    auto = next((r for r in config["runs"] if r.get("status") == "ok" and "auto" in r), None)
+    report_path = out_dir / slug("auto") / "auto-report.json"
+    if auto is None or not report_path.exists():
+        return
+    report_json = json.loads(report_path.read_text())
+    calibration.mkdir(parents=True, exist_ok=True)
+    costs, borrowed = with_borrowed_costs(report_json["codec_costs"], config.get("codec_costs"))
+    report_json["codec_costs"] = costs
+    files = {}
+    for key, name in (("profile", "profile.json"), ("cluster", "cluster.json"),
+                      ("codec_costs", "codec-costs.json"), ("model_correction", "correction.json")):
+        files[key] = calibration / name
+        files[key].write_text(json.dumps(report_json[key], indent=1) + "\n")
+    config["auto_calibration"] = {"path": display_path(calibration),
+                                  "correction": report_json["model_correction"],
+                                  "borrowed_costs": borrowed}
+    decision = report_json["decisions"][0]
+    kept_plan = calibration / "kept-plan.json"
+    kept_plan.write_text(json.dumps(decision["candidates"][decision["kept"]]["plan"]) + "\n")
+    common = ["--profile", files["profile"], "--cluster", files["cluster"], "--costs",
+              files["codec_costs"], "--correction", files["model_correction"]]
+    rows_path = calibration / "simulated.json"
+    for run in config["runs"]:
+        base = split_optimizer(run["contender"])[0]
+        if run.get("status") != "ok" or run.get("optimizer", "none") != "none":
+            continue
+        if base == "auto":
+            extra = ["--plan", kept_plan]
+        elif base.startswith("gradcomp:"):
+            extra = ["--codecs", base.split(":", 1)[1]]
+        elif base in ("plan", "plan-whole") and config.get(base.replace("-", "_")):
+            extra = ["--plan", ROOT / config[base.replace("-", "_")]["path"]]
+        else:
+            continue
+        try:
+            gradcomp("simulate", *common, *extra, "--json", rows_path)
+        except BenchError as e:
+            run["calibrated_note"] = f"simulator failed: {e}"
+            continue
+        rows = json.loads(rows_path.read_text())["rows"]
+        run["calibrated_ms"] = 1e3 * rows[0]["iteration_s"] / config["dilation"]
+
+
+def with_borrowed_costs(measured, costs_path):
+    """Auto measures the costs of its own candidates' codecs only; a fixed contender's codec
+    outside them takes its costs from the config's codec costs file (measured on this machine
+    with as many copies as workers, in real CPU seconds as auto's are). Returns the merged
+    entries and the names borrowed (auto's own entries are never replaced)."""
+    if not costs_path:
+        return measured, []
+    offline = json.loads((ROOT / costs_path).read_text())
+    offline = offline.get("codecs", offline)
+    borrowed = sorted(name for name in offline if name not in measured)
+    return {**measured, **{name: offline[name] for name in borrowed}}, borrowed
 
 
 def run_replay(args, runner, model, name, profile, dilation, config):

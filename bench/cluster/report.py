@@ -56,6 +56,9 @@ FAST_RATE = "10gbit"
 FAST_SLACK = 1.03
 # Target 3: the simulator's predictions.
 PREDICTION_TOLERANCE = 0.10
+# Target 4: auto's calibrated and corrected model predicts each gradcomp contender within the
+# tolerance in this share of the configs (issue 15).
+CALIBRATED_CONFIGS = 0.9
 # The optimizer comparison's target (issue 14): gradcomp's recipes against DDP + AdamW.
 OPTIMIZER_SPEEDUP = 3.0
 OPTIMIZER_COLUMNS = ["contender", "exchange", "optimizer", "median ms", "spread (p10-p90)",
@@ -149,12 +152,13 @@ def scaling_efficiency(config, run):
     return bound / own if bound and own else None
 
 
-def prediction_error(run):
-    """(predicted - median) / median, None without a prediction or a measurement."""
+def prediction_error(run, key="predicted_ms"):
+    """(predicted - median) / median, None without a prediction or a measurement; key
+    "calibrated_ms": auto's calibrated model's prediction."""
     own = median(run)
-    if own is None or run.get("predicted_ms") is None:
+    if own is None or run.get(key) is None:
         return None
-    return (float(run["predicted_ms"]) - own) / own
+    return (float(run[key]) - own) / own
 
 
 def time_to_accuracy(run, target):
@@ -204,10 +208,10 @@ def profiles(results):
 # Targets
 
 def evaluate_targets(results):
-    """The three targets as [{"name", "status": PASS|MISS|NOT RUN, "detail"}] (the prediction
+    """The four targets as [{"name", "status": PASS|MISS|NOT RUN, "detail"}] (the prediction
     target also has "misses": [{"config", "contender", "predicted_ms", "measured_ms", "error"}])."""
     return [target_plan_speedup(results), target_fast_links(results),
-            target_predictions(results)]
+            target_predictions(results), target_calibrated(results)]
 
 
 def _target(name, status, detail, **extra):
@@ -312,6 +316,30 @@ def target_predictions(results):
             f"{m['config']} / {m['contender']}: predicted {m['predicted_ms']:.1f} ms, "
             f"measured {m['measured_ms']:.1f} ms ({m['error']:+.1%})" for m in misses)
     return _target(name, "MISS" if misses else "PASS", detail, misses=misses)
+
+
+def target_calibrated(results):
+    name = (f"auto's calibrated model predicts each gradcomp contender within "
+            f"±{PREDICTION_TOLERANCE:.0%} in >= {CALIBRATED_CONFIGS:.0%} of the configs")
+    calibrated, good, misses = 0, 0, []
+    for config in results.get("replay", []):
+        errors = [(label(run), prediction_error(run, "calibrated_ms"))
+                  for run in config.get("runs", []) if is_ok(run)]
+        errors = [(who, e) for who, e in errors if e is not None]
+        if not errors:
+            continue
+        calibrated += 1
+        missed = [f"{config_name(config)} / {who} ({e:+.1%})" for who, e in errors
+                  if abs(e) > PREDICTION_TOLERANCE]
+        good += not missed
+        misses += missed
+    if not calibrated:
+        return _target(name, "NOT RUN", "no config has a finished auto run to calibrate from")
+    detail = (f"{good} of {calibrated} configs with every calibrated prediction within "
+              f"±{PREDICTION_TOLERANCE:.0%}")
+    if misses:
+        detail += "; misses: " + "; ".join(misses)
+    return _target(name, "PASS" if good >= CALIBRATED_CONFIGS * calibrated else "MISS", detail)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +501,44 @@ def _config_block(config):
     for run in config.get("runs", []):
         if is_ok(run) and run.get("auto"):
             lines += _auto_block(run["auto"], dilation(config))
-    return lines
+    return lines + _calibrated_block(config)
+
+
+def _calibrated_block(config):
+    """Auto's calibrated and corrected model asked for the other contenders: its prediction
+    against the measured median and against the offline model's."""
+    runs = [r for r in config.get("runs", []) if is_ok(r) and r.get("calibrated_ms") is not None]
+    if not runs:
+        return []
+    c = config.get("auto_calibration", {}).get("correction", {})
+    lines = [f"Auto's calibrated model (its measured profile, link and codec costs, corrected "
+             f"by its trials: +{c.get('extra_latency_s', 0) * 1e6:g} us per message, lambda "
+             f"{c.get('lambda', 1):g}, codec costs x{c.get('cost_scale', 1):g}, "
+             f"+{c.get('step_overhead_s', 0) * 1e3:.1f} ms per step; "
+             f"`gradcomp simulate --correction` on "
+             f"`{config.get('auto_calibration', {}).get('path', '?')}`"
+             + _borrowed_text(config.get("auto_calibration", {}).get("borrowed_costs", []))
+             + ") predicts:", ""]
+    rows = []
+    for run in runs:
+        offline, calibrated = prediction_error(run), prediction_error(run, "calibrated_ms")
+        rows.append((label(run), _num(median(run)), _num(run.get("predicted_ms")),
+                     "-" if offline is None else f"{offline:+.1%}",
+                     _num(run["calibrated_ms"]),
+                     f"**{calibrated:+.1%}**" if abs(calibrated) > PREDICTION_TOLERANCE
+                     else f"{calibrated:+.1%}"))
+    lines += _table(["contender", "median ms", "offline model ms", "offline error",
+                     "auto's calibrated model ms", "calibrated error"], rows)
+    return lines + [""]
+
+
+def _borrowed_text(names):
+    """Which codecs' costs auto did not measure (not among its candidates): taken from the
+    config's codec costs file."""
+    if not names:
+        return ""
+    return (f"; costs of {', '.join(names)}, which auto did not measure, from the config's "
+            f"codec costs file")
 
 
 def _payback_text(d):

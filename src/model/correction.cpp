@@ -60,7 +60,10 @@ constexpr Field kFields[] = {
 
 Correction Correction::from_json(const json& json) {
   if (!json.is_object()) field_error("(top level)", "must be an object");
-  for (const auto& [key, value] : json.items()) {
+  for (const auto& item : json.items()) {
+    // A named string, not a structured binding: clang 14 (the sanitizer build) cannot capture
+    // a binding in a lambda.
+    const std::string& key = item.key();
     const bool known = std::any_of(std::begin(kFields), std::end(kFields),
                                    [&](const Field& f) { return key == f.name; });
     if (!known) {

@@ -35,6 +35,26 @@ def test_auto_decides_in_unmeasured_steps_then_measures_the_kept_plan(tmp_path):
     # The plan in force is the kept one.
     assert autos[0]["plan"] == decision["candidates"][decision["kept"]]["summary"]
     assert (tmp_path / "out" / "auto-report.json").exists()
+    # Its calibrated, corrected model predicts the other gradcomp contenders of the config.
+    (tmp_path / "out").rename(tmp_path / bench.slug("auto"))
+    config = {"dilation": 2, "codec_costs": "profiles/codec-costs.json", "runs": [
+        {"contender": "auto", "status": "ok", "auto": autos[0]},
+        {"contender": "gradcomp:topk:ratio=0.01|ef", "status": "ok", "optimizer": "none"},
+        {"contender": "ddp", "status": "ok", "optimizer": "none"}]}
+    bench.calibrated_predictions(config, tmp_path, tmp_path / "auto-calibration")
+    auto_run, topk, ddp = config["runs"]
+    assert auto_run.get("calibrated_ms", 0) > 0 and topk.get("calibrated_ms", 0) > 0, config
+    assert "calibrated_ms" not in ddp  # not gradcomp's: its own model has no say
+    report_json = json.loads((tmp_path / "auto" / "auto-report.json").read_text())
+    assert config["auto_calibration"]["correction"] == report_json["model_correction"]
+    # top-k is none of auto's candidates: its costs come from the config's file, auto's own stay.
+    assert "topk" in config["auto_calibration"]["borrowed_costs"]
+    assert not set(config["auto_calibration"]["borrowed_costs"]) & set(report_json["codec_costs"])
+    costs = json.loads((tmp_path / "auto-calibration" / "codec-costs.json").read_text())
+    assert {k: costs[k] for k in report_json["codec_costs"]} == report_json["codec_costs"]
+    simulated = json.loads((tmp_path / "auto-calibration" / "simulated.json").read_text())
+    assert simulated["correction"] == report_json["model_correction"]
+    assert topk["calibrated_ms"] == 1e3 * simulated["rows"][0]["iteration_s"] / 2
 
 
 def test_bench_and_worker_share_the_auto_settings():

@@ -219,17 +219,61 @@ def test_scaling_efficiency_falls_back_to_profile_compute_and_says_so(tmp_path):
 
 def test_all_targets_pass_on_good_results(tmp_path):
     results = passing_results()
-    assert statuses(results) == ["PASS", "PASS", "PASS"]
+    assert statuses(results) == ["PASS", "PASS", "PASS", "NOT RUN"]
     md = render(results, tmp_path)
     targets = table_after(md, "## Targets")
-    assert [r["status"] for r in targets] == ["**PASS**"] * 3
+    assert [r["status"] for r in targets] == ["**PASS**"] * 3 + ["**NOT RUN**"]
     assert "10 of 10 predictions within ±10%" in targets[2]["numbers"]
     # The Targets section comes before any result table.
     assert md.index("## Targets") < md.index("## Replay: resnet50")
 
 
+def calibrated_config(errors, rate="1gbit"):
+    """A config whose auto run calibrated the model: gradcomp-topk and plan predicted by it
+    `errors` (two fractions) off their medians."""
+    config = replay_config(rate=rate)
+    config["auto_calibration"] = {"path": "bench/cluster/results/x/auto-calibration",
+                                  "correction": {"extra_latency_s": 2e-4, "lambda": 1.1,
+                                                 "cost_scale": 1.5, "step_overhead_s": 0.004},
+                                  "borrowed_costs": ["randomk"]}
+    for run, error in zip((r for r in config["runs"] if r["contender"] in ("gradcomp-topk",
+                                                                           "plan")), errors):
+        run["calibrated_ms"] = MEDIANS[run["contender"]] * (1 + error)
+    return config
+
+
+@pytest.mark.parametrize("errors, status, good", [
+    # every config within ±10%: 10 of 10
+    ([(0.05, -0.08)] * 10, "PASS", 10),
+    # one config of ten misses once: 9 of 10 is 90%
+    ([(0.05, -0.08)] * 9 + [(0.12, 0.0)], "PASS", 9),
+    # two of ten: 80%
+    ([(0.05, -0.08)] * 8 + [(0.12, 0.0), (0.0, -0.11)], "MISS", 8),
+])
+def test_calibrated_model_target_counts_configs(errors, status, good, tmp_path):
+    results = make_results(*[calibrated_config(e) for e in errors])
+    target = report.evaluate_targets(results)[3]
+    assert target["status"] == status
+    assert target["detail"].startswith(f"{good} of 10 configs")
+    if good < 10:
+        assert "label of gradcomp-topk (+12.0%)" in target["detail"] or \
+            "label of plan (-11.0%)" in target["detail"]
+    md = render(make_results(calibrated_config((0.05, -0.12))), tmp_path)
+    assert "codec costs x1.5" in md and "+200 us per message" in md
+    assert "costs of randomk, which auto did not measure, from the config's codec costs" in md
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Auto's calibrated model"))
+    header, _, *body = [split_row(line) for line in lines[start + 2:start + 6]]
+    rows = [dict(zip(header, row)) for row in body]
+    assert [r["contender"] for r in rows] == ["label of gradcomp-topk", "label of plan"]
+    assert numbers(rows[0]["auto's calibrated model ms"])[0] == pytest.approx(367.5, abs=0.051)
+    assert rows[0]["calibrated error"] == "+5.0%"
+    assert rows[0]["offline error"] == "+5.0%"  # replay_config predicts 5% off
+    assert rows[1]["calibrated error"] == "**-12.0%**"  # a miss stands out
+
+
 def test_targets_not_run_without_their_configs():
-    assert statuses(make_results()) == ["NOT RUN"] * 3
+    assert statuses(make_results()) == ["NOT RUN"] * 4
     # Target 1 wants 4 workers without dilation; target 2 only 10gbit.
     results = make_results(replay_config(workers=8), replay_config(dilation=2))
     assert statuses(results)[:2] == ["NOT RUN", "NOT RUN"]
@@ -321,7 +365,7 @@ def test_failed_run_is_listed_with_its_error_and_excluded(tmp_path):
                                      step_ms=[10.0] * 8, predicted_ms=1.0))
     results = make_results(config)
     targets = report.evaluate_targets(results)
-    assert [t["status"] for t in targets] == ["PASS", "NOT RUN", "PASS"]
+    assert [t["status"] for t in targets] == ["PASS", "NOT RUN", "PASS", "NOT RUN"]
     assert "failed, not compared: fp16 broken" in targets[0]["detail"]
     assert targets[2]["detail"].startswith("5 of 5")
     md = render(results, tmp_path)
