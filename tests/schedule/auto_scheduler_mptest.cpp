@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gradcomp/error.h"
+#include "gradcomp/model/correction.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/option.h"
 #include "gradcomp/scheduler.h"
@@ -788,6 +789,9 @@ TEST(AutoScheduler, ASavedDecisionResumesWithoutANewSearch) {
   ASSERT_EQ(first.phase(), "decided");
   const auto resumed = resumed_from(first);
   EXPECT_EQ(resumed->phase(), "decided");
+  // What the trials taught the model is resumed too: the next search predicts with it.
+  EXPECT_NE(first.report()["model_correction"], model::Correction{}.to_json());
+  EXPECT_EQ(resumed->report()["model_correction"], first.report()["model_correction"]);
   EXPECT_EQ(drive(*resumed, 20, false), 0);  // no trials
   EXPECT_NE(testing::error_text([&] { resumed->restore({{"version", 9}}); }), "no error");
 }
