@@ -510,15 +510,14 @@ def _calibrated_block(config):
     runs = [r for r in config.get("runs", []) if is_ok(r) and r.get("calibrated_ms") is not None]
     if not runs:
         return []
-    c = config.get("auto_calibration", {}).get("correction", {})
+    calibration = config.get("auto_calibration", {})
+    c = calibration.get("correction", {})
     lines = [f"Auto's calibrated model (its measured profile, link and codec costs, corrected "
              f"by its trials: +{c.get('extra_latency_s', 0) * 1e6:g} us per message, lambda "
              f"{c.get('lambda', 1):g}, codec costs x{c.get('cost_scale', 1):g}, "
              f"+{c.get('step_overhead_s', 0) * 1e3:.1f} ms per step; "
-             f"`gradcomp simulate --correction` on "
-             f"`{config.get('auto_calibration', {}).get('path', '?')}`"
-             + _borrowed_text(config.get("auto_calibration", {}).get("borrowed_costs", []))
-             + ") predicts:", ""]
+             f"`gradcomp simulate --correction` on `{calibration.get('path', '?')}`"
+             + _borrowed_text(calibration.get("borrowed_costs", [])) + ") predicts:", ""]
     rows = []
     for run in runs:
         offline, calibrated = prediction_error(run), prediction_error(run, "calibrated_ms")

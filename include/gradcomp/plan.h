@@ -104,6 +104,8 @@ struct Plan {
 
   // Some tensor is cut into slices.
   bool sliced() const;
+  // Some bucket's codec is not "none": the plan loses information (feedback alone does not).
+  bool compressed() const;
   // Every tensor's pieces, in tensor order: what bucket indices refer to.
   std::vector<TensorPiece> pieces() const;
   // The same plan with every piece as a tensor of its own (no slices): the buckets unchanged.

@@ -142,6 +142,7 @@ struct AutoDecision {
   int per_node = 1;              // ranks per node the plans were made for
   model::Link intra_link;        // the link inside a node (per_node > 1)
   double decision_ms = 0;        // the planner's time for the proposals
+  double fit_ms = 0;             // fitting the correction to all of the trials
   // Mean |predicted - measured| / measured over the trials: as predicted, and as the model
   // corrected by these trials predicts them (what the next search starts from).
   double model_error_before = 0;

@@ -330,6 +330,11 @@ bool Plan::sliced() const {
                      [](const TensorInfo& t) { return t.slices != 1; });
 }
 
+bool Plan::compressed() const {
+  return std::any_of(buckets.begin(), buckets.end(),
+                     [](const Bucket& b) { return b.option.codec != "none"; });
+}
+
 std::vector<TensorPiece> Plan::pieces() const {
   std::vector<TensorPiece> all;
   all.reserve(tensors.size());

@@ -59,11 +59,6 @@ uint64_t fill_steps(const Bucket& bucket) {
   return static_cast<uint64_t>(std::ceil(1.0 / std::max(kept, 1e-9)));
 }
 
-bool compresses(const Plan& plan) {
-  return std::any_of(plan.buckets.begin(), plan.buckets.end(),
-                     [](const Bucket& b) { return b.option.codec != "none"; });
-}
-
 // "12 buckets: 9 powersgd:rank=4/ef/allreduce, 3 none" ("none" alone: uncompressed on the
 // transport's allreduce; uncompressed over nodes shows its route)
 std::string summarize(const Plan& plan) {
@@ -481,7 +476,7 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   std::vector<AutoCandidate> compressed;
   std::set<uint64_t> seen{uncompressed.hash()}, default_plans;
   const auto add = [&](const std::string& name, const Plan& plan) {
-    if (!compresses(plan) || !seen.insert(plan.hash()).second) return false;
+    if (!plan.compressed() || !seen.insert(plan.hash()).second) return false;
     const double predicted = model::simulate(p, plan, cost, sim).iteration_s;
     compressed.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
     return true;
@@ -571,7 +566,7 @@ bool AutoScheduler::Impl::clearly_slower() {
   if (!fastest) return false;
   const auto& times = candidate_times[c];
   const double best_ms = 1e3 * *std::min_element(times.begin(), times.end());
-  const double margin = compresses(search.candidates[c].plan)
+  const double margin = search.candidates[c].plan.compressed()
                             ? settings.stop_margin
                             : std::max(settings.stop_margin, kLosslessStopMargin);
   return best_ms > fastest->measured_ms * (1 + margin) + kNoiseSpan * fastest->noise_ms;
@@ -631,7 +626,7 @@ double AutoScheduler::Impl::tie_margin(size_t c, size_t fastest) const {
 // larger than kMinGain behind the trials' noise alone: then both are worth a second trial.
 bool AutoScheduler::Impl::noise_hides_gain(size_t c, size_t fastest) const {
   const auto& cs = search.candidates;
-  return compresses(cs[fastest].plan) &&
+  return cs[fastest].plan.compressed() &&
          cs[c].measured_ms - cs[fastest].measured_ms > kMinGain * cs[c].measured_ms;
 }
 
@@ -663,7 +658,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   }
   size_t best = fastest;
   for (size_t i = 0; i < fastest; ++i) {
-    if (!compresses(cs[i].plan) &&
+    if (!cs[i].plan.compressed() &&
         cs[i].measured_ms <= cs[fastest].measured_ms + tie_margin(i, fastest)) {
       best = i;
       break;
@@ -688,7 +683,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
         ms(plain), tie_margin(0, fastest), 100 * kMinGain, cs[fastest].name, ms(cs[fastest]));
   } else if (best == 0) {
     search.why = fmt::format("nothing beat uncompressed ({}); running uncompressed", ms(plain));
-  } else if (!compresses(cs[best].plan)) {  // lossless, over nodes
+  } else if (!cs[best].plan.compressed()) {  // lossless, over nodes
     search.why = fmt::format("{} uncompressed over nodes against {} for the default uncompressed "
                              "plan ({:.2f}x)",
                              ms(cs[best]), ms(plain), plain.measured_ms / cs[best].measured_ms);
@@ -808,7 +803,9 @@ model::Correction AutoScheduler::Impl::fit_to_trials() const {
 // The measurements flow back into the model: the next search predicts with the correction
 // all of this search's trials fit.
 void AutoScheduler::Impl::learn_from_trials() {
+  const auto fitting = Clock::now();
   correction = fit_to_trials();
+  search.fit_ms = 1e3 * seconds_since(fitting);
   search.model_error_before = correction.error_before;
   search.model_error_after = correction.error_after;
   search.model_error_refined = round_error(search.candidates, 2);
@@ -821,7 +818,7 @@ void AutoScheduler::Impl::learn_from_trials() {
 // baseline, since a sparsifier's residual grows for 1 / ratio steps after every plan change
 // (random-k 0.1% grew 4.5x between steps 74 and 799 and was backed off from, wrongly).
 std::optional<Plan> AutoScheduler::Impl::watch_residuals() {
-  if (!health.read || !compresses(current)) return std::nullopt;
+  if (!health.read || !current.compressed()) return std::nullopt;
   const auto buckets = health.read();
   const size_t n = buckets.size();
   std::vector<double> agreed;  // the ratios, then the residuals' norms: one agreement
@@ -942,7 +939,7 @@ json AutoScheduler::report() const {
                          {"search_seconds", d.search_seconds},
                          {"search_cost_seconds", d.search_cost_seconds},
                          {"payback_steps", d.payback_steps},
-                         {"planner_ms", d.decision_ms},
+                         {"planner_ms", d.decision_ms}, {"fit_ms", d.fit_ms},
                          {"model_error", {{"uncorrected", d.model_error_before},
                                           {"corrected", d.model_error_after},
                                           {"refined", d.model_error_refined}}},

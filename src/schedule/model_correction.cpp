@@ -38,11 +38,6 @@ double mean_overhead(const std::vector<double>& predicted, const std::vector<dou
   return std::clamp(sum / static_cast<double>(predicted.size()), 0.0, std::max(0.0, bound));
 }
 
-bool is_lossless(const Plan& plan) {
-  return std::none_of(plan.buckets.begin(), plan.buckets.end(),
-                      [](const Bucket& b) { return b.option.codec != "none"; });
-}
-
 // The grid. Latencies span a loopback socket's to a congested WAN's; slow-downs what sharing
 // memory bandwidth costs; cost scales what sharing cores with the workers' compute costs (the
 // calibration measures codecs on an idle core).
@@ -68,7 +63,7 @@ model::Correction fit_correction(const model::Profile& profile, const model::Clu
   std::vector<bool> lossless;
   for (const auto& [plan, seconds] : trials) {
     measured.push_back(seconds);
-    lossless.push_back(is_lossless(plan));
+    lossless.push_back(!plan.compressed());
   }
   if (trials.empty() || *std::min_element(measured.begin(), measured.end()) <= 0) return {};
   const auto predictions = [&](const model::CostModel& cost, double lambda) {

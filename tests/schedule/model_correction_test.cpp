@@ -118,10 +118,12 @@ TEST(ModelCorrection, TheStepOverheadIsNoMoreThanTheUncompressedTrialsLeave) {
     }
     return trials;
   };
-  EXPECT_NEAR(fit_correction(profile(), cluster(), codecs(), slow_compressed(0)).step_overhead_s, 0,
-              1e-12);
-  EXPECT_LE(fit_correction(profile(), cluster(), codecs(), slow_compressed(0.002)).step_overhead_s,
-            0.002 + 1e-12);
+  const auto overhead = [&](double uncompressed_slow_s) {
+    return fit_correction(profile(), cluster(), codecs(), slow_compressed(uncompressed_slow_s))
+        .step_overhead_s;
+  };
+  EXPECT_NEAR(overhead(0), 0, 1e-12);
+  EXPECT_LE(overhead(0.002), 0.002 + 1e-12);
 }
 
 TEST(ModelCorrection, IsTheIdentityWhenTheModelIsRight) {
