@@ -557,6 +557,8 @@ def calibrated_predictions(config, out_dir, calibration):
         return
     report_json = json.loads(report_path.read_text())
     calibration.mkdir(parents=True, exist_ok=True)
+    # The whole report too (its trials): `gradcomp correct --report` refits them offline.
+    (calibration / "auto-report.json").write_text(report_path.read_text())
     costs, borrowed = with_borrowed_costs(report_json["codec_costs"], config.get("codec_costs"))
     report_json["codec_costs"] = costs
     files = {}

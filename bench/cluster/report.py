@@ -504,6 +504,19 @@ def _config_block(config):
     return lines + _calibrated_block(config)
 
 
+def _correction_text(c):
+    """A model correction's terms in words (the optional ones only when they are not 1)."""
+    parts = [f"+{c.get('extra_latency_s', 0) * 1e6:g} us per message"]
+    if c.get("bandwidth_scale", 1) != 1:
+        parts.append(f"link rate x{c['bandwidth_scale']:g}")
+    own = ", ".join(f"{name} {value:g}" for name, value in sorted(c.get("codec_lambdas", {}).items()))
+    parts.append(f"lambda {c.get('lambda', 1):g}" + (f" ({own} for their own buckets)" if own else ""))
+    if c.get("cost_scale", 1) != 1:
+        parts.append(f"codec costs x{c['cost_scale']:g}")
+    parts.append(f"+{c.get('step_overhead_s', 0) * 1e3:.1f} ms per step")
+    return ", ".join(parts)
+
+
 def _calibrated_block(config):
     """Auto's calibrated and corrected model asked for the other contenders: its prediction
     against the measured median and against the offline model's."""
@@ -513,9 +526,7 @@ def _calibrated_block(config):
     calibration = config.get("auto_calibration", {})
     c = calibration.get("correction", {})
     lines = [f"Auto's calibrated model (its measured profile, link and codec costs, corrected "
-             f"by its trials: +{c.get('extra_latency_s', 0) * 1e6:g} us per message, lambda "
-             f"{c.get('lambda', 1):g}, codec costs x{c.get('cost_scale', 1):g}, "
-             f"+{c.get('step_overhead_s', 0) * 1e3:.1f} ms per step; "
+             f"by its trials: {_correction_text(c)}; "
              f"`gradcomp simulate --correction` on `{calibration.get('path', '?')}`"
              + _borrowed_text(calibration.get("borrowed_costs", [])) + ") predicts:", ""]
     rows = []

@@ -1,21 +1,33 @@
 #include "gradcomp/model/correction.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "gradcomp/codec.h"
 #include "gradcomp/error.h"
 
 namespace gradcomp::model {
 
 using nlohmann::json;
 
+namespace {
+
+Link corrected(Link link, const Correction& c) {
+  link.latency_s = std::min(link.latency_s + c.extra_latency_s, kMaxLatencyS);
+  link.bytes_per_s = std::clamp(link.bytes_per_s * c.bandwidth_scale, kMinBytesPerS, kMaxBytesPerS);
+  return link;
+}
+
+}  // namespace
+
 Cluster Correction::applied(Cluster cluster) const {
-  cluster.inter.latency_s = std::min(cluster.inter.latency_s + extra_latency_s, kMaxLatencyS);
-  cluster.intra.latency_s = std::min(cluster.intra.latency_s + extra_latency_s, kMaxLatencyS);
+  cluster.inter = corrected(cluster.inter, *this);
+  cluster.intra = corrected(cluster.intra, *this);
   return cluster;
 }
 
@@ -24,9 +36,32 @@ Profile Correction::applied(Profile profile) const {
   return profile;
 }
 
+double Correction::lambda_of(const Plan& plan) const {
+  if (codec_lambdas.empty()) return lambda;
+  double elements = 0, weighted = 0;
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    const std::string& spec = plan.buckets[b].option.codec;  // "name" or "name:param=value,..."
+    const auto it = codec_lambdas.find(spec.substr(0, spec.find(':')));
+    const double n = static_cast<double>(plan.bucket_elements(b));
+    elements += n;
+    weighted += n * (it == codec_lambdas.end() ? lambda : it->second);
+  }
+  return elements > 0 ? weighted / elements : lambda;
+}
+
+std::string Correction::summary() const {
+  std::string out = fmt::format("+{:g} us a message, link rate x{:g}, lambda {:g}",
+                                extra_latency_s * 1e6, bandwidth_scale, lambda);
+  for (const auto& [name, slow_down] : codec_lambdas) out += fmt::format(", {} {:g}", name, slow_down);
+  if (cost_scale != 1) out += fmt::format(", codec costs x{:g}", cost_scale);
+  return out + fmt::format(", +{:.1f} ms a step (fitted error {:.1f}% -> {:.1f}%)",
+                           step_overhead_s * 1e3, 100 * error_before, 100 * error_after);
+}
+
 json Correction::to_json() const {
   return {{"extra_latency_s", extra_latency_s}, {"lambda", lambda},
-          {"cost_scale", cost_scale},           {"step_overhead_s", step_overhead_s},
+          {"bandwidth_scale", bandwidth_scale}, {"cost_scale", cost_scale},
+          {"codec_lambdas", codec_lambdas},       {"step_overhead_s", step_overhead_s},
           {"error_before", error_before},       {"error_after", error_after}};
 }
 
@@ -46,14 +81,45 @@ constexpr double kMaxError = 1e6;
 constexpr Field kFields[] = {
     {"extra_latency_s", &Correction::extra_latency_s, 0, kMaxLatencyS, false},
     {"lambda", &Correction::lambda, 1, kMaxLambda, false},
+    {"bandwidth_scale", &Correction::bandwidth_scale, kMinBandwidthScale, kMaxBandwidthScale,
+     true},
     {"cost_scale", &Correction::cost_scale, kMinCostScale, kMaxCostScale, true},
     {"step_overhead_s", &Correction::step_overhead_s, 0, kMaxOverheadS, false},
     {"error_before", &Correction::error_before, 0, kMaxError, false},
     {"error_after", &Correction::error_after, 0, kMaxError, false},
 };
+constexpr const char* kCodecLambdas = "codec_lambdas";
 
 [[noreturn]] void field_error(const std::string& field, const std::string& what) {
   throw Error(fmt::format("model correction: '{}' {}", field, what));
+}
+
+double checked_number(const std::string& field, const json& value, double min, double max) {
+  if (!value.is_number()) field_error(field, fmt::format("must be a number, not {}", value.dump()));
+  const double v = value.get<double>();
+  if (!(v >= min && v <= max)) {
+    field_error(field, fmt::format("= {} must be from {:g} to {:g}", value.dump(), min, max));
+  }
+  return v;
+}
+
+// {"codec name": lambda}: names of known codecs, slow-downs in lambda's range.
+std::map<std::string, double> codec_lambdas_from(const json& value) {
+  if (!value.is_object()) {
+    field_error(kCodecLambdas, fmt::format("must be an object of codec names and slow-downs, not {}",
+                                          value.dump()));
+  }
+  const auto names = codec_names();
+  std::map<std::string, double> out;
+  for (const auto& item : value.items()) {
+    const std::string field = fmt::format("{}.{}", kCodecLambdas, item.key());
+    if (std::find(names.begin(), names.end(), item.key()) == names.end()) {
+      field_error(field, fmt::format("is not a codec; expected one of {}",
+                                     fmt::join(names, ", ")));
+    }
+    out[item.key()] = checked_number(field, item.value(), 1, kMaxLambda);
+  }
+  return out;
 }
 
 }  // namespace
@@ -64,11 +130,12 @@ Correction Correction::from_json(const json& json) {
     // A named string, not a structured binding: clang 14 (the sanitizer build) cannot capture
     // a binding in a lambda.
     const std::string& key = item.key();
-    const bool known = std::any_of(std::begin(kFields), std::end(kFields),
+    const bool known = key == kCodecLambdas ||
+                       std::any_of(std::begin(kFields), std::end(kFields),
                                    [&](const Field& f) { return key == f.name; });
     if (!known) {
-      field_error(key, "is unknown; expected extra_latency_s, lambda, cost_scale, "
-                       "step_overhead_s, error_before, error_after");
+      field_error(key, "is unknown; expected extra_latency_s, lambda, bandwidth_scale, "
+                       "cost_scale, codec_lambdas, step_overhead_s, error_before, error_after");
     }
   }
   Correction c;
@@ -78,12 +145,10 @@ Correction Correction::from_json(const json& json) {
       if (f.optional) continue;
       field_error(f.name, "is missing");
     }
-    if (!it->is_number()) field_error(f.name, fmt::format("must be a number, not {}", it->dump()));
-    const double v = it->get<double>();
-    if (!(v >= f.min && v <= f.max)) {
-      field_error(f.name, fmt::format("= {} must be from {:g} to {:g}", it->dump(), f.min, f.max));
-    }
-    c.*f.member = v;
+    c.*f.member = checked_number(f.name, *it, f.min, f.max);
+  }
+  if (const auto it = json.find(kCodecLambdas); it != json.end()) {
+    c.codec_lambdas = codec_lambdas_from(*it);
   }
   return c;
 }

@@ -15,12 +15,12 @@
 #include "common/environment.h"
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
+#include "gradcomp/model/correction.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
 #include "gradcomp/scheduler.h"
 #include "schedule/agreement.h"
 #include "schedule/calibration.h"
-#include "schedule/model_correction.h"
 #include "schedule/online_profile.h"
 
 namespace gradcomp {
@@ -188,7 +188,7 @@ struct AutoScheduler::Impl {
   std::vector<std::string> allowed_candidates() const;
   bool uses_excluded(const Plan& plan) const;  // a bucket with a codec backed off from
   std::vector<AutoCandidate> propose(const model::Profile& p, const model::CostModel& cost,
-                                     const model::SimulatorSettings& sim);
+                                     const model::Correction& correction);
   model::Correction fit_to_trials() const;
   void learn_from_trials();
   void say(const std::string& text) const;
@@ -374,7 +374,7 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   // The previous search's trials corrected the model (identity before the first).
   const model::CostModel cost = correction.cost_model(cluster, codecs);
   const auto planning = Clock::now();
-  search.candidates = propose(correction.applied(*measured_profile), cost, correction.simulator());
+  search.candidates = propose(correction.applied(*measured_profile), cost, correction);
   search.decision_ms = 1e3 * seconds_since(planning);
   // Uncompressed runs last in the first round: it can stop early when a lossy plan is clearly
   // faster (at 100 Mbit/s its steps take 40 times theirs), and it is not measured in the
@@ -468,16 +468,21 @@ int AutoScheduler::Impl::agreed_servers() {
 
 std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
                                                         const model::CostModel& cost,
-                                                        const model::SimulatorSettings& sim) {
+                                                        const model::Correction& correction) {
   model::PlannerSettings planner;
   // The default plan's rule, per tensor: the planner's plans compress no small tensor either.
   planner.small_tensor_elements = settings.min_compress_elements;
-  planner.simulator = sim;
+  // The planner searches with one slow-down; each plan it proposes is then predicted with its
+  // codecs' own (model::Correction::lambda_of).
+  planner.simulator = {.lambda = correction.lambda};
+  const auto predict = [&](const Plan& plan) {
+    return model::simulate(p, plan, cost, correction.simulator(plan)).iteration_s;
+  };
   std::vector<AutoCandidate> compressed;
   std::set<uint64_t> seen{uncompressed.hash()}, default_plans;
   const auto add = [&](const std::string& name, const Plan& plan) {
     if (!plan.compressed() || !seen.insert(plan.hash()).second) return false;
-    const double predicted = model::simulate(p, plan, cost, sim).iteration_s;
+    const double predicted = predict(plan);
     compressed.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
     return true;
   };
@@ -520,7 +525,7 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
     std::stable_sort(compressed.begin(), compressed.end(), by_prediction);
   }
   std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
-                                  1e3 * model::simulate(p, uncompressed, cost, sim).iteration_s, 0, 0,
+                                  1e3 * predict(uncompressed), 0, 0,
                                   uncompressed}};
   // Over nodes, the best uncompressed plan may take the routes over nodes: lossless, so it
   // needs no accuracy evidence, and a lossy plan must beat it as it must beat uncompressed.
@@ -529,7 +534,7 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
       std::any_of(lossless.buckets.begin(), lossless.buckets.end(),
                   [](const Bucket& b) { return route_needs_nodes(b.option.route); })) {
     all.push_back({"the planner's best uncompressed plan", summarize(lossless),
-                   1e3 * model::simulate(p, lossless, cost, sim).iteration_s, 0, 0, lossless});
+                   1e3 * predict(lossless), 0, 0, lossless});
   }
   all.insert(all.end(), compressed.begin(), compressed.end());
   return all;
@@ -597,7 +602,7 @@ std::optional<Plan> AutoScheduler::Impl::refine() {
     tried.insert(c.plan.hash());
   }
   size_t added = 0;
-  for (auto& c : propose(fitted.applied(*measured_profile), cost, fitted.simulator())) {
+  for (auto& c : propose(fitted.applied(*measured_profile), cost, fitted)) {
     if (added == settings.refine_proposals) break;
     if (tried.contains(c.plan.hash()) || c.predicted_ms >= fastest) continue;
     c.name += ", corrected model";
@@ -797,7 +802,7 @@ void AutoScheduler::Impl::mark(const std::string& name, Clock::time_point start,
 model::Correction AutoScheduler::Impl::fit_to_trials() const {
   std::vector<std::pair<Plan, double>> trials;
   for (const auto& c : search.candidates) trials.emplace_back(c.plan, c.measured_ms / 1e3);
-  return schedule::fit_correction(*measured_profile, cluster, *codec_costs, trials);
+  return model::fit_correction(*measured_profile, cluster, *codec_costs, trials);
 }
 
 // The measurements flow back into the model: the next search predicts with the correction

@@ -55,6 +55,9 @@ def test_auto_decides_in_unmeasured_steps_then_measures_the_kept_plan(tmp_path):
     simulated = json.loads((tmp_path / "auto-calibration" / "simulated.json").read_text())
     assert simulated["correction"] == report_json["model_correction"]
     assert topk["calibrated_ms"] == 1e3 * simulated["rows"][0]["iteration_s"] / 2
+    # The report itself is kept beside (its trials, for `gradcomp correct --report`).
+    kept = json.loads((tmp_path / "auto-calibration" / "auto-report.json").read_text())
+    assert kept == report_json
 
 
 def test_bench_and_worker_share_the_auto_settings():

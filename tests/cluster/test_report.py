@@ -234,7 +234,9 @@ def calibrated_config(errors, rate="1gbit"):
     config = replay_config(rate=rate)
     config["auto_calibration"] = {"path": "bench/cluster/results/x/auto-calibration",
                                   "correction": {"extra_latency_s": 2e-4, "lambda": 1.1,
-                                                 "cost_scale": 1.5, "step_overhead_s": 0.004},
+                                                 "bandwidth_scale": 0.875, "cost_scale": 1.5,
+                                                 "codec_lambdas": {"powersgd": 2.5, "dither": 3},
+                                                 "step_overhead_s": 0.004},
                                   "borrowed_costs": ["randomk"]}
     for run, error in zip((r for r in config["runs"] if r["contender"] in ("gradcomp-topk",
                                                                            "plan")), errors):
@@ -260,6 +262,7 @@ def test_calibrated_model_target_counts_configs(errors, status, good, tmp_path):
             "label of plan (-11.0%)" in target["detail"]
     md = render(make_results(calibrated_config((0.05, -0.12))), tmp_path)
     assert "codec costs x1.5" in md and "+200 us per message" in md
+    assert "link rate x0.875" in md and "lambda 1.1 (dither 3, powersgd 2.5 for their own buckets)" in md
     assert "costs of randomk, which auto did not measure, from the config's codec costs" in md
     lines = md.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Auto's calibrated model"))

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include "gradcomp/model/correction.h"
 #include "gradcomp/model/profile.h"
 #include "gradcomp/plan.h"
 #include "support/run_cli.h"
@@ -217,7 +218,8 @@ TEST_F(ModelCli, SimulateAppliesACorrection) {
                     slower = path("slower.json"), swept = path("swept.json");
   const std::string codecs = " --profile resnet50 --workers 4 --codecs 'none;topk:ratio=0.01|ef' ";
   ASSERT_EQ(run("simulate" + codecs + "--lambda 1 --json " + plain).exit_code, 0);
-  const json overhead = {{"extra_latency_s", 0}, {"lambda", 1}, {"cost_scale", 1},
+  const json overhead = {{"extra_latency_s", 0}, {"lambda", 1},        {"bandwidth_scale", 1},
+                         {"cost_scale", 1},      {"codec_lambdas", json::object()},
                          {"step_overhead_s", 0.01}, {"error_before", 0.2}, {"error_after", 0.1}};
   const Result r = run("simulate" + codecs + "--correction " + write("overhead.json", overhead) +
                        " --json " + shifted);
@@ -241,6 +243,15 @@ TEST_F(ModelCli, SimulateAppliesACorrection) {
   ASSERT_EQ(run("simulate" + codecs + "--sweep-bandwidth 25gbit --correction " + slow_file +
                 " --json " + swept).exit_code, 0);
   EXPECT_EQ(read(swept)["rows"], read(slower)["rows"]);
+  // A codec's own slow-down slows the plans of that codec only.
+  json topk_slow = overhead;
+  topk_slow["codec_lambdas"] = {{"topk", 2}};
+  const std::string own = path("own.json");
+  ASSERT_EQ(run("simulate" + codecs + "--correction " + write("topk.json", topk_slow) +
+                " --json " + own).exit_code, 0);
+  EXPECT_EQ(read(own)["rows"][0]["iteration_s"], read(shifted)["rows"][0]["iteration_s"]);
+  EXPECT_GT(read(own)["rows"][1]["iteration_s"].get<double>(),
+            read(shifted)["rows"][1]["iteration_s"].get<double>());
 
   json bad = overhead;
   bad["lambda"] = 0.5;
@@ -251,6 +262,47 @@ TEST_F(ModelCli, SimulateAppliesACorrection) {
   const Result both = run("simulate" + codecs + "--lambda 1.1 --correction " + slow_file);
   EXPECT_NE(both.exit_code, 0);
   EXPECT_TRUE(has(both, "--lambda excludes --correction")) << both.output;
+}
+
+// `gradcomp correct` refits an auto report's trials: here trials made by the model with a known
+// correction (a slower link, top-k slowing the backward pass), which it gives back, and prints
+// each trial; a report without trials is an error naming the decision.
+TEST_F(ModelCli, CorrectRefitsAnAutoReport) {
+  namespace model = gradcomp::model;
+  const model::Profile profile = model::load_profile("resnet50");
+  model::Cluster cluster;
+  cluster.workers = 4;
+  cluster.inter = cluster.intra = {1e9 / 8, 1e-4};
+  const model::CodecCosts costs = model::CodecCosts::shipped();
+  const model::Correction truth{.bandwidth_scale = 0.8, .codec_lambdas = {{"topk", 2}}};
+  json candidates = json::array();
+  for (const char* option : {"none", "topk:ratio=0.01|ef", "fp16"}) {
+    gradcomp::DefaultPlanSettings settings;
+    settings.compressed = gradcomp::parse_option(option);
+    const gradcomp::Plan plan = gradcomp::make_default_plan(profile.tensor_infos(), settings);
+    const double seconds = model::simulate(profile, plan, truth.cost_model(cluster, costs),
+                                           truth.simulator(plan)).iteration_s;
+    candidates.push_back({{"name", option}, {"plan", plan.to_json()}, {"measured_ms", 1e3 * seconds}});
+  }
+  json report = {{"profile", profile.to_json()}, {"cluster", cluster.to_json()},
+                 {"codec_costs", costs.to_json()},
+                 {"decisions", json::array({{{"candidates", candidates}}})}};
+  const std::string fitted = path("correction.json");
+  const Result r = run("correct --report " + write("report.json", report) + " --json " + fitted);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "topk:ratio=0.01|ef")) << r.output;
+  const model::Correction fit = model::Correction::from_json(read(fitted));
+  EXPECT_EQ(fit.bandwidth_scale, 0.8);
+  EXPECT_EQ(fit.codec_lambdas, truth.codec_lambdas);
+  EXPECT_LT(fit.error_after, 1e-6);
+
+  report["decisions"][0]["candidates"] = json::array();
+  const Result empty = run("correct --report " + write("empty.json", report));
+  EXPECT_NE(empty.exit_code, 0);
+  EXPECT_TRUE(has(empty, "decisions[0]: no measured trial to fit")) << empty.output;
+  const Result beyond = run("correct --report " + path("report.json") + " --decision 3");
+  EXPECT_NE(beyond.exit_code, 0);
+  EXPECT_TRUE(has(beyond, "--decision 3 but the report has 1 decisions")) << beyond.output;
 }
 
 TEST_F(ModelCli, SimulateRefusesABadBandwidthAndAnUnknownFlag) {

@@ -6,7 +6,7 @@
 //   gradcomp launch -n N -- cmd args...   start N local ranks as torchrun would (launch.h)
 //   gradcomp server --index s ...         one dedicated parameter server (server_command.h)
 //   gradcomp plan --profile P ...         the planner on a model profile and a cluster
-//   gradcomp utility | simulate | costs    the cost model (model_commands.h)
+//   gradcomp utility | simulate | costs | correct   the cost model (model_commands.h)
 #include <filesystem>
 
 #include <CLI/CLI.hpp>
@@ -149,7 +149,7 @@ int run(int argc, char** argv) {
   gradcomp::tools::add_launch_command(app, exit_code);
   gradcomp::tools::add_server_command(app, exit_code);
   gradcomp::tools::add_plan_command(app, exit_code);
-  gradcomp::tools::add_model_commands(app, exit_code);  // utility, simulate, costs
+  gradcomp::tools::add_model_commands(app, exit_code);  // utility, simulate, costs, correct
 
   try {
     app.parse(argc, argv);

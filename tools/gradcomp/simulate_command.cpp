@@ -48,9 +48,14 @@ struct SimulateOptions {
     if (workers_flag->count() == 0 && cluster.has_file()) return std::nullopt;
     return workers;
   }
-  // The cluster of `workers` (chosen_workers() when absent), with the correction's latency.
+  // The cluster of `workers` (chosen_workers() when absent), with the correction's link.
   model::Cluster corrected_cluster(std::optional<int> w) const {
     return correction.applied(cluster.cluster(w));
+  }
+  // --lambda, or the correction's slow-down of this plan (its codecs' own).
+  model::SimulatorSettings simulator(const Plan& plan) const {
+    if (correction_path.empty()) return {.lambda = lambda};
+    return correction.simulator(plan);
   }
 };
 
@@ -115,7 +120,7 @@ void simulate_one(const SimulateOptions& o, const model::Profile& profile,
   fmt::print("{:<32} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10}\n", "plan", "buckets",
              "iteration", "bwd end", "exposed", "encode", "exchange", "decode", "sent/rank");
   for (size_t i = 0; i < plans.size(); ++i) {
-    const auto r = model::simulate(profile, plans[i].plan, cost, {.lambda = o.lambda}, true);
+    const auto r = model::simulate(profile, plans[i].plan, cost, o.simulator(plans[i].plan), true);
     auto lanes = busy(r);
     fmt::print("{:<32} {:>7} {:>10.1f} {:>10.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>10}\n",
                plans[i].name.substr(0, 32), plans[i].plan.buckets.size(), r.iteration_s * 1e3,
@@ -157,7 +162,7 @@ void sweep(const SimulateOptions& o, const model::Profile& profile,
       const model::CostModel cost(c, costs);
       fmt::print("{:>8} {:>14}", w, model::format_rate(bw));
       for (const auto& p : plans) {
-        const auto r = model::simulate(profile, p.plan, cost, {.lambda = o.lambda});
+        const auto r = model::simulate(profile, p.plan, cost, o.simulator(p.plan));
         fmt::print(" {:>14.1f}", r.iteration_s * 1e3);
         out["rows"].push_back(row(profile, c, p.name, r));
       }
@@ -183,11 +188,7 @@ int run_simulate(SimulateOptions& o) {
               {"lambda", o.lambda}, {"rows", json::array()}};
   if (!o.correction_path.empty()) {
     out["correction"] = o.correction.to_json();
-    const model::Correction& c = o.correction;
-    fmt::print("corrected by {}: +{:g} us per message, lambda {:g}, codec costs x{:g}, +{} per "
-               "step (fitted error {:.1f}% -> {:.1f}%)\n",
-               o.correction_path, c.extra_latency_s * 1e6, c.lambda, c.cost_scale,
-               format_ms(c.step_overhead_s), c.error_before * 100, c.error_after * 100);
+    fmt::print("corrected by {}: {}\n", o.correction_path, o.correction.summary());
   }
   if (o.sweep_workers.empty() && o.sweep_bandwidth.empty()) {
     simulate_one(o, profile, plans, model::CostModel(o.corrected_cluster(o.chosen_workers()), costs),
