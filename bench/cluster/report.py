@@ -509,8 +509,10 @@ def _correction_text(c):
     parts = [f"+{c.get('extra_latency_s', 0) * 1e6:g} us per message"]
     if c.get("bandwidth_scale", 1) != 1:
         parts.append(f"link rate x{c['bandwidth_scale']:g}")
-    own = ", ".join(f"{name} {value:g}" for name, value in sorted(c.get("codec_lambdas", {}).items()))
-    parts.append(f"lambda {c.get('lambda', 1):g}" + (f" ({own} for their own buckets)" if own else ""))
+    own = ", ".join(f"{name} {value:g}"
+                    for name, value in sorted(c.get("codec_lambdas", {}).items()))
+    parts.append(f"lambda {c.get('lambda', 1):g}"
+                 + (f" ({own} for their own buckets)" if own else ""))
     if c.get("cost_scale", 1) != 1:
         parts.append(f"codec costs x{c['cost_scale']:g}")
     parts.append(f"+{c.get('step_overhead_s', 0) * 1e3:.1f} ms per step")

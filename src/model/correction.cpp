@@ -36,23 +36,43 @@ Profile Correction::applied(Profile profile) const {
   return profile;
 }
 
+std::map<std::string, double> elements_by_codec(const Plan& plan) {
+  const std::vector<TensorPiece> pieces = plan.pieces();  // once: it copies every tensor
+  std::map<std::string, double> out;
+  for (const auto& bucket : plan.buckets) {
+    const std::string& spec = bucket.option.codec;  // "name" or "name:param=value,..."
+    double& n = out[spec.substr(0, spec.find(':'))];
+    for (size_t t : bucket.tensors) {
+      if (t < pieces.size()) n += static_cast<double>(pieces[t].info.elements);
+    }
+  }
+  return out;
+}
+
 double Correction::lambda_of(const Plan& plan) const {
   if (codec_lambdas.empty()) return lambda;
-  double elements = 0, weighted = 0;
-  for (size_t b = 0; b < plan.buckets.size(); ++b) {
-    const std::string& spec = plan.buckets[b].option.codec;  // "name" or "name:param=value,..."
-    const auto it = codec_lambdas.find(spec.substr(0, spec.find(':')));
-    const double n = static_cast<double>(plan.bucket_elements(b));
-    elements += n;
+  const auto elements = elements_by_codec(plan);
+  double total = 0;
+  for (const auto& [name, n] : elements) total += n;
+  return lambda_of(elements, total);
+}
+
+double Correction::lambda_of(const std::map<std::string, double>& elements, double total) const {
+  if (codec_lambdas.empty() || !(total > 0)) return lambda;
+  double weighted = 0;
+  for (const auto& [name, n] : elements) {
+    const auto it = codec_lambdas.find(name);
     weighted += n * (it == codec_lambdas.end() ? lambda : it->second);
   }
-  return elements > 0 ? weighted / elements : lambda;
+  return weighted / total;
 }
 
 std::string Correction::summary() const {
   std::string out = fmt::format("+{:g} us a message, link rate x{:g}, lambda {:g}",
                                 extra_latency_s * 1e6, bandwidth_scale, lambda);
-  for (const auto& [name, slow_down] : codec_lambdas) out += fmt::format(", {} {:g}", name, slow_down);
+  for (const auto& [name, slow_down] : codec_lambdas) {
+    out += fmt::format(", {} {:g}", name, slow_down);
+  }
   if (cost_scale != 1) out += fmt::format(", codec costs x{:g}", cost_scale);
   return out + fmt::format(", +{:.1f} ms a step (fitted error {:.1f}% -> {:.1f}%)",
                            step_overhead_s * 1e3, 100 * error_before, 100 * error_after);
@@ -106,8 +126,9 @@ double checked_number(const std::string& field, const json& value, double min, d
 // {"codec name": lambda}: names of known codecs, slow-downs in lambda's range.
 std::map<std::string, double> codec_lambdas_from(const json& value) {
   if (!value.is_object()) {
-    field_error(kCodecLambdas, fmt::format("must be an object of codec names and slow-downs, not {}",
-                                          value.dump()));
+    field_error(kCodecLambdas, fmt::format("must be an object of codec names and slow-downs, "
+                                           "not {}",
+                                           value.dump()));
   }
   const auto names = codec_names();
   std::map<std::string, double> out;

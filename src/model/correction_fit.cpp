@@ -1,10 +1,12 @@
 // fit_correction (gradcomp/model/correction.h): the terms of a model::Correction fitted to the
 // step times of the auto scheduler's trials.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <iterator>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -15,14 +17,16 @@ namespace gradcomp::model {
 
 namespace {
 
-// The grids. Latencies span a loopback socket's to a congested WAN's; bandwidth scales what a step's long transfers get against the probes'
-// short ones (a token bucket's burst: 0.88 of the probes' rate at 1 Gbit/s on the emulated
-// cluster), never above 1: a faster link would make room for a step overhead under the bound
-// the uncompressed trials set (below), a cost of every step taken from the slow codecs; a
-// codec's own slow-down what its work on cores the ranks share costs the backward pass
-// (PowerSGD's and dither's trials at 1 Gbit/s ran as if 2.5-3x with 4 ranks on 2 cores, 3.5-4.5x
-// with 8, while random-k's measured as calibrated).
-constexpr double kLatencies[] = {0.0, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2};
+// The grids. Latencies span a loopback socket's to a congested WAN's; bandwidth scales what a
+// step's long transfers get against the probes' short ones (a token bucket's burst: 0.85 of
+// the probes' rate at 1 Gbit/s x 4 on the emulated cluster), never above 1: a faster link would
+// make room for a step overhead under the bound the uncompressed trials set (below), a cost of
+// every step taken from the slow codecs; a codec's own slow-down what its work on cores the
+// ranks share costs the backward pass (PowerSGD's and dither's trials at 1 Gbit/s ran as if
+// 1.25-2x with 2 ranks on 2 cores, 2-2.5x with 4, 3.5x with 8, while random-k's plans, never
+// tried, measured close to calibrated with 2 and 4).
+constexpr double kLatencies[] = {0.0,  1e-5, 2e-5, 5e-5, 1e-4, 2e-4,
+                                 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2};
 constexpr double kBandwidthScales[] = {1.0,   0.975, 0.95,  0.925, 0.9,   0.875, 0.85,
                                       0.825, 0.8,   0.775, 0.75,  0.725, 0.7,   0.675,
                                       0.65,  0.625, 0.6,   0.575, 0.55,  0.525, 0.5};
@@ -40,18 +44,6 @@ bool evident(const Correction& with, const Correction& without) {
   return with.error_after < std::min(without.error_after - kTrialNoise, 0.5 * without.error_after);
 }
 
-// The elements each codec compresses in `plan`, by codec name ("none" left out).
-std::map<std::string, double> compressed_elements(const Plan& plan) {
-  std::map<std::string, double> out;
-  for (size_t b = 0; b < plan.buckets.size(); ++b) {
-    const std::string& spec = plan.buckets[b].option.codec;  // "name" or "name:param=value,..."
-    if (spec != "none") {
-      out[spec.substr(0, spec.find(':'))] += static_cast<double>(plan.bucket_elements(b));
-    }
-  }
-  return out;
-}
-
 bool same_terms(const Correction& a, const Correction& b) {
   return a.extra_latency_s == b.extra_latency_s && a.codec_lambdas == b.codec_lambdas;
 }
@@ -65,15 +57,19 @@ class Trials {
     std::map<std::string, double> elements;  // over all trials, per codec
     std::set<std::string> mostly;            // codecs that compress most of some trial
     for (const auto& [plan, seconds] : trials) {
-      const auto mine = compressed_elements(plan);
-      double compressed = 0;
-      for (const auto& [name, n] : mine) compressed += n;
+      auto mine = elements_by_codec(plan);
+      double total = 0;
+      for (const auto& [name, n] : mine) total += n;
+      totals_.push_back(total);
+      const double compressed = total - (mine.contains("none") ? mine["none"] : 0);
       auto& names = codecs_of_.emplace_back();
       for (const auto& [name, n] : mine) {
+        if (name == "none") continue;
         names.insert(name);
         elements[name] += n;
         if (2 * n >= compressed) mostly.insert(name);
       }
+      elements_.push_back(std::move(mine));
     }
     tried_.assign(mostly.begin(), mostly.end());
     std::stable_sort(tried_.begin(), tried_.end(),
@@ -91,11 +87,9 @@ class Trials {
 
   // `c` with its step overhead (closed form, or none) and its error on the trials.
   Correction scored(Correction c, bool with_overhead = true) const {
-    const CostModel cost = c.cost_model(cluster_, codecs_);
+    const CostModel& cost = cost_model(c);
     std::vector<double> predicted;
-    for (const auto& [plan, seconds] : trials_) {
-      predicted.push_back(simulate(profile_, plan, cost, c.simulator(plan)).iteration_s);
-    }
+    for (size_t i = 0; i < trials_.size(); ++i) predicted.push_back(simulated(c, cost, i));
     c.step_overhead_s = with_overhead ? overhead(predicted) : 0;
     c.error_after = error(predicted, c.step_overhead_s);
     return c;
@@ -198,6 +192,24 @@ class Trials {
   }
 
  private:
+  // Trial i's step as `c` (with `cost`, its cost model) predicts it, without the overhead.
+  double simulated(const Correction& c, const CostModel& cost, size_t i) const {
+    const SimulatorSettings settings{.lambda = c.lambda_of(elements_[i], totals_[i])};
+    return simulate(profile_, trials_[i].first, cost, settings).iteration_s;
+  }
+
+  // The cost model of `c`'s link and codec costs: the last one made when they are the same (the
+  // codec slow-down passes try a dozen slow-downs on one model; making a model copies every
+  // codec's costs, which took most of the fit's time).
+  const CostModel& cost_model(const Correction& c) const {
+    const std::array<double, 3> key{c.extra_latency_s, c.bandwidth_scale, c.cost_scale};
+    if (!cost_ || cost_key_ != key) {
+      cost_.emplace(c.cost_model(cluster_, codecs_));
+      cost_key_ = key;
+    }
+    return *cost_;
+  }
+
   // Whether `with` fits the trials that run `codec` evidently better than `without`.
   bool evident_on(const std::string& codec, const Correction& with,
                   const Correction& without) const {
@@ -206,14 +218,13 @@ class Trials {
 
   // `c` (its overhead kept) with its error on the trials that run `codec`.
   Correction on_trials_of(const std::string& codec, Correction c) const {
-    const CostModel cost = c.cost_model(cluster_, codecs_);
+    const CostModel& cost = cost_model(c);
     double sum = 0;
     int count = 0;
     for (size_t i = 0; i < trials_.size(); ++i) {
       if (!codecs_of_[i].contains(codec)) continue;
-      const auto& [plan, measured] = trials_[i];
-      const double predicted = simulate(profile_, plan, cost, c.simulator(plan)).iteration_s;
-      sum += std::fabs(predicted + c.step_overhead_s - measured) / measured;
+      const double measured = trials_[i].second;
+      sum += std::fabs(simulated(c, cost, i) + c.step_overhead_s - measured) / measured;
       ++count;
     }
     c.error_after = count > 0 ? sum / count : 0;
@@ -252,7 +263,11 @@ class Trials {
   const Cluster& cluster_;
   const CodecCosts& codecs_;
   const std::vector<std::pair<Plan, double>>& trials_;
-  std::vector<std::set<std::string>> codecs_of_;  // each trial's codec names
+  std::vector<std::map<std::string, double>> elements_;  // each trial's elements per codec
+  std::vector<double> totals_;                            // ... and in all
+  std::vector<std::set<std::string>> codecs_of_;          // each trial's codec names but none
+  mutable std::optional<CostModel> cost_;          // cost_model's last, for cost_key_
+  mutable std::array<double, 3> cost_key_{};
   std::vector<std::string> tried_;
 };
 

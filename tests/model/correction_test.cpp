@@ -141,7 +141,8 @@ TEST(Correction, BadJsonNamesTheField) {
   EXPECT_TRUE(contains(from_json_error(zero_scale), "'cost_scale' = 0 must be from"));
   json fast_link = kCorrection.to_json();
   fast_link["bandwidth_scale"] = 5000;
-  EXPECT_TRUE(contains(from_json_error(fast_link), "'bandwidth_scale' = 5000 must be from 0.001 to 1000"));
+  EXPECT_TRUE(contains(from_json_error(fast_link),
+                       "'bandwidth_scale' = 5000 must be from 0.001 to 1000"));
   json not_codec = kCorrection.to_json();
   not_codec["codec_lambdas"]["zip"] = 2;
   EXPECT_TRUE(contains(from_json_error(not_codec), "'codec_lambdas.zip' is not a codec; expected"));

@@ -282,7 +282,8 @@ TEST_F(ModelCli, CorrectRefitsAnAutoReport) {
     const gradcomp::Plan plan = gradcomp::make_default_plan(profile.tensor_infos(), settings);
     const double seconds = model::simulate(profile, plan, truth.cost_model(cluster, costs),
                                            truth.simulator(plan)).iteration_s;
-    candidates.push_back({{"name", option}, {"plan", plan.to_json()}, {"measured_ms", 1e3 * seconds}});
+    candidates.push_back(
+        {{"name", option}, {"plan", plan.to_json()}, {"measured_ms", 1e3 * seconds}});
   }
   json report = {{"profile", profile.to_json()}, {"cluster", cluster.to_json()},
                  {"codec_costs", costs.to_json()},

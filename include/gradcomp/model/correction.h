@@ -54,6 +54,8 @@ struct Correction {
   // The slow-down of `plan`'s compute: the mean over the gradient's elements of their bucket
   // codec's lambda (codec_lambdas), or lambda (uncompressed, or a codec without one).
   double lambda_of(const Plan& plan) const;
+  // The same from a plan's elements per codec name ("none" included) and their total.
+  double lambda_of(const std::map<std::string, double>& elements, double total) const;
   SimulatorSettings simulator(const Plan& plan) const { return {.lambda = lambda_of(plan)}; }
 
   // "+500 us a message, link rate x0.9, lambda 1, powersgd 2.5, codec costs x1, +1.2 ms a step
@@ -64,6 +66,10 @@ struct Correction {
   // Throws Error naming the field that is missing, unknown or out of range.
   static Correction from_json(const nlohmann::json& json);
 };
+
+// The elements of each codec's buckets in `plan`, by codec name ("none" included): what a
+// plan's slow-down is weighed by (Correction::lambda_of).
+std::map<std::string, double> elements_by_codec(const Plan& plan);
 
 // What the trials teach the cost model: the correction (a grid of latencies, slow-downs and
 // bandwidth scales, the overhead in closed form, then a slow-down for each codec the trials
