@@ -254,7 +254,7 @@ class Trials {
     for (size_t i = 0; i < predicted.size(); ++i) {
       const double missed = trials_[i].second - predicted[i];
       sum += missed;
-      if (!trials_[i].first.compressed()) bound = std::min(bound, missed);
+      if (codecs_of_[i].empty()) bound = std::min(bound, missed);  // an uncompressed trial
     }
     return std::clamp(sum / static_cast<double>(predicted.size()), 0.0, std::max(0.0, bound));
   }

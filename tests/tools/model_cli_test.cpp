@@ -301,6 +301,12 @@ TEST_F(ModelCli, CorrectRefitsAnAutoReport) {
   const Result empty = run("correct --report " + write("empty.json", report));
   EXPECT_NE(empty.exit_code, 0);
   EXPECT_TRUE(has(empty, "decisions[0]: no measured trial to fit")) << empty.output;
+  report["decisions"][0]["candidates"] = candidates;
+  report["decisions"][0]["candidates"][1]["measured_ms"] = "fast";
+  const Result typed = run("correct --report " + write("typed.json", report));
+  EXPECT_EQ(typed.exit_code, 2) << typed.output;  // an Error, not an internal error
+  EXPECT_TRUE(has(typed, "candidates[1]: 'measured_ms' must be a number, not \"fast\""))
+      << typed.output;
   const Result beyond = run("correct --report " + path("report.json") + " --decision 3");
   EXPECT_NE(beyond.exit_code, 0);
   EXPECT_TRUE(has(beyond, "--decision 3 but the report has 1 decisions")) << beyond.output;

@@ -38,39 +38,52 @@ struct Report {
   std::vector<std::pair<Plan, double>> trials;  // plan, measured seconds
 };
 
-const json& field(const json& doc, const std::string& key, const std::string& where) {
+// doc[key], which must be there and hold what `is_kind` accepts (`kind` names it for the error).
+const json& field(const json& doc, const std::string& key, const std::string& where,
+                  bool (json::*is_kind)() const noexcept, const char* kind) {
   if (!doc.is_object() || !doc.contains(key)) {
     throw Error(fmt::format("{}: '{}' is missing", where, key));
   }
-  return doc.at(key);
+  const json& value = doc.at(key);
+  if (!(value.*is_kind)()) {
+    throw Error(fmt::format("{}: '{}' must be {}, not {}", where, key, kind, value.dump()));
+  }
+  return value;
+}
+
+const json& object(const json& doc, const std::string& key, const std::string& where) {
+  return field(doc, key, where, &json::is_object, "an object");
 }
 
 Report read_report(const CorrectOptions& o) {
   const std::string where = fmt::format("auto report '{}'", o.report_path);
   const json doc = read_json_file(o.report_path, "auto report");
   Report r;
-  r.profile = with_context(where + ": profile",
-                           [&] { return model::Profile::from_json(field(doc, "profile", where)); });
-  r.cluster = with_context(where + ": cluster",
-                           [&] { return model::Cluster::from_json(field(doc, "cluster", where)); });
-  r.codecs = with_context(where + ": codec_costs", [&] {
-    return model::CodecCosts::from_json(field(doc, "codec_costs", where));
+  r.profile = with_context(where + ": profile", [&] {
+    return model::Profile::from_json(object(doc, "profile", where));
   });
-  const json& decisions = field(doc, "decisions", where);
-  if (!decisions.is_array() || o.decision >= static_cast<int>(decisions.size())) {
+  r.cluster = with_context(where + ": cluster", [&] {
+    return model::Cluster::from_json(object(doc, "cluster", where));
+  });
+  r.codecs = with_context(where + ": codec_costs", [&] {
+    return model::CodecCosts::from_json(object(doc, "codec_costs", where));
+  });
+  const json& decisions = field(doc, "decisions", where, &json::is_array, "an array");
+  if (o.decision >= static_cast<int>(decisions.size())) {
     throw Error(fmt::format("{}: --decision {} but the report has {} decisions", where,
-                            o.decision, decisions.is_array() ? decisions.size() : 0));
+                            o.decision, decisions.size()));
   }
   const std::string at = fmt::format("{}: decisions[{}]", where, o.decision);
-  const json& candidates = field(decisions[o.decision], "candidates", at);
+  const json& candidates =
+      field(decisions[o.decision], "candidates", at, &json::is_array, "an array");
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::string here = fmt::format("{}.candidates[{}]", at, i);
     const json& c = candidates[i];
-    const double ms = field(c, "measured_ms", here).get<double>();
+    const double ms = field(c, "measured_ms", here, &json::is_number, "a number").get<double>();
     if (!(ms > 0)) continue;  // proposed but not measured
-    r.names.push_back(field(c, "name", here).get<std::string>());
+    r.names.push_back(field(c, "name", here, &json::is_string, "a string").get<std::string>());
     r.trials.emplace_back(
-        with_context(here + ".plan", [&] { return Plan::from_json(field(c, "plan", here)); }),
+        with_context(here + ".plan", [&] { return Plan::from_json(object(c, "plan", here)); }),
         ms / 1e3);
   }
   if (r.trials.empty()) throw Error(fmt::format("{}: no measured trial to fit", at));

@@ -71,12 +71,13 @@ struct Correction {
 // plan's slow-down is weighed by (Correction::lambda_of).
 std::map<std::string, double> elements_by_codec(const Plan& plan);
 
-// What the trials teach the cost model: the correction (a grid of latencies, slow-downs and
-// bandwidth scales, the overhead in closed form, then a slow-down for each codec the trials
-// ran, in turn until nothing changes) that brings the predictions of `trials` (plan, measured
-// seconds) closest to the measurements, relative error; the identity when it does not help.
-// A codec gets a slow-down of its own only on evidence (it halves the error the other terms
-// leave, by more than a trial's noise), and a codec no trial ran gets none.
+// What the trials teach the cost model: the correction that brings the predictions of `trials`
+// (plan, measured seconds) closest to the measurements, relative error; the identity when it
+// does not help. The link's rate (and its latency, when two trials tell it) on the uncompressed
+// trials alone, then on all trials the latency per message and each tried codec's own slow-down
+// (grids, by coordinate descent), then the step overhead in closed form. A codec gets a
+// slow-down of its own only on evidence (it halves the error on the trials that run it, by more
+// than a trial's noise), and a codec no trial ran gets none.
 Correction fit_correction(const Profile& profile, const Cluster& cluster,
                           const CodecCosts& codecs,
                           const std::vector<std::pair<Plan, double>>& trials);
