@@ -247,11 +247,18 @@ TEST_F(ModelCli, SimulateAppliesACorrection) {
   json topk_slow = overhead;
   topk_slow["codec_lambdas"] = {{"topk", 2}};
   const std::string own = path("own.json");
-  ASSERT_EQ(run("simulate" + codecs + "--correction " + write("topk.json", topk_slow) +
-                " --json " + own).exit_code, 0);
+  const Result by_codec = run("simulate" + codecs + "--correction " +
+                              write("topk.json", topk_slow) + " --json " + own);
+  ASSERT_EQ(by_codec.exit_code, 0) << by_codec.output;
   EXPECT_EQ(read(own)["rows"][0]["iteration_s"], read(shifted)["rows"][0]["iteration_s"]);
   EXPECT_GT(read(own)["rows"][1]["iteration_s"].get<double>(),
             read(shifted)["rows"][1]["iteration_s"].get<double>());
+  // Each row says the slow-down its plan was simulated with: the uncompressed plan none, the
+  // top-k plan top-k's for its compressed buckets (weighed by their elements: between 1 and 2).
+  EXPECT_EQ(read(own)["rows"][0]["lambda"], 1.0);
+  EXPECT_GT(read(own)["rows"][1]["lambda"].get<double>(), 1.5);
+  EXPECT_LE(read(own)["rows"][1]["lambda"].get<double>(), 2.0);
+  EXPECT_TRUE(has(by_codec, "lambda 1, for a codec's buckets its own")) << by_codec.output;
 
   json bad = overhead;
   bad["lambda"] = 0.5;

@@ -87,10 +87,10 @@ std::vector<NamedPlan> make_plans(const SimulateOptions& o, const model::Profile
 }
 
 json row(const model::Profile& profile, const model::Cluster& c, const std::string& plan,
-         const model::SimResult& r) {
+         double lambda, const model::SimResult& r) {
   return {{"profile", profile.model}, {"workers", c.workers}, {"per_node", c.per_node},
           {"bandwidth_bytes_per_s", c.inter.bytes_per_s}, {"bandwidth_gbit", c.inter.bytes_per_s * 8 / 1e9},
-          {"plan", plan}, {"iteration_s", r.iteration_s},
+          {"plan", plan}, {"lambda", lambda}, {"iteration_s", r.iteration_s},
           {"compute_bound_s", model::compute_bound(profile)}, {"backward_end_s", r.backward_end_s},
           {"exchange_end_s", r.exchange_end_s}, {"bytes_sent", r.bytes_sent}};
 }
@@ -104,11 +104,21 @@ std::map<std::string, double> busy(const model::SimResult& r) {
   return out;
 }
 
-void print_cluster(const model::Profile& profile, const model::Cluster& c, double lambda) {
-  fmt::print("{} on {} workers ({} per node): inter {} + {:g} us, intra {} + {:g} us; lambda {}\n",
+// The slow-down of compute while communicating: one for every plan, unless a correction's codecs
+// have their own (then each plan's is in its row).
+std::string lambda_text(const SimulateOptions& o) {
+  if (o.correction_path.empty() || o.correction.codec_lambdas.empty()) {
+    return fmt::format("lambda {:g}", o.lambda);
+  }
+  return fmt::format("lambda {:g}, for a codec's buckets its own (the lambda column)", o.lambda);
+}
+
+void print_cluster(const SimulateOptions& o, const model::Profile& profile,
+                   const model::Cluster& c) {
+  fmt::print("{} on {} workers ({} per node): inter {} + {:g} us, intra {} + {:g} us; {}\n",
              profile.model, c.workers, c.per_node, model::format_rate(c.inter.bytes_per_s),
              c.inter.latency_s * 1e6, model::format_rate(c.intra.bytes_per_s),
-             c.intra.latency_s * 1e6, lambda);
+             c.intra.latency_s * 1e6, lambda_text(o));
   fmt::print("compute bound (forward + backward, no communication): {}\n",
              format_ms(model::compute_bound(profile)));
 }
@@ -116,18 +126,21 @@ void print_cluster(const model::Profile& profile, const model::Cluster& c, doubl
 // One cluster: the breakdown of every plan, and the first plan's trace.
 void simulate_one(const SimulateOptions& o, const model::Profile& profile,
                   const std::vector<NamedPlan>& plans, const model::CostModel& cost, json& out) {
-  print_cluster(profile, cost.cluster(), o.lambda);
-  fmt::print("{:<32} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10}\n", "plan", "buckets",
-             "iteration", "bwd end", "exposed", "encode", "exchange", "decode", "sent/rank");
+  print_cluster(o, profile, cost.cluster());
+  fmt::print("{:<32} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7}\n", "plan",
+             "buckets", "iteration", "bwd end", "exposed", "encode", "exchange", "decode",
+             "sent/rank", "lambda");
   for (size_t i = 0; i < plans.size(); ++i) {
-    const auto r = model::simulate(profile, plans[i].plan, cost, o.simulator(plans[i].plan), true);
+    const model::SimulatorSettings settings = o.simulator(plans[i].plan);
+    const auto r = model::simulate(profile, plans[i].plan, cost, settings, true);
     auto lanes = busy(r);
-    fmt::print("{:<32} {:>7} {:>10.1f} {:>10.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>10}\n",
-               plans[i].name.substr(0, 32), plans[i].plan.buckets.size(), r.iteration_s * 1e3,
-               r.backward_end_s * 1e3, (r.iteration_s - model::compute_bound(profile)) * 1e3,
-               lanes["encode"] * 1e3, lanes["exchange"] * 1e3, lanes["decode"] * 1e3,
-               format_bytes(r.bytes_sent));
-    out["rows"].push_back(row(profile, cost.cluster(), plans[i].name, r));
+    fmt::print(
+        "{:<32} {:>7} {:>10.1f} {:>10.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>10} {:>7.3g}\n",
+        plans[i].name.substr(0, 32), plans[i].plan.buckets.size(), r.iteration_s * 1e3,
+        r.backward_end_s * 1e3, (r.iteration_s - model::compute_bound(profile)) * 1e3,
+        lanes["encode"] * 1e3, lanes["exchange"] * 1e3, lanes["decode"] * 1e3,
+        format_bytes(r.bytes_sent), settings.lambda);
+    out["rows"].push_back(row(profile, cost.cluster(), plans[i].name, settings.lambda, r));
     if (i == 0 && !o.trace_path.empty()) write_json_file(o.trace_path, r.chrome_trace());
   }
   fmt::print("(ms; encode, exchange and decode are busy time summed over buckets)\n");
@@ -162,9 +175,10 @@ void sweep(const SimulateOptions& o, const model::Profile& profile,
       const model::CostModel cost(c, costs);
       fmt::print("{:>8} {:>14}", w, model::format_rate(bw));
       for (const auto& p : plans) {
-        const auto r = model::simulate(profile, p.plan, cost, o.simulator(p.plan));
+        const model::SimulatorSettings settings = o.simulator(p.plan);
+        const auto r = model::simulate(profile, p.plan, cost, settings);
         fmt::print(" {:>14.1f}", r.iteration_s * 1e3);
-        out["rows"].push_back(row(profile, c, p.name, r));
+        out["rows"].push_back(row(profile, c, p.name, settings.lambda, r));
       }
       fmt::print("\n");
     }
