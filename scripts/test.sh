@@ -12,11 +12,12 @@
 #   5. every libFuzzer target (clang; docs/fuzzing.md) for a bounded time: GRADCOMP_FUZZ_SECONDS
 #      in total (default 160), split evenly among the targets (scripts/run_fuzzers.sh).
 # The trees of 2, 3 and 5 are built by scripts/build_sanitized.sh (2 and 5 share one) beside
-# the Python tests of step 4, and the fuzzers run beside its fault injection, both at the lowest
-# CPU priority: much of pytest waits (for timeouts, rendezvous and rate-limited links), and a
-# build or a fuzzer at nice 19 takes the CPU only when nothing else wants it. So the stages run
-# in the order 1, 4 (the Python tests, the build beside them), 2, 3, 4 (the fault injection, the
-# fuzzers beside it), 5 (the fuzzers' results).
+# the Python tests and the fault injection of step 4, and the fuzzers run beside steps 2 and 3,
+# both at the lowest CPU priority: much of pytest waits (for timeouts, rendezvous and
+# rate-limited links), the fault injection mostly (for a stopped rank's timeout), and a build
+# or a fuzzer at nice 19 takes the CPU only when nothing else wants it. So the stages run in
+# the order 1, 4 (the Python tests, then the fault injection, the build beside them), 2 and 3
+# (the fuzzers beside them), 5 (the fuzzers' results).
 # Stops at the first failure and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,10 +56,21 @@ builds=$!
 jobs_in_background+=("$builds")
 /usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/layout | tee build/pytest.log
 
+stage "fault injection (pytest), the sanitizer builds still beside"
+# The fault tests mostly wait (for a stopped rank's timeout): the builds take what CPU they
+# leave, as the fuzzers did when they ran beside them (274 s for the fault tests with the
+# fuzzers beside, 255 s without).
+/usr/bin/python3 -m pytest -q --durations=5 tests/faults | tee build/pytest-faults.log
+
 stage "the sanitizer and fuzzer builds (finishing)"
 finish "$builds" build/build_sanitized.log scripts/build_sanitized.sh
 
-stage "unit tests under ASan + UBSan"
+# The fuzzers (bounded in wall time) take what CPU the sanitized tests leave.
+background build/run_fuzzers.log scripts/run_fuzzers.sh
+fuzzers=$!
+jobs_in_background+=("$fuzzers")
+
+stage "unit tests under ASan + UBSan, the fuzzers beside"
 # Under mpirun the tests set their own LSAN_OPTIONS (tests/transport/mpi_lsan.supp). The
 # multi-process tests run at 2 ranks over Gloo; at 4 only the routes' (the hierarchical route
 # needs two nodes of two) and the servers' and plan changes'; over Open MPI only the transport's
@@ -77,15 +89,6 @@ stage "engine tests under ThreadSanitizer"
 TSAN_OPTIONS=halt_on_error=1:suppressions=$PWD/tests/tsan.supp ctest --test-dir build-tsan --output-on-failure -j "$jobs" \
   -R '^(Engine|PlanChange|OpQueue|KeptThread|(engine|plan_change|servers)_mptest[.]gloo|SparseSelect[.]CollectFinds)' \
   -E '^engine_mptest[.]gloo[.]np4$'
-
-stage "fault injection (pytest), the fuzzers beside it"
-# The fault tests mostly wait (for a stopped rank's timeout): the fuzzers take what CPU they
-# leave. Measured on 2 cores: 274 s for the fault tests with the fuzzers beside them, 255 s
-# without (and 160 s of fuzzing saved).
-background build/run_fuzzers.log scripts/run_fuzzers.sh
-fuzzers=$!
-jobs_in_background+=("$fuzzers")
-/usr/bin/python3 -m pytest -q --durations=5 tests/faults | tee build/pytest-faults.log
 
 stage "the fuzzers' results"
 finish "$fuzzers" build/run_fuzzers.log scripts/run_fuzzers.sh

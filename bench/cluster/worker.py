@@ -561,17 +561,18 @@ def await_decision(settings, optimizer, one_step, done):
 
 def auto_record(report, settings, decided_after):
     """What bench.py reports of compression="auto": its settings and candidate options, when
-    it decided, and its (first) decision: every candidate's predicted and measured step, the
-    one kept and why, the search's cost. More than one decision means it searched again during
+    it decided, and its (first) decision: every candidate's predicted and measured step and
+    its CPU time per step, the one kept and why, the search's cost, the machine the ranks
+    share. More than one decision means it searched again during
     the measured steps."""
     first = report["decisions"][0]
     decision = {k: first.get(k) for k in ("step", "reason", "kept", "kept_name", "why",
                                           "search_steps", "search_seconds", "planner_ms",
-                                          "link", "per_node", "intra_link",
+                                          "link", "per_node", "intra_link", "machine",
                                           "search_cost_seconds", "payback_steps")
                 if k in first}
     decision["candidates"] = [{k: c[k] for k in ("name", "summary", "predicted_ms",
-                                                 "measured_ms", "first_step")}
+                                                 "measured_ms", "first_step", "cpu_ms")}
                               for c in first["candidates"]]
     return {"settings": settings, "options": report["candidates"],
             "decided_after_steps": decided_after, "phase": report["phase"],

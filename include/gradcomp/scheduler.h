@@ -121,6 +121,8 @@ struct AutoCandidate {
   double noise_ms = 0;       // measured_ms's uncertainty, from the spread of the trial's steps
   uint64_t measured_steps = 0;  // steps behind measured_ms
   bool stopped_early = false;   // its trial stopped after stop_after steps: clearly slower
+  // Median over the same steps of the busiest rank's CPU time (every thread of its process).
+  double cpu_ms = 0;
 };
 
 // One decision.
@@ -141,6 +143,10 @@ struct AutoDecision {
   model::Link link;              // the calibrated link (between nodes, when there are nodes)
   int per_node = 1;              // ranks per node the plans were made for
   model::Link intra_link;        // the link inside a node (per_node > 1)
+  // The machine of the job with the most ranks per core: its ranks (those sharing its kernel)
+  // and the cores they may run on. With a candidate's cpu_ms, how busy its cores were.
+  int machine_ranks = 1;
+  int machine_cores = 1;
   double decision_ms = 0;        // the planner's time for the proposals
   double fit_ms = 0;             // fitting the correction to all of the trials
   // Mean |predicted - measured| / measured over the trials: as predicted, and as the model

@@ -21,6 +21,7 @@
 #include "gradcomp/scheduler.h"
 #include "schedule/agreement.h"
 #include "schedule/calibration.h"
+#include "schedule/host_load.h"
 #include "schedule/online_profile.h"
 
 namespace gradcomp {
@@ -93,6 +94,7 @@ json candidate_json(const AutoCandidate& c) {
           {"round", c.round},
           {"measured_steps", c.measured_steps},
           {"stopped_early", c.stopped_early},
+          {"cpu_ms", c.cpu_ms},
           {"plan", c.plan.to_json()}};
 }
 
@@ -221,8 +223,14 @@ struct AutoScheduler::Impl {
   size_t trial = 0;                // index into order
   bool refined = false;            // the second round was proposed
   std::vector<double> trial_times;  // this rank's measured steps of the trial
-  // Each candidate's agreed steps (the slowest rank's), over all of its trials.
+  std::vector<double> trial_cpu;    // this process's CPU time in each of them
+  // Each candidate's agreed steps (the slowest rank's), over all of its trials, and the
+  // busiest rank's CPU time in them.
   std::vector<std::vector<double>> candidate_times;
+  std::vector<std::vector<double>> candidate_cpu;
+  // This process's CPU seconds at the last step's end (each step's CPU time is the difference).
+  double cpu_at_step_end = schedule::process_cpu_seconds();
+  std::optional<schedule::MachineShare> machine;  // found by the first search
   std::vector<size_t> again;  // candidates to measure once more before deciding (decide())
   // The lossless plan and the faster lossy one, once measured twice (decide()).
   std::optional<std::pair<size_t, size_t>> measured_again;
@@ -308,6 +316,9 @@ Plan AutoScheduler::Impl::resume_in(const Plan& plan, bool trial) {
 std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
   ++steps;
   const double step_s = std::max(0.0, t.step_end - t.step_start);
+  const double cpu_now = schedule::process_cpu_seconds();
+  const double cpu_s = cpu_now - cpu_at_step_end;
+  cpu_at_step_end = cpu_now;
   switch (phase) {
     case Phase::kWarmup:
       if (steps + settings.profile_steps > settings.warmup_steps) profile.add(t);
@@ -316,7 +327,10 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
     case Phase::kTrial: {
       // The trial's first step (the plan change's own) is not measured.
       const uint64_t into = steps - search.candidates[trying()].first_step;  // 0: the first
-      if (into >= 1) trial_times.push_back(step_s);
+      if (into >= 1) {
+        trial_times.push_back(step_s);
+        trial_cpu.push_back(cpu_s);
+      }
       if (into + 1 >= settings.trial_steps) return end_trial(into + 1);
       if (into == settings.stop_after && again.empty() && clearly_slower()) {
         search.candidates[trying()].stopped_early = true;
@@ -367,6 +381,9 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   }
   if (!measured_profile) measured_profile = profile.agreed(*transport);
   calibrate();
+  if (!machine) machine = schedule::most_crowded_machine(*transport);
+  search.machine_ranks = machine->ranks;
+  search.machine_cores = machine->cores;
   const model::CodecCosts& codecs = *codec_costs;
   search.link = cluster.inter;
   search.per_node = cluster.per_node;
@@ -385,7 +402,9 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   trial = 0;
   refined = false;
   trial_times.clear();
+  trial_cpu.clear();
   candidate_times.clear();
+  candidate_cpu.clear();
   again.clear();
   measured_again.reset();
   trial_steps_run = 0;
@@ -541,17 +560,25 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
 }
 
 // The trial's steps, agreed over the ranks (each the slowest rank's), join the candidate's
-// earlier ones, if it ran before: its measurement is the median of them all.
+// earlier ones, if it ran before: its measurement is the median of them all. Its CPU time per
+// step likewise, the busiest rank's (one collective for both).
 void AutoScheduler::Impl::take_trial_times() {
   const size_t c = trying();
   candidate_times.resize(search.candidates.size());
-  const auto agreed = schedule::max_over_ranks(*transport, trial_times);
-  candidate_times[c].insert(candidate_times[c].end(), agreed.begin(), agreed.end());
+  candidate_cpu.resize(search.candidates.size());
+  std::vector<double> mine = trial_times;
+  mine.insert(mine.end(), trial_cpu.begin(), trial_cpu.end());
+  const auto agreed = schedule::max_over_ranks(*transport, std::move(mine));
+  const auto times_end = agreed.begin() + static_cast<std::ptrdiff_t>(trial_times.size());
+  candidate_times[c].insert(candidate_times[c].end(), agreed.begin(), times_end);
+  candidate_cpu[c].insert(candidate_cpu[c].end(), times_end, agreed.end());
   AutoCandidate& candidate = search.candidates[c];
   candidate.measured_ms = 1e3 * schedule::median(candidate_times[c]);
   candidate.noise_ms = 1e3 * schedule::median_uncertainty(candidate_times[c]);
   candidate.measured_steps = candidate_times[c].size();
+  candidate.cpu_ms = 1e3 * schedule::median(candidate_cpu[c]);
   trial_times.clear();
+  trial_cpu.clear();
 }
 
 // Whether the trial under way is already clearly slower than the fastest plan measured: its
@@ -706,6 +733,9 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
     search.why += fmt::format("; {} and {} were measured twice (a gain the noise hid)",
                               cs[measured_again->first].name, cs[measured_again->second].name);
   }
+  const std::string busy = schedule::cpu_bound_note(machine.value_or(schedule::MachineShare{}),
+                                                    cs[best].cpu_ms, cs[best].measured_ms);
+  if (!busy.empty()) search.why += "; " + busy;
   note_drift_outcome(cs[best].plan);
   search.kept = best;
   search.step = steps + 1;
@@ -720,8 +750,9 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   std::vector<std::string> lines;
   for (const auto& c : cs) {
     lines.push_back(
-        fmt::format("  {:<52} predicted {:8.1f} ms, measured {:8.1f} ± {:.1f} ms{}  [{}]", c.name,
-                    c.predicted_ms, c.measured_ms, c.noise_ms,
+        fmt::format("  {:<52} predicted {:8.1f} ms, measured {:8.1f} ± {:.1f} ms, CPU {:6.1f} "
+                    "ms{}  [{}]",
+                    c.name, c.predicted_ms, c.measured_ms, c.noise_ms, c.cpu_ms,
                     c.stopped_early ? " (stopped early)" : "", c.summary));
   }
   mark("auto: decided", search_start, search);
@@ -951,6 +982,7 @@ json AutoScheduler::report() const {
                          {"link", {{"bytes_per_s", d.link.bytes_per_s},
                                    {"latency_s", d.link.latency_s}}},
                          {"per_node", d.per_node},
+                         {"machine", {{"ranks", d.machine_ranks}, {"cores", d.machine_cores}}},
                          {"intra_link", {{"bytes_per_s", d.intra_link.bytes_per_s},
                                          {"latency_s", d.intra_link.latency_s}}}});
   }

@@ -30,6 +30,9 @@ def test_auto_decides_in_unmeasured_steps_then_measures_the_kept_plan(tmp_path):
     assert decision["step"] == autos[0]["decided_after_steps"] + 1
     assert decision["candidates"][0]["name"] == "uncompressed"
     assert all(c["measured_ms"] > 0 and c["predicted_ms"] > 0 for c in decision["candidates"])
+    # The CPU time of each trial's steps, and the machine the ranks share (this one).
+    assert all(c["cpu_ms"] > 0 for c in decision["candidates"])
+    assert decision["machine"]["ranks"] == len(ranks) and decision["machine"]["cores"] >= 1
     assert decision["kept_name"] == decision["candidates"][decision["kept"]]["name"]
     assert decision["search_steps"] > 0 and decision["search_seconds"] > 0
     # The plan in force is the kept one.
@@ -73,7 +76,8 @@ def test_report_shows_the_decision_under_the_table():
     candidates = [{"name": "uncompressed", "summary": "4 buckets: 4 none",
                    "predicted_ms": 1300.0, "measured_ms": 1400.0, "first_step": 21},
                   {"name": "the planner's best", "summary": "9 buckets: 9 powersgd:rank=4/ef",
-                   "predicted_ms": 200.0, "measured_ms": 250.0, "first_step": 26}]
+                   "predicted_ms": 200.0, "measured_ms": 250.0, "first_step": 26,
+                   "cpu_ms": 95.0}]
     auto = {"settings": bench.AUTO, "options": ["fp16", "powersgd:rank=4|ef"],
             "decided_after_steps": 30, "phase": "decided", "decisions": 1,
             "plan": candidates[1]["summary"], "ranks_agree": True,
@@ -84,11 +88,14 @@ def test_report_shows_the_decision_under_the_table():
     config["runs"].append(make_run("auto", steps_around(240.0), family="auto", auto=auto))
     md = report.render_markdown({"replay": [config]}, [])
     assert "kept **the planner's best**" in md and "from step 31" in md
-    assert "| the planner's best (kept) | 9 buckets: 9 powersgd:rank=4/ef | 200.0 | 250.0 |" in md
+    assert ("| the planner's best (kept) | 9 buckets: 9 powersgd:rank=4/ef | 200.0 | 250.0 | "
+            "95.0 |") in md
     assert "| label of auto | 240.0 |" in md
-    # Time-dilated: the candidates' times are divided by the dilation, as every step time.
-    assert "| uncompressed | 4 buckets: 4 none | 130.0 | 140.0 |" in "\n".join(
-        report._auto_block(auto, 10))
+    # Time-dilated: the candidates' times are divided by the dilation, as every step time; the
+    # CPU time is real time, as the contenders' (a report without it shows none).
+    dilated = "\n".join(report._auto_block(auto, 10))
+    assert "| uncompressed | 4 buckets: 4 none | 130.0 | 140.0 | - |" in dilated
+    assert "| 20.0 | 25.0 | 95.0 |" in dilated
 
 
 def test_auto_candidates_reach_the_replay_settings(capsys):

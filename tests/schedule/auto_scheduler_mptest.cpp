@@ -151,6 +151,11 @@ TEST(AutoScheduler, KeepsThePlanThatIsFastestInFact) {
   EXPECT_GT(decision["search_seconds"].get<double>(), 0);
   EXPECT_NEAR(decision["payback_steps"].get<double>(), std::max(0.0, cost) / (plain_s - kept_s),
               1e-9);
+  // Each trial's CPU time per step (the busiest rank's, so the same on every rank: the
+  // candidates' dump below), and the machine all of this test's ranks share.
+  for (const auto& c : candidates) EXPECT_GT(c["cpu_ms"].get<double>(), 0) << c["name"];
+  EXPECT_EQ(decision["machine"]["ranks"].get<int>(), world()->size());
+  EXPECT_GE(decision["machine"]["cores"].get<int>(), 1);
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
   expect_same_on_every_rank(decision["candidates"].dump() + decision["search_seconds"].dump() +
                             decision["payback_steps"].dump());
