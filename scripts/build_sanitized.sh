@@ -4,8 +4,9 @@
 #               UndefinedBehaviorSanitizer (clang, Debug: asserts kept; the fuzz targets in
 #               build-asan/fuzz, docs/fuzzing.md). One tree for both: the library is compiled
 #               once for them. At -O1, as the sanitizers' authors advise: the tree builds in
-#               563 s on 2 cores against 392 s at -O0, and its tests run in 154 s against
-#               about 490 (scripts/test.sh's selection), the fuzzers likewise faster. Clang's
+#               563 s on 2 cores against 392 s at -O0, and scripts/test.sh's selection of its
+#               tests ran in 154 s (its ctest line, alone) against 632 s at -O0 in CI with two
+#               more multi-process tests (141 s of them); the fuzzers likewise faster. Clang's
 #               notes on `omp simd` loops it leaves scalar at -O1 are silenced (-Wno-pass-failed);
 #   build-tsan  the engine's tests, with ThreadSanitizer (GCC); their Gloo runs are started by
 #               the Release build's launcher (build/bin/gradcomp), so the tool is not built here.
