@@ -67,11 +67,13 @@ LABELS = {
 
 # worker.py's settings of compression="auto" (not imported: worker.py loads torch; a test
 # compares them), and the most steps it can take before it decides: its warm-up, then up to
-# 4 + max_proposals + refine_proposals (the scheduler's default: 2) trials of trial_steps each
-# (uncompressed, over nodes the planner's best uncompressed plan, the proposals, and two more
-# when a gain the noise hid is measured again).
+# 2 + max_proposals + refine_proposals (the scheduler's default: 2) + runoff + 1 (its default:
+# 3) trials of trial_steps each (uncompressed, over nodes the planner's best uncompressed plan,
+# the proposals, then the plans within the noise of the fastest and a lossless one whose loss
+# the noise may hide, measured again).
 AUTO = {"warmup_steps": 20, "profile_steps": 8, "trial_steps": 5, "max_proposals": 4}
-AUTO_SEARCH_STEPS = AUTO["warmup_steps"] + (4 + AUTO["max_proposals"] + 2) * AUTO["trial_steps"]
+AUTO_SEARCH_STEPS = (AUTO["warmup_steps"]
+                     + (2 + AUTO["max_proposals"] + 2 + 4) * AUTO["trial_steps"])
 
 # worker.py's --optimizer choices (not imported: worker.py loads torch; a test compares them).
 OPTIMIZERS = ["none", "sgd", "adamw", "lans", "lamb", "onebitadam", "onebitlamb"]

@@ -568,7 +568,8 @@ def _payback_text(d):
 def _auto_block(auto, k=1):
     """compression="auto"'s decision under its table: what it kept, when and why, what the
     search cost, and every candidate's predicted against measured step (its own model and its
-    own trial steps: the slowest rank's median), divided by the config's dilation k as every
+    own trial steps: the slowest rank's median; the runoff's candidates, measured twice, over
+    both of their trials), divided by the config's dilation k as every
     step time here (its search's seconds are the wall clock's), and the CPU time of the busiest
     rank in a step of its trial (real time, as the contenders' CPU column)."""
     d = auto["decision"]
@@ -584,9 +585,14 @@ def _auto_block(auto, k=1):
                 if auto.get("decisions", 1) > 1 else "")
              + ("; **the ranks decided differently**" if auto.get("ranks_agree") is False
                 else "") + ".", ""]
-    rows = [(c["name"] + (" (kept)" if i == d["kept"] else ""), c["summary"],
-             _num(c["predicted_ms"] / k), _num(c["measured_ms"] / k), _num(c.get("cpu_ms")))
-            for i, c in enumerate(d["candidates"])]
+    twice = set(d.get("remeasured") or [])
+
+    def name(i, c):
+        marks = [m for m, on in (("kept", i == d["kept"]), ("measured twice", i in twice)) if on]
+        return c["name"] + (f" ({', '.join(marks)})" if marks else "")
+
+    rows = [(name(i, c), c["summary"], _num(c["predicted_ms"] / k), _num(c["measured_ms"] / k),
+             _num(c.get("cpu_ms"))) for i, c in enumerate(d["candidates"])]
     lines += _table(["auto's candidate", "plan", "predicted ms (its model)",
                      "measured ms (its trial)", "CPU ms/step (busiest rank)"], rows)
     return lines + [""]

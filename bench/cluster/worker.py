@@ -534,10 +534,12 @@ def replay(args, kind, argument):
 
 def auto_search_steps(settings):
     """The most steps compression="auto" can take before it decides: its warm-up, then up to
-    4 + max_proposals + refine_proposals trials of trial_steps each (uncompressed, over nodes
-    the planner's best uncompressed plan, the proposals, and two more when a gain the noise
-    hid is measured again; the scheduler's defaults where unset)."""
-    plans = 4 + settings.get("max_proposals", 4) + settings.get("refine_proposals", 2)
+    2 + max_proposals + refine_proposals + max(runoff + 1, 2) trials of trial_steps each
+    (uncompressed, over nodes the planner's best uncompressed plan, the proposals, then the
+    runoff: the plans within the noise of the fastest, and a lossless one whose loss the noise
+    may hide; the scheduler's defaults where unset)."""
+    runoff = max(settings.get("runoff", 3) + 1, 2)
+    plans = 2 + settings.get("max_proposals", 4) + settings.get("refine_proposals", 2) + runoff
     return settings.get("warmup_steps", 30) + plans * settings.get("trial_steps", 6)
 
 
@@ -561,18 +563,19 @@ def await_decision(settings, optimizer, one_step, done):
 
 def auto_record(report, settings, decided_after):
     """What bench.py reports of compression="auto": its settings and candidate options, when
-    it decided, and its (first) decision: every candidate's predicted and measured step and
-    its CPU time per step, the one kept and why, the search's cost, the machine the ranks
-    share. More than one decision means it searched again during
-    the measured steps."""
+    it decided, and its (first) decision: every candidate's predicted and measured step (and
+    the steps behind it) and its CPU time per step, the one kept and why, the candidates its
+    runoff measured twice, the search's cost, the machine the ranks share. More than one
+    decision means it searched again during the measured steps."""
     first = report["decisions"][0]
     decision = {k: first.get(k) for k in ("step", "reason", "kept", "kept_name", "why",
                                           "search_steps", "search_seconds", "planner_ms",
                                           "link", "per_node", "intra_link", "machine",
-                                          "search_cost_seconds", "payback_steps")
+                                          "search_cost_seconds", "payback_steps", "remeasured")
                 if k in first}
     decision["candidates"] = [{k: c[k] for k in ("name", "summary", "predicted_ms",
-                                                 "measured_ms", "first_step", "cpu_ms")}
+                                                 "measured_ms", "measured_steps", "first_step",
+                                                 "cpu_ms")}
                               for c in first["candidates"]]
     return {"settings": settings, "options": report["candidates"],
             "decided_after_steps": decided_after, "phase": report["phase"],

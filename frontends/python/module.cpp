@@ -395,6 +395,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("stop_margin", &AutoSettings::stop_margin)
       .def_readwrite("max_proposals", &AutoSettings::max_proposals)
       .def_readwrite("refine_proposals", &AutoSettings::refine_proposals)
+      .def_readwrite("runoff", &AutoSettings::runoff)
       .def_readwrite("drift", &AutoSettings::drift)
       .def_readwrite("check_every", &AutoSettings::check_every)
       .def_readwrite("drift_checks", &AutoSettings::drift_checks)

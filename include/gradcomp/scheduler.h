@@ -74,6 +74,12 @@ struct AutoSettings {
   // yet tried whose corrected prediction beats the fastest measured get a trial too (0: none),
   // so the first search already profits from what its own trials taught the model.
   size_t refine_proposals = 2;
+  // Then the plans measured within the trials' noise of the fastest, the fastest included and
+  // at most this many (closest first), run a trial more each, in the reverse order of their
+  // first ones, and the decision takes all their steps (0 or 1: none). Between plans the
+  // clock cannot yet tell apart, one trial each keeps whichever had the luckiest steps; the
+  // reversed order makes the machine's own drift through the search favour none of them.
+  size_t runoff = 3;
   double drift = 0.2;           // a relative change of the step time that counts as drift
   uint64_t check_every = 25;    // steps between drift checks, after a decision
   uint64_t drift_checks = 3;    // consecutive checks that must see drift before deciding again
@@ -156,6 +162,9 @@ struct AutoDecision {
   // The same for the round-2 plans, predicted by the model that round 1 corrected before they
   // ran (out of sample); -1 when no plan was refined.
   double model_error_refined = -1;
+  // The candidates measured twice before the decision (AutoSettings::runoff, and a lossless
+  // plan whose loss to the fastest the noise may hide), in the order they ran again.
+  std::vector<size_t> remeasured;
 };
 
 // The scheduler's clock of one step on this rank (seconds of a steady clock).

@@ -203,7 +203,7 @@ _NON_FINITE_STEP = (
 
 
 _AUTO_KEYS = ("candidates", "warmup_steps", "profile_steps", "trial_steps", "stop_after",
-              "stop_margin", "max_proposals", "refine_proposals", "drift", "check_every",
+              "stop_margin", "max_proposals", "refine_proposals", "runoff", "drift", "check_every",
               "drift_checks", "residual_growth", "residual_checks", "verbose")
 
 
@@ -329,7 +329,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         chooses the plan from what it measures in this job (docs/auto.md; auto_report()).
     auto: compression="auto"'s settings, a dict: candidates (options the plans may use;
         default: those recommended for this optimizer's kind), warmup_steps, profile_steps,
-        trial_steps, stop_after, stop_margin, max_proposals, refine_proposals, drift,
+        trial_steps, stop_after, stop_margin, max_proposals, refine_proposals, runoff, drift,
         check_every, drift_checks, residual_growth, residual_checks, verbose.
     named_parameters: model.named_parameters(), or the model itself (then the weights of its
         nn.Embedding and nn.EmbeddingBag with sparse=True are exchanged as sparse rows).

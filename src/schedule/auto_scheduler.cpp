@@ -178,6 +178,8 @@ struct AutoScheduler::Impl {
   std::optional<Plan> decide();
   double tie_margin(size_t c, size_t fastest) const;  // decide(): see there
   bool noise_hides_gain(size_t c, size_t fastest) const;
+  std::vector<size_t> close_to(size_t fastest) const;  // decide(): the runoff's candidates
+  std::optional<Plan> run_off(std::vector<size_t> runoff, bool hidden_gain);
   std::optional<Plan> end_trial(uint64_t steps_run);
   std::optional<Plan> next_candidate();
   void take_trial_times();  // the trial's agreed steps so far into its candidate's measurement
@@ -232,8 +234,7 @@ struct AutoScheduler::Impl {
   double cpu_at_step_end = schedule::process_cpu_seconds();
   std::optional<schedule::MachineShare> machine;  // found by the first search
   std::vector<size_t> again;  // candidates to measure once more before deciding (decide())
-  // The lossless plan and the faster lossy one, once measured twice (decide()).
-  std::optional<std::pair<size_t, size_t>> measured_again;
+  bool ran_off = false;       // this search's runoff is done, or was not needed (decide())
   uint64_t trial_steps_run = 0;      // steps the search's trials ran (their first steps included)
   size_t trying() const { return again.empty() ? order[trial] : again.front(); }  // its plan
   Clock::time_point search_start;
@@ -406,7 +407,7 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
   candidate_times.clear();
   candidate_cpu.clear();
   again.clear();
-  measured_again.reset();
+  ran_off = false;
   trial_steps_run = 0;
   phase = Phase::kTrial;
   const std::string nodes_text =
@@ -676,12 +677,54 @@ void AutoScheduler::Impl::count_search_cost() {
                              : std::max(0.0, search.search_cost_seconds) / (plain_s - kept_s);
 }
 
+// The plans whose trials the clock cannot tell from the fastest's (their medians less than
+// kNoiseSpan combined uncertainties apart), the fastest first, closest next, at most
+// settings.runoff of them; none when that is fewer than two. A trial stopped early was clearly
+// slower.
+std::vector<size_t> AutoScheduler::Impl::close_to(size_t fastest) const {
+  const auto& cs = search.candidates;
+  std::vector<size_t> close{fastest};
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (i == fastest || cs[i].measured_steps == 0 || cs[i].stopped_early) continue;
+    const double noise = kNoiseSpan * std::hypot(cs[i].noise_ms, cs[fastest].noise_ms);
+    if (cs[i].measured_ms - cs[fastest].measured_ms < noise) close.push_back(i);
+  }
+  std::stable_sort(close.begin() + 1, close.end(), [&](size_t a, size_t b) {
+    return cs[a].measured_ms < cs[b].measured_ms;
+  });
+  if (settings.runoff < 2) close.resize(1);
+  if (close.size() > settings.runoff) close.resize(settings.runoff);
+  return close.size() >= 2 ? close : std::vector<size_t>{};
+}
+
+// Measures the runoff's plans once more, the last tried first: with the first trials, an
+// A B C C B A order, in which a machine slowing down or speeding up through the search (a
+// trend) adds the same to each plan's steps. decide() again then, on all of their steps.
+std::optional<Plan> AutoScheduler::Impl::run_off(std::vector<size_t> runoff, bool hidden_gain) {
+  auto& cs = search.candidates;
+  std::stable_sort(runoff.begin(), runoff.end(),
+                   [&](size_t a, size_t b) { return cs[a].first_step > cs[b].first_step; });
+  std::vector<std::string> measured;
+  for (size_t c : runoff) {
+    measured.push_back(fmt::format("{} {}", cs[c].name, measured_text(cs[c])));
+  }
+  say(fmt::format("{}: {}; measuring them again, the last tried first",
+                  fmt::join(measured, ", "),
+                  hidden_gain ? fmt::format("a gain above {:.0f}% that the trials' noise hides",
+                                            100 * kMinGain)
+                              : std::string("within the trials' noise of each other")));
+  search.remeasured = runoff;
+  again = std::move(runoff);
+  return next_trial();
+}
+
 // Keeps the fastest measured plan, unless a lossless one (uncompressed first, in list order)
 // measured within tie_margin of it: a lossy plan must beat the lossless plans by more than the
 // trials' noise and kMinGain. Among lossy plans the clock alone decides: the model's ranking,
 // which it was once given as a tie-break, is what the trials are there to overrule (under
-// AdamW at 100 Mbit/s it kept a plan 2.4% slower than the fastest). A gain above kMinGain that
-// only the noise hides is measured once more, both plans, and decided on all their steps.
+// AdamW at 100 Mbit/s it kept a plan 2.4% slower than the fastest). Plans within the noise of
+// the fastest, and a lossless plan whose loss to it the noise may hide (a gain above
+// kMinGain), are measured once more first (run_off), and decided on all their steps.
 std::optional<Plan> AutoScheduler::Impl::decide() {
   auto& cs = search.candidates;
   size_t fastest = 0;
@@ -696,15 +739,16 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
       break;
     }
   }
-  if (best != fastest && !measured_again && noise_hides_gain(best, fastest)) {
-    measured_again = {best, fastest};
-    again = {best, fastest};
-    say(
-        fmt::format("{} measured {}, {} {}: a gain above {:.0f}% that the trials' noise hides; "
-                    "measuring both again",
-                    cs[fastest].name, measured_text(cs[fastest]), cs[best].name,
-                    measured_text(cs[best]), 100 * kMinGain));
-    return next_trial();
+  if (!ran_off) {
+    ran_off = true;
+    std::vector<size_t> runoff = close_to(fastest);
+    const bool hidden_gain = best != fastest && noise_hides_gain(best, fastest);
+    for (size_t c : {fastest, best}) {  // both, whatever the runoff's size
+      if (hidden_gain && std::find(runoff.begin(), runoff.end(), c) == runoff.end()) {
+        runoff.push_back(c);
+      }
+    }
+    if (runoff.size() >= 2) return run_off(std::move(runoff), hidden_gain);
   }
   const AutoCandidate& plain = cs.front();
   const auto ms = measured_text;
@@ -729,9 +773,12 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
     search.why = fmt::format("fastest measured: {} against {} uncompressed ({:.2f}x)",
                              ms(cs[best]), ms(plain), plain.measured_ms / cs[best].measured_ms);
   }
-  if (measured_again) {
-    search.why += fmt::format("; {} and {} were measured twice (a gain the noise hid)",
-                              cs[measured_again->first].name, cs[measured_again->second].name);
+  if (!search.remeasured.empty()) {
+    std::vector<std::string> names;
+    for (size_t c : search.remeasured) names.push_back(cs[c].name);
+    search.why += fmt::format("; measured twice, as the trials' noise could not tell them apart: "
+                              "{}",
+                              fmt::join(names, ", "));
   }
   const std::string busy = schedule::cpu_bound_note(machine.value_or(schedule::MachineShare{}),
                                                     cs[best].cpu_ms, cs[best].measured_ms);
@@ -975,6 +1022,7 @@ json AutoScheduler::report() const {
                          {"search_seconds", d.search_seconds},
                          {"search_cost_seconds", d.search_cost_seconds},
                          {"payback_steps", d.payback_steps},
+                         {"remeasured", d.remeasured},
                          {"planner_ms", d.decision_ms}, {"fit_ms", d.fit_ms},
                          {"model_error", {{"uncorrected", d.model_error_before},
                                           {"corrected", d.model_error_after},

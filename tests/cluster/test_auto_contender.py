@@ -83,18 +83,19 @@ def test_report_shows_the_decision_under_the_table():
             "plan": candidates[1]["summary"], "ranks_agree": True,
             "decision": {"step": 31, "kept": 1, "kept_name": "the planner's best",
                          "why": "fastest measured", "search_steps": 10.0,
-                         "search_seconds": 12.5, "candidates": candidates}}
+                         "search_seconds": 12.5, "candidates": candidates, "remeasured": [1, 0]}}
     config = replay_config()
     config["runs"].append(make_run("auto", steps_around(240.0), family="auto", auto=auto))
     md = report.render_markdown({"replay": [config]}, [])
     assert "kept **the planner's best**" in md and "from step 31" in md
-    assert ("| the planner's best (kept) | 9 buckets: 9 powersgd:rank=4/ef | 200.0 | 250.0 | "
-            "95.0 |") in md
+    assert ("| the planner's best (kept, measured twice) | 9 buckets: 9 powersgd:rank=4/ef | "
+            "200.0 | 250.0 | 95.0 |") in md
+    assert "| uncompressed (measured twice) | 4 buckets: 4 none |" in md
     assert "| label of auto | 240.0 |" in md
     # Time-dilated: the candidates' times are divided by the dilation, as every step time; the
     # CPU time is real time, as the contenders' (a report without it shows none).
     dilated = "\n".join(report._auto_block(auto, 10))
-    assert "| uncompressed | 4 buckets: 4 none | 130.0 | 140.0 | - |" in dilated
+    assert "| uncompressed (measured twice) | 4 buckets: 4 none | 130.0 | 140.0 | - |" in dilated
     assert "| 20.0 | 25.0 | 95.0 |" in dilated
 
 

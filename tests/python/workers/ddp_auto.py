@@ -11,9 +11,9 @@ import common
 import gradcomp.torch as gc
 
 # At most 5 + (1 + 2 + 2 + 2) x 3 = 26 steps to the decision (1 uncompressed, 2 proposed, 2
-# refined, 2 measured again; the checkpoint is taken after 30).
+# refined, 2 measured again: no runoff but the lossless one; the checkpoint is taken after 30).
 AUTO = {"warmup_steps": 5, "profile_steps": 3, "trial_steps": 3, "max_proposals": 2,
-        "verbose": False, "drift": 9.0}
+        "runoff": 0, "verbose": False, "drift": 9.0}
 
 
 def main():
