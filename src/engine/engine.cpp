@@ -85,6 +85,8 @@ struct Engine::Impl {
   // Waits (under `lock`) until `done` or an error or shutdown; false on error or shutdown.
   template <class Pred>
   bool wait_for(std::unique_lock<std::mutex>& lock, Pred done);
+  bool wait_for_step(std::unique_lock<std::mutex>& lock);  // synchronize(): false on error
+  size_t stages_done() const;
   void open_timeline(const std::string& path);
   void attach_timeline();  // points every bucket's Phases at the current timeline
   bool plan_needs_nodes() const;  // some bucket's route needs nodes (route_needs_nodes)
@@ -554,10 +556,9 @@ void Engine::Impl::encoder_loop() {
 // this thread waits for the step: it then starts over on the new plan's buckets, and it ends
 // its part of a step only once the step is closed, so a bucket added late is not missed.
 void Engine::Impl::exchanger_loop(size_t stream) {
-  uint64_t current = 0;  // the step this thread works on
   std::unique_lock lock(mutex);
+  uint64_t current = cycle;  // the step this thread works on
   for (;;) {
-    if (!wait_for(lock, [&] { return cycle == current; })) return;
     try {
       uint64_t plan_seen = plan_changes;
       size_t b = 0;
@@ -597,13 +598,16 @@ void Engine::Impl::exchanger_loop(size_t stream) {
       changed.notify_all();
       return;
     }
-    ++current;
+    // On to the step open now. A stream with no bucket takes no part in a step, so the steps
+    // may close faster than this thread wakes: counting them one by one, it would wait for a
+    // step that has already closed, and never exchange a bucket a plan change gives it.
+    current = cycle;
   }
 }
 
 void Engine::Impl::decoder_loop() {
-  uint64_t current = 0;
   std::unique_lock lock(mutex);
+  uint64_t current = cycle;
   for (;;) {
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (!wait_for(lock, [&] { return buckets[b].exchanged_step == current; })) return;
@@ -632,10 +636,48 @@ void Engine::Impl::decoder_loop() {
       buckets[b].decoded_step = current;
       changed.notify_all();
     }
-    // Next step: wait until synchronize() has closed this one.
+    // Next step: wait until synchronize() has closed this one (several, when a plan without
+    // buckets let them close without this thread; see exchanger_loop).
     if (!wait_for(lock, [&] { return cycle > current; })) return;
-    ++current;
+    current = cycle;
   }
+}
+
+// The stages this step has finished, over all buckets: what progress means to the backstop.
+size_t Engine::Impl::stages_done() const {
+  size_t done = 0;
+  for (const LiveBucket& b : buckets) {
+    done += (b.encoded_step == cycle) + (b.exchanged_step == cycle) + (b.decoded_step == cycle);
+  }
+  return done;
+}
+
+// Waits until every bucket of the step is decoded. The transport fails a stuck collective at
+// its own timeout; a step in which no stage finished for the engine's (longer) timeout, and no
+// stage thread works, has a stage that will never move: an error rather than a hang.
+bool Engine::Impl::wait_for_step(std::unique_lock<std::mutex>& lock) {
+  const auto decoded = [&] {
+    return std::all_of(buckets.begin(), buckets.end(),
+                       [&](const LiveBucket& b) { return b.decoded_step == cycle; });
+  };
+  for (size_t seen = stages_done();; seen = stages_done()) {
+    const bool moved = changed.wait_for(lock, options.timeout, [&] {
+      return decoded() || error || stopping || stages_done() != seen;
+    });
+    if (error || stopping) return false;
+    if (decoded()) return true;
+    if (!moved && working == 0) break;
+  }
+  std::vector<size_t> stuck;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (buckets[b].decoded_step != cycle) stuck.push_back(b);
+  }
+  error = std::make_exception_ptr(TimeoutError(fmt::format(
+      "synchronize: step {} made no progress for {:.0f} s: bucket(s) {} not exchanged and "
+      "decoded, with no collective under way (an engine fault: please report it)",
+      step_state.step, options.timeout.count() / 1000.0, fmt::join(stuck, ", "))));
+  changed.notify_all();
+  return false;
 }
 
 void Engine::Impl::synchronize() {
@@ -657,10 +699,7 @@ void Engine::Impl::synchronize() {
     changed.notify_all();
     fail_step(lock);
   }
-  const bool finished = wait_for(lock, [&] {
-    return std::all_of(buckets.begin(), buckets.end(),
-                       [&](const LiveBucket& b) { return b.decoded_step == cycle; });
-  });
+  const bool finished = wait_for_step(lock);
   if (error) fail_step(lock);
   if (!finished) throw Error("synchronize: the engine is shutting down");
   settle_step();
