@@ -109,15 +109,21 @@ TEST(PlanChange, NothingIsLostOverSwitchesThroughEveryRoute) {
   EXPECT_EQ(engine.memory_bytes(), fresh.memory_bytes());
 }
 
+// Every tensor in one uncompressed bucket: stream 1 stays idle.
+Plan one_bucket_plan() {
+  Plan one;
+  one.tensors = model_tensors();
+  one.buckets.push_back(Bucket{{}, Option{}});
+  for (size_t t = 0; t < one.tensors.size(); ++t) one.buckets[0].tensors.push_back(t);
+  return one;
+}
+
 // A plan of one bucket leaves stream 1 idle; its exchange thread may finish its (empty) part of
 // the next step before set_plan gives it a bucket. It must still exchange that bucket: before,
 // the step never ended.
 TEST(PlanChange, ABucketMovedOntoAnIdleStreamIsExchanged) {
   const auto tensors = model_tensors();
-  Plan one;
-  one.tensors = tensors;
-  one.buckets.push_back(Bucket{{}, Option{}});
-  for (size_t t = 0; t < tensors.size(); ++t) one.buckets[0].tensors.push_back(t);
+  const Plan one = one_bucket_plan();
   const Plan many = plan_with({});
   ASSERT_GE(many.buckets.size(), 2u);
   Engine engine(world(), one, EngineOptions{.streams = 2});
@@ -192,10 +198,7 @@ class BusyCores {
 // thread at the lowest priority and the cores kept busy: before the fix, 3 runs of 3 hung.
 TEST(PlanChange, AStreamLeftBehindForStepsExchangesItsNextBucket) {
   const auto tensors = model_tensors();
-  Plan one;
-  one.tensors = tensors;
-  one.buckets.push_back(Bucket{{}, Option{}});
-  for (size_t t = 0; t < tensors.size(); ++t) one.buckets[0].tensors.push_back(t);
+  const Plan one = one_bucket_plan();
   const Plan many = plan_with({});
   Engine engine(world(), one, EngineOptions{.streams = 2});
   run_step(engine, 0);  // every stage thread has started (and named itself)
