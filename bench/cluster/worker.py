@@ -688,11 +688,12 @@ def train(args, kind, argument):
 def train_auto_record(report):
     """What compression="auto" decided during training: the options it chose among (those
     recommended for the optimizer), each search's step, what it kept and why, every
-    candidate's measured step."""
+    candidate's measured step, the candidates its runoff measured twice."""
     return {"phase": report["phase"], "plan": report["plan"],
             "options": report.get("planner_codecs"),
             "decisions": [{"step": d.get("step"), "reason": d.get("reason"),
                            "kept": d.get("kept_name"), "why": d.get("why"),
+                           "remeasured": d.get("remeasured", []),
                            "candidates": [{"name": c["name"], "summary": c.get("summary"),
                                            "measured_ms": c.get("measured_ms")}
                                           for c in d.get("candidates", [])]}
