@@ -31,6 +31,18 @@ std::shared_ptr<Transport> single_rank() { return testing::single_rank_transport
 
 using engine_testing::small_plan;
 
+long resident_kb() {  // this process's resident memory
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+// The sanitizers keep freed blocks resident (ASan's quarantine) or add shadow memory as memory
+// is touched (TSan), so resident memory says something only in the regular build, which runs
+// the tests that measure it too.
+constexpr bool kResidentMemoryMeans = !testing::kAddressSanitizer && !testing::kThreadSanitizer;
+
 TEST(EngineSingleRank, MeanOfOneRankIsTheGradient) {
   Engine engine(single_rank(), small_plan());
   auto w = testing::gradient(1000, 1);
@@ -184,12 +196,6 @@ TEST(EngineSingleRank, MemoryDoesNotGrowOver10000Steps) {
   Engine engine(single_rank(), small_plan({.codec = "topk:ratio=0.1", .feedback = "ef",
                                            .route = "allgather"}));
   std::vector<float> w = testing::gradient(1000, 1), b = testing::gradient(10, 2);
-  auto resident_kb = [] {
-    std::ifstream statm("/proc/self/statm");
-    long pages = 0, resident = 0;
-    statm >> pages >> resident;
-    return resident * (sysconf(_SC_PAGESIZE) / 1024);
-  };
   long after_warmup = 0;
   for (int step = 0; step < 10'000; ++step) {
     engine.ready("w", w);
@@ -197,15 +203,46 @@ TEST(EngineSingleRank, MemoryDoesNotGrowOver10000Steps) {
     engine.synchronize();
     if (step == 100) after_warmup = resident_kb();
   }
-  // The sanitizers keep freed blocks resident (ASan's quarantine) or add shadow memory as
-  // memory is touched (TSan), so resident memory says something only in the regular build,
-  // which runs this test too.
-  constexpr bool kResidentMemoryMeans = !testing::kAddressSanitizer && !testing::kThreadSanitizer;
   if (kResidentMemoryMeans) {
     EXPECT_LE(resident_kb() - after_warmup, 256) << "resident memory grew (kB)";
   }
   EXPECT_LE(engine.memory_bytes(), 3 * 4 * (1000 + 10));
   EXPECT_EQ(engine.step(), 10'000u);
+}
+
+// A plan change lets the old plan's memory go, back to the system: 256 buckets of 64 kB, each
+// with a 64 kB error-feedback memory, replaced by the same buckets without memory.
+TEST(EngineSingleRank, APlanChangeGivesTheOldPlansMemoryBack) {
+  constexpr size_t kTensors = 256, kElements = 16384;  // 16 MB of 64 kB buckets
+  std::vector<TensorInfo> tensors;
+  for (size_t t = 0; t < kTensors; ++t) tensors.push_back({fmt::format("t{}", t), kElements});
+  DefaultPlanSettings settings;
+  settings.bucket_bytes = 4 * kElements;
+  settings.min_compress_elements = kElements;
+  settings.compressed = {.codec = "fp16"};
+  const Plan without_memory = make_default_plan(tensors, settings);
+  settings.compressed = {.codec = "topk:ratio=0.01", .feedback = "ef", .route = "allgather"};
+  const Plan with_memory = make_default_plan(tensors, settings);
+  Engine engine(single_rank(), without_memory);
+  std::vector<std::vector<float>> grads(kTensors);
+  auto step = [&] {
+    for (size_t t = 0; t < kTensors; ++t) {
+      grads[t] = testing::gradient(kElements, t);
+      engine.ready(t, grads[t]);
+    }
+    engine.synchronize();
+  };
+  engine.set_plan(with_memory);
+  step();
+  ASSERT_GE(engine.memory_bytes(), 4 * kTensors * kElements);  // the feedback's memories
+  const long before_change = resident_kb();
+  engine.set_plan(without_memory);
+  step();
+  const long freed = before_change - resident_kb();
+  if (kResidentMemoryMeans) {
+    EXPECT_GE(freed, 4 * long{kTensors * kElements} / 1024 / 2)
+        << "kB given back of the 16,384 kB of memories";
+  }
 }
 
 TEST(EngineSingleRank, LossScaleMustBeFiniteAndPositive) {
