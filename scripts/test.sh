@@ -7,16 +7,16 @@
 #   3. the engine's tests and the transports' queue built with ThreadSanitizer (its stage threads
 #      and the transports', and the kept threads they run on);
 #   4. the Python front end's tests (pytest, tests/python: real worker processes), the cluster
-#      benchmark's (tests/cluster: real network namespaces, DDP and gradcomp) and the fault
-#      injection (tests/faults: a rank killed or stopped, ranks that disagree);
+#      benchmark's (tests/cluster: real network namespaces, DDP and gradcomp), the soak's tools
+#      (tests/soak) and the fault injection (tests/faults: a rank killed or stopped, ranks that disagree);
 #   5. every libFuzzer target (clang; docs/fuzzing.md) for a bounded time: GRADCOMP_FUZZ_SECONDS
 #      in total (default 160), split evenly among the targets (scripts/run_fuzzers.sh).
 # The trees of 2, 3 and 5 are built by scripts/build_sanitized.sh (2 and 5 share one) beside
-# the Python tests and the fault injection of step 4, and the fuzzers run beside steps 2 and 3,
+# steps 1 and 4, and the fuzzers run beside steps 2 and 3,
 # both at the lowest CPU priority: much of pytest waits (for timeouts, rendezvous and
 # rate-limited links), the fault injection mostly (for a stopped rank's timeout), and a build
 # or a fuzzer at nice 19 takes the CPU only when nothing else wants it. So the stages run in
-# the order 1, 4 (the Python tests, then the fault injection, the build beside them), 2 and 3
+# the order 1, 4 (the Python tests, then the fault injection; the build beside them all), 2 and 3
 # (the fuzzers beside them), 5 (the fuzzers' results).
 # Stops at the first failure and exits non-zero.
 set -euo pipefail
@@ -25,9 +25,6 @@ cd "$(dirname "$0")/.."
 stage() { echo "== $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
 scripts/setup.sh
 
-jobs=$(nproc)
-stage "unit tests (Release)"
-ctest --test-dir build --output-on-failure -j "$jobs" | tee build/ctest.log
 
 # A job at the lowest CPU priority in a process group of its own (setsid), so that a failing
 # stage stops it and all under it: background <log> <command...>; its pid in $!.
@@ -56,11 +53,19 @@ finish() {  # finish <pid> <log> <what>
 jobs_in_background=()
 trap 'for p in "${jobs_in_background[@]}"; do kill -- -"$p" 2>/dev/null || true; done' EXIT
 
-stage "Python front end and the cluster benchmark's parts (pytest), the sanitizer builds beside"
+# The sanitizer builds start as soon as the Release tree is there: the Release tests leave
+# CPU idle too (a multi-process test holds both of ctest's slots and often waits).
 background build/build_sanitized.log scripts/build_sanitized.sh
 builds=$!
 jobs_in_background+=("$builds")
-/usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/layout | tee build/pytest.log
+
+jobs=$(nproc)
+stage "unit tests (Release), the sanitizer builds beside"
+ctest --test-dir build --output-on-failure -j "$jobs" | tee build/ctest.log
+
+stage "Python front end, the cluster benchmark's and the soak's tools (pytest), the builds beside"
+/usr/bin/python3 -m pytest -q --durations=10 tests/python tests/cluster tests/soak tests/layout |
+  tee build/pytest.log
 
 stage "fault injection (pytest), the sanitizer builds still beside"
 # The fault tests mostly wait (for a stopped rank's timeout): the builds take what CPU they
