@@ -8,7 +8,8 @@
 #      and the transports', and the kept threads they run on);
 #   4. the Python front end's tests (pytest, tests/python: real worker processes), the cluster
 #      benchmark's (tests/cluster: real network namespaces, DDP and gradcomp), the soak's tools
-#      (tests/soak) and the fault injection (tests/faults: a rank killed or stopped, ranks that disagree);
+#      (tests/soak) and the fault injection (tests/faults: a rank killed or stopped, ranks that
+#      disagree);
 #   5. every libFuzzer target (clang; docs/fuzzing.md) for a bounded time: GRADCOMP_FUZZ_SECONDS
 #      in total (default 160), split evenly among the targets (scripts/run_fuzzers.sh).
 # The trees of 2, 3 and 5 are built by scripts/build_sanitized.sh (2 and 5 share one) beside
