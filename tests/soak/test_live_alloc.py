@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "build" / "lib" / "libgradcomp_live_alloc.so"
 REPORT = ROOT / "bench" / "soak" / "live_alloc_report.py"
@@ -24,8 +26,14 @@ pause()
 """
 
 
-def dumps_of(directory):
-    return sorted(pathlib.Path(directory).glob("*.txt"))
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    """The dump files of one run of PROGRAM under the counter, in order."""
+    assert LIBRARY.exists(), f"{LIBRARY} is missing: build the tree (scripts/setup.sh)"
+    directory = tmp_path_factory.mktemp("live")
+    env = dict(os.environ, LD_PRELOAD=str(LIBRARY), LIVE_EVERY="0.05", LIVE_DIR=str(directory))
+    subprocess.run(["/usr/bin/python3", "-c", PROGRAM], env=env, check=True, timeout=60)
+    return sorted(directory.glob("*.txt"))
 
 
 def blocks_of_size(path, size):
@@ -33,11 +41,7 @@ def blocks_of_size(path, size):
                if line.startswith("S ") and int(line.split()[2]) == size)
 
 
-def test_blocks_are_counted_while_they_live(tmp_path):
-    assert LIBRARY.exists(), f"{LIBRARY} is missing: build the tree (scripts/setup.sh)"
-    env = dict(os.environ, LD_PRELOAD=str(LIBRARY), LIVE_EVERY="0.05", LIVE_DIR=str(tmp_path))
-    subprocess.run(["/usr/bin/python3", "-c", PROGRAM], env=env, check=True, timeout=60)
-    dumps = dumps_of(tmp_path)
+def test_blocks_are_counted_while_they_live(dumps):
     assert len(dumps) >= 2, f"expected a dump while the blocks lived and one after: {dumps}"
     counts = [blocks_of_size(path, 300001) for path in dumps]
     assert 8 in counts, f"no dump saw the 8 held blocks: {counts}"
@@ -48,10 +52,8 @@ def test_blocks_are_counted_while_they_live(tmp_path):
     assert int(thread_line.split()[3]) >= 8 * 300001, thread_line
 
 
-def test_report_shows_each_process(tmp_path):
-    env = dict(os.environ, LD_PRELOAD=str(LIBRARY), LIVE_EVERY="0.05", LIVE_DIR=str(tmp_path))
-    subprocess.run(["/usr/bin/python3", "-c", PROGRAM], env=env, check=True, timeout=60)
-    out = subprocess.run([sys.executable, str(REPORT), str(tmp_path), "--sizes"],
+def test_report_shows_the_blocks_come_and_go(dumps):
+    out = subprocess.run([sys.executable, str(REPORT), str(dumps[0].parent)],
                          capture_output=True, text=True, check=True).stdout
     totals = next(line for line in out.splitlines() if "all threads" in line).split()[2:]
     kib = [int(t) for t in totals]  # every dump (fewer than the report's 12 columns)
