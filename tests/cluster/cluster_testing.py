@@ -17,6 +17,13 @@ PROFILE = {
 }
 
 
+# A command prefix that runs as user nobody, not root, but still able to read the checkout
+# (CAP_DAC_READ_SEARCH only): a clone in a directory of mode 700 (mktemp -d) stays readable,
+# and what the tests check, the refusal of a user who is not root, is the same.
+NOT_ROOT = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+            "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+
+
 def alive(pid):
     """Whether process `pid` still exists."""
     try:

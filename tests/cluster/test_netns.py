@@ -18,7 +18,7 @@ CLUSTER_DIR = Path(__file__).resolve().parents[2] / "bench" / "cluster"
 sys.path.insert(0, str(CLUSTER_DIR))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netns  # noqa: E402
-from cluster_testing import alive  # noqa: E402
+from cluster_testing import NOT_ROOT, alive  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
@@ -109,8 +109,7 @@ def check_environment_in_child(prefix_argv, env=None):
 
 @needs_root
 def test_check_environment_as_non_root_asks_for_root():
-    done = check_environment_in_child(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+    done = check_environment_in_child(NOT_ROOT)
     assert done.returncode == 1, done.stderr
     assert "needs root" in done.stdout and "sudo bench/cluster/run.sh" in done.stdout
 
