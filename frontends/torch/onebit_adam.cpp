@@ -11,7 +11,7 @@
 namespace gradcomp::torch {
 namespace {
 
-constexpr const char* kName = "OneBitAdam";
+constexpr const char* kOneBitAdamName = "OneBitAdam";
 
 // The warm-up under "freeze" (nullopt under "doubling"), after checking the policy's options.
 std::optional<int64_t> checked_policy(const OneBitAdamOptions& o) {
@@ -31,14 +31,14 @@ std::optional<int64_t> checked_policy(const OneBitAdamOptions& o) {
     }
     return std::nullopt;
   }
-  return warmup_steps_of(o.warmup_steps(), o.total_steps(), kName,
+  return warmup_steps_of(o.warmup_steps(), o.total_steps(), kOneBitAdamName,
                          "Adam's variance must see gradients before it freezes");
 }
 
 // Checks this optimizer's own options before the base class is built (and before any
 // collective); the base checks the exchange's.
-const OneBitAdamOptions& checked(const OneBitAdamOptions& o) {
-  check_adam_hyper(o.hyper(), kName);
+const OneBitAdamOptions& checked_adam_options(const OneBitAdamOptions& o) {
+  check_adam_hyper(o.hyper(), kOneBitAdamName);
   checked_policy(o);
   return o;
 }
@@ -66,8 +66,8 @@ bool is_exact_step(int64_t step, int64_t interval) {
 
 OneBitAdam::OneBitAdam(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                        std::shared_ptr<Transport> transport, OneBitAdamOptions options)
-    : TwoStageOptimizerOf(named_parameters, std::move(transport), checked(options), kName,
-                          "variance policy's (warmup_steps, variance_interval)"),
+    : TwoStageOptimizerOf(named_parameters, std::move(transport), checked_adam_options(options),
+                          kOneBitAdamName, "variance policy's (warmup_steps, variance_interval)"),
       variance_(options.variance()),
       interval_(options.variance_interval()),
       warmup_(checked_policy(options)) {}

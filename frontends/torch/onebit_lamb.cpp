@@ -15,15 +15,15 @@
 namespace gradcomp::torch {
 namespace {
 
-constexpr const char* kName = "OneBitLamb";
+constexpr const char* kOneBitLambName = "OneBitLamb";
 
 // Checks this optimizer's own options before the base class is built (and before any
 // collective); the base checks the exchange's.
-const OneBitLambOptions& checked(const OneBitLambOptions& o) {
-  check_adam_hyper(o.hyper(), kName);
-  warmup_steps_of(o.warmup_steps(), o.total_steps(), kName,
+const OneBitLambOptions& checked_lamb_options(const OneBitLambOptions& o) {
+  check_adam_hyper(o.hyper(), kOneBitLambName);
+  warmup_steps_of(o.warmup_steps(), o.total_steps(), kOneBitLambName,
                   "the variance must see gradients before it freezes");
-  check_onebit_lamb_hyper(o.lamb_hyper(), kName);
+  check_onebit_lamb_hyper(o.lamb_hyper(), kOneBitLambName);
   return o;
 }
 
@@ -54,14 +54,14 @@ void OneBitLambParamState::read_extra(::torch::serialize::InputArchive& archive)
 
 OneBitLamb::OneBitLamb(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                        std::shared_ptr<Transport> transport, OneBitLambOptions options)
-    : TwoStageOptimizerOf(named_parameters, std::move(transport), checked(options), kName,
-                          "warm-up's (warmup_steps)"),
-      warmup_(warmup_steps_of(options.warmup_steps(), options.total_steps(), kName, "")),
+    : TwoStageOptimizerOf(named_parameters, std::move(transport), checked_lamb_options(options),
+                          kOneBitLambName, "warm-up's (warmup_steps)"),
+      warmup_(warmup_steps_of(options.warmup_steps(), options.total_steps(), kOneBitLambName, "")),
       lamb_hyper_(options.lamb_hyper()) {}
 
 // What a checkpoint must agree on, as the Python OneBitLamb's.
 std::vector<OneBitLamb::Setting> OneBitLamb::settings() const {
-  return {{"optimizer", c10::IValue(std::string(kName))},
+  return {{"optimizer", c10::IValue(std::string(kOneBitLambName))},
           {"warmup_steps", c10::IValue(warmup_)},
           {"coeff_beta", c10::IValue(lamb_hyper_.coeff_beta)},
           {"max_coeff", c10::IValue(lamb_hyper_.max_coeff)},

@@ -45,9 +45,8 @@ Option compressed_option(const std::string& compression, std::string_view optimi
 }
 
 // The exchange's options, checked before the base class is built (and before any collective).
-std::unique_ptr<::torch::optim::OptimizerOptions> checked(const TwoStageGroupOptions& defaults,
-                                                          std::string_view optimizer,
-                                                          std::string_view schedule) {
+std::unique_ptr<::torch::optim::OptimizerOptions> checked_group_options(
+    const TwoStageGroupOptions& defaults, std::string_view optimizer, std::string_view schedule) {
   const TwoStageExchange e = defaults.exchange();
   check_range(optimizer, "bucket_bytes", e.bucket_bytes, 1, int64_t{1} << 40);
   check_range(optimizer, "min_compress_elements", e.min_compress_elements, 0, int64_t{1} << 62);
@@ -201,7 +200,7 @@ TwoStageOptimizer::TwoStageOptimizer(
     std::shared_ptr<Transport> transport, const TwoStageGroupOptions& defaults, std::string name,
     std::string_view schedule)
     : Optimizer({::torch::optim::OptimizerParamGroup(values_of(trainable(named_parameters, name)))},
-                checked(defaults, name, schedule)),
+                checked_group_options(defaults, name, schedule)),
       name_(std::move(name)),
       transport_(std::move(transport)) {
   if (!transport_) throw Error(fmt::format("{}: no transport", name_));

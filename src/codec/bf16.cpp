@@ -46,7 +46,7 @@ inline __m512i round_to_bf16(__m512 v) {
 // Casts x[0, n) into out (2n bytes); residual[i] = x[i] - bf16(x[i]) when kResidual (it may
 // alias x).
 template <bool kResidual>
-void encode_run(const float* x, size_t n, std::byte* out, float* residual) {
+void encode_bf16_run(const float* x, size_t n, std::byte* out, float* residual) {
   size_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
@@ -69,7 +69,7 @@ void encode_run(const float* x, size_t n, std::byte* out, float* residual) {
 
 // sum[i] += bf16(in[i]) for i in [0, n); without kAdd, sum[i] = 0 + bf16(in[i]).
 template <bool kAdd>
-void accumulate_run(const std::byte* in, size_t n, float* sum) {
+void accumulate_bf16_run(const std::byte* in, size_t n, float* sum) {
   size_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
@@ -93,11 +93,11 @@ struct Bf16 {
   static constexpr DType kType = DType::kBF16;
   template <bool kResidual>
   static void encode(const float* x, size_t n, std::byte* out, float* residual) {
-    encode_run<kResidual>(x, n, out, residual);
+    encode_bf16_run<kResidual>(x, n, out, residual);
   }
   template <bool kAdd>
   static void accumulate(const std::byte* in, size_t n, float* sum) {
-    accumulate_run<kAdd>(in, n, sum);
+    accumulate_bf16_run<kAdd>(in, n, sum);
   }
 };
 

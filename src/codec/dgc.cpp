@@ -22,7 +22,7 @@ namespace gradcomp {
 namespace {
 
 // CounterRng stream of the magnitude sample; it only affects speed, never the frame.
-constexpr uint32_t kSampleStream = 1;
+constexpr uint32_t kDgcSampleStream = 1;
 // Fewer sampled magnitudes than this estimate the threshold too coarsely to be worth a pass.
 constexpr size_t kMinSample = 1024;
 
@@ -71,7 +71,7 @@ class DgcCodec final : public Codec {
     const size_t k = sparse::count_for_ratio(ratio_at(ctx.step), n);
     const size_t bytes = kFrameHeaderBytes + sparse::payload_bytes(k);
     if (out.size() < bytes) throw Error("dgc: output buffer too small");
-    const CounterRng rng(ctx.seed, ctx.bucket, ctx.step, ctx.rank, kSampleStream);
+    const CounterRng rng(ctx.seed, ctx.bucket, ctx.step, ctx.rank, kDgcSampleStream);
     const auto sampled = static_cast<size_t>(std::ceil(p_.sample * static_cast<double>(n)));
     selector_.select(input, k, std::max(sampled, kMinSample), rng, ctx.threads, selection_,
                      sparse::residual_copy_target(input, residual));

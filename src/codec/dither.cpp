@@ -34,7 +34,7 @@ inline float natural_point(uint32_t k, uint32_t levels) {
 
 // The decoded value of index k and sign bit `sign`. Zero times a non-finite scale is NaN, so an
 // input holding Inf or NaN decodes to NaN.
-inline float natural_value(uint32_t k, uint32_t sign, uint32_t levels, float scale) {
+inline float dithered_natural_value(uint32_t k, uint32_t sign, uint32_t levels, float scale) {
   return with_sign(natural_point(k, levels) * scale, sign);
 }
 
@@ -62,7 +62,7 @@ void quantize_natural(const float* x, size_t count, uint32_t first_index, const 
   if (!std::isfinite(scale)) {
     for (size_t j = 0; j < count; ++j) {
       codes[j] = 0;
-      if constexpr (kResidual) residual[j] = x[j] - natural_value(0, 0, levels, scale);
+      if constexpr (kResidual) residual[j] = x[j] - dithered_natural_value(0, 0, levels, scale);
     }
     return;
   }
@@ -85,7 +85,7 @@ void quantize_natural(const float* x, size_t count, uint32_t first_index, const 
     const uint32_t take_upper = 0U - static_cast<uint32_t>(v >= lowest);
     const uint32_t k = (upper & take_upper) | (lower & ~take_upper);
     codes[j] = k << 1 | sign;
-    if constexpr (kResidual) residual[j] = xj - natural_value(k, sign, levels, scale);
+    if constexpr (kResidual) residual[j] = xj - dithered_natural_value(k, sign, levels, scale);
   }
 }
 
@@ -188,7 +188,7 @@ void DitherCodec::decode_accumulate(std::span<const std::byte> frame, std::span<
     float* s = out + i;
 #pragma omp simd
     for (size_t j = 0; j < count; ++j) {
-      s[j] += natural_value(codes[j] >> 1, codes[j] & 1, levels, scale);
+      s[j] += dithered_natural_value(codes[j] >> 1, codes[j] & 1, levels, scale);
     }
   };
   with_width(width_, [&](auto bits) {

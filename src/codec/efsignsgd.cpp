@@ -16,13 +16,13 @@
 namespace gradcomp {
 namespace {
 
-constexpr const char* kName = "efsignsgd";
+constexpr const char* kEfsignsgdName = "efsignsgd";
 constexpr size_t kScaleBytes = 4;
 
 class EfSignSgdCodec final : public Codec {
  public:
   CodecId id() const override { return CodecId::kEfSignSgd; }
-  std::string spec() const override { return kName; }
+  std::string spec() const override { return kEfsignsgdName; }
   CodecTraits traits() const override { return {.bits_per_element = 1, .unbiased = false}; }
   size_t max_frame_bytes(size_t n) const override {
     return kFrameHeaderBytes + kScaleBytes + sign_bits::bytes_for(n);
@@ -31,7 +31,7 @@ class EfSignSgdCodec final : public Codec {
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
                 std::span<float> residual) override {
     const size_t n = input.size();
-    casts::check_buffers(kName, n, out, max_frame_bytes(n), residual);
+    casts::check_buffers(kEfsignsgdName, n, out, max_frame_bytes(n), residual);
     std::byte* payload = out.data() + kFrameHeaderBytes;
     // One pass packs the bits and sums |x| per chunk (in double, folded in chunk order); the
     // residual needs the scale, so it takes a second pass.
@@ -63,14 +63,14 @@ class EfSignSgdCodec final : public Codec {
     FrameHeader h;
     const auto payload = check_frame(frame, expectation(sum.size()), &h);
     const bool non_finite = casts::check_header(
-        kName, h, payload.size(), kScaleBytes + sign_bits::bytes_for(sum.size()), false);
+        kEfsignsgdName, h, payload.size(), kScaleBytes + sign_bits::bytes_for(sum.size()), false);
     float scale;
     std::memcpy(&scale, payload.data(), kScaleBytes);
     if (scale < 0.0f) {
       throw FrameError(fmt::format("codec '{}': scale {} is negative; a mean of |x| is >= 0",
-                                   kName, scale));
+                                   kEfsignsgdName, scale));
     }
-    casts::check_padding(kName, payload.data() + kScaleBytes, sum.size());
+    casts::check_padding(kEfsignsgdName, payload.data() + kScaleBytes, sum.size());
     if (non_finite) {
       casts::add_nan(sum);
       return;

@@ -31,7 +31,7 @@ constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 // Casts x[0, n) into out (2n bytes); residual[i] = x[i] - half(x[i]) when kResidual (it may
 // alias x). The vector paths and the scalar tail give the bytes of float_to_half (half.h).
 template <bool kResidual>
-void encode_run(const float* x, size_t n, std::byte* out, float* residual) {
+void encode_half_run(const float* x, size_t n, std::byte* out, float* residual) {
   size_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
@@ -59,7 +59,7 @@ void encode_run(const float* x, size_t n, std::byte* out, float* residual) {
 // sum[i] += half(in[i]) for i in [0, n); without kAdd, sum[i] = 0 + half(in[i]) (the same bits
 // as adding into zeros, without reading `sum`).
 template <bool kAdd>
-void accumulate_run(const std::byte* in, size_t n, float* sum) {
+void accumulate_half_run(const std::byte* in, size_t n, float* sum) {
   size_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
@@ -88,11 +88,11 @@ struct Fp16 {
   static constexpr DType kType = DType::kF16;
   template <bool kResidual>
   static void encode(const float* x, size_t n, std::byte* out, float* residual) {
-    encode_run<kResidual>(x, n, out, residual);
+    encode_half_run<kResidual>(x, n, out, residual);
   }
   template <bool kAdd>
   static void accumulate(const std::byte* in, size_t n, float* sum) {
-    accumulate_run<kAdd>(in, n, sum);
+    accumulate_half_run<kAdd>(in, n, sum);
   }
 };
 

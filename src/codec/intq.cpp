@@ -175,7 +175,8 @@ template <bool kAdd>
 
 // The residual must be empty, the input itself (in place), or a separate array of the same
 // length: a partial overlap would be overwritten before it is read.
-void check_residual(const char* codec, std::span<const float> input, std::span<float> residual) {
+void check_intq_residual(const char* codec, std::span<const float> input,
+                         std::span<float> residual) {
   if (residual.empty()) return;
   if (residual.size() != input.size()) {
     throw Error(fmt::format("codec '{}': residual has {} elements, the input {}", codec,
@@ -356,7 +357,7 @@ size_t IntQCodec::encode(std::span<const float> input, std::span<std::byte> out,
                     "absorb_round(0))",
                     n));
   }
-  check_residual("intq", input, residual);
+  check_intq_residual("intq", input, residual);
   const size_t size = max_frame_bytes(n);
   check_out(out, size);
   std::byte* payload = out.data() + kFrameHeaderBytes;

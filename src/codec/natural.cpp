@@ -23,7 +23,7 @@ namespace {
 
 using namespace levels;
 
-constexpr unsigned kBits = 9;
+constexpr unsigned kNaturalBits = 9;
 constexpr uint32_t kNanCode = 0x100;
 constexpr uint32_t kNanBits = 0x7fc00000U;
 constexpr uint32_t kMaxFiniteExponent = 254;
@@ -47,9 +47,9 @@ class NaturalCodec final : public Codec {
  public:
   CodecId id() const override { return CodecId::kNatural; }
   std::string spec() const override { return "natural"; }
-  CodecTraits traits() const override { return {.bits_per_element = kBits}; }
+  CodecTraits traits() const override { return {.bits_per_element = kNaturalBits}; }
   size_t max_frame_bytes(size_t n) const override {
-    return kFrameHeaderBytes + packed_bytes(n, kBits);
+    return kFrameHeaderBytes + packed_bytes(n, kNaturalBits);
   }
 
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
@@ -81,7 +81,7 @@ size_t NaturalCodec::encode(std::span<const float> input, std::span<std::byte> o
   const float* x = input.data();
   float* res = residual.empty() ? nullptr : residual.data();
   std::byte* payload = out.data() + kFrameHeaderBytes;
-  pack_codes<kBits>(n, ctx.threads, payload, [&](size_t i, size_t count, uint32_t* codes) {
+  pack_codes<kNaturalBits>(n, ctx.threads, payload, [&](size_t i, size_t count, uint32_t* codes) {
     const auto index = static_cast<uint32_t>(i);
     if (res) {
       round_naturally<true>(x + i, count, index, rng.at(i), codes, res + i);
@@ -93,7 +93,7 @@ size_t NaturalCodec::encode(std::span<const float> input, std::span<std::byte> o
   const FrameHeader h{.codec_id = static_cast<uint8_t>(id()),
                       .param_hash = param_hash(),
                       .elements = n,
-                      .payload_bytes = packed_bytes(n, kBits)};
+                      .payload_bytes = packed_bytes(n, kNaturalBits)};
   write_frame_header(h, out);
   return kFrameHeaderBytes + h.payload_bytes;
 }
@@ -104,20 +104,20 @@ void NaturalCodec::decode_accumulate(std::span<const std::byte> frame, std::span
   const auto payload = check_frame(frame, expectation(sum.size()), &header);
   check_plain_header(header, "natural", /*summable=*/false);
   const size_t n = sum.size();
-  if (payload.size() != packed_bytes(n, kBits)) {
+  if (payload.size() != packed_bytes(n, kNaturalBits)) {
     throw FrameError(
         fmt::format("natural: payload is {} bytes; expected {} for {} elements "
                     "(9-bit codes)",
-                    payload.size(), packed_bytes(n, kBits), n));
+                    payload.size(), packed_bytes(n, kNaturalBits), n));
   }
-  check_padding(payload.data(), n, kBits, "natural");
+  check_padding(payload.data(), n, kNaturalBits, "natural");
   float* out = sum.data();
-  unpack_codes<kBits>(payload.data(), n, ctx.threads,
-                      [&](size_t i, size_t count, const uint32_t* codes) {
-                        float* s = out + i;
+  unpack_codes<kNaturalBits>(payload.data(), n, ctx.threads,
+                             [&](size_t i, size_t count, const uint32_t* codes) {
+                               float* s = out + i;
 #pragma omp simd
-                        for (size_t j = 0; j < count; ++j) s[j] += natural_value(codes[j]);
-                      });
+                               for (size_t j = 0; j < count; ++j) s[j] += natural_value(codes[j]);
+                             });
 }
 
 }  // namespace

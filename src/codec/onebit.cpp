@@ -28,7 +28,7 @@
 namespace gradcomp {
 namespace {
 
-constexpr const char* kName = "onebit";
+constexpr const char* kOnebitName = "onebit";
 constexpr size_t kMeansBytes = 8;
 
 // sum / count rounded to float32, 0 for an empty side; every NaN becomes the same quiet NaN so
@@ -44,7 +44,7 @@ class OneBitCodec final : public Codec {
   explicit OneBitCodec(uint64_t block) : block_(block) {}
   CodecId id() const override { return CodecId::kOneBit; }
   std::string spec() const override {
-    return block_ ? fmt::format("{}:block={}", kName, block_) : kName;
+    return block_ ? fmt::format("{}:block={}", kOnebitName, block_) : kOnebitName;
   }
   CodecTraits traits() const override { return {.bits_per_element = 1, .unbiased = false}; }
   size_t max_frame_bytes(size_t n) const override {
@@ -54,7 +54,7 @@ class OneBitCodec final : public Codec {
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
                 std::span<float> residual) override {
     const size_t n = input.size();
-    casts::check_buffers(kName, n, out, max_frame_bytes(n), residual);
+    casts::check_buffers(kOnebitName, n, out, max_frame_bytes(n), residual);
     if (block_) return encode_blocks(input, out, residual);
     std::byte* payload = out.data() + kFrameHeaderBytes;
     // One pass packs the bits and sums each side per chunk (double, folded in chunk order);
@@ -91,10 +91,10 @@ class OneBitCodec final : public Codec {
     const size_t n = sum.size();
     const auto payload = check_frame(frame, expectation(n), &h);
     const size_t means = means_bytes(n);
-    const bool non_finite = casts::check_header(kName, h, payload.size(),
-                                                means + sign_bits::bytes_for(n), false);
+    const bool non_finite =
+        casts::check_header(kOnebitName, h, payload.size(), means + sign_bits::bytes_for(n), false);
     for (size_t k = 0; k < means / kMeansBytes; ++k) check_means(payload.data(), k);
-    casts::check_padding(kName, payload.data() + means, n);
+    casts::check_padding(kOnebitName, payload.data() + means, n);
     if (non_finite) {
       casts::add_nan(sum);
       return;
@@ -128,9 +128,10 @@ class OneBitCodec final : public Codec {
   static void check_means(const std::byte* payload, size_t k) {
     const auto [mean_pos, mean_neg] = read_means(payload, k);
     if (mean_pos < 0.0f || mean_neg > 0.0f) {
-      throw FrameError(fmt::format("codec '{}': means {} (x >= 0) and {} (x < 0) of block {} "
-                                   "have the wrong signs; allowed: mean_pos >= 0, mean_neg <= 0",
-                                   kName, mean_pos, mean_neg, k));
+      throw FrameError(
+          fmt::format("codec '{}': means {} (x >= 0) and {} (x < 0) of block {} "
+                      "have the wrong signs; allowed: mean_pos >= 0, mean_neg <= 0",
+                      kOnebitName, mean_pos, mean_neg, k));
     }
   }
 

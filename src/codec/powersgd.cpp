@@ -50,11 +50,12 @@ using powersgd::View;
 constexpr size_t kMaxRank = 1024;  // the rank parameter's upper bound
 
 // Version 1: the fused view (one matrix of the whole bucket, no count); 2: a matrix per tensor.
-constexpr StateKind kState{"PSGS", 1, 2};
+constexpr StateKind kPowersgdState{"PSGS", 1, 2};
 
 // The residual must be empty, the input itself (in place), or a separate array of the same
 // length: a partial overlap would be overwritten before it is read.
-void check_residual(const char* codec, std::span<const float> input, std::span<float> residual) {
+void check_powersgd_residual(const char* codec, std::span<const float> input,
+                             std::span<float> residual) {
   if (residual.empty()) return;
   if (residual.size() != input.size()) {
     throw Error(fmt::format("codec '{}': residual has {} elements, the input {}", codec,
@@ -330,7 +331,7 @@ size_t PowerSgdCodec::encode(std::span<const float> input, std::span<std::byte> 
                     "absorb_round(0))",
                     v.n));
   }
-  check_residual("powersgd", input, residual);
+  check_powersgd_residual("powersgd", input, residual);
   scratch_.assign(v.q_values + v.plain_values, 0.0f);
   for (const powersgd::Block& b : v.blocks) {
     powersgd::multiply_p(input.subspan(b.offset, b.shape.n), b.shape, p_.data() + b.p_at,
@@ -395,7 +396,7 @@ void PowerSgdCodec::decode(std::span<const std::byte> frame, std::span<float> su
 }
 
 std::vector<std::byte> PowerSgdCodec::save_state() const {
-  StateWriter out(kState, state_version());
+  StateWriter out(kPowersgdState, state_version());
   out.put(static_cast<uint8_t>(has_q_));
   if (!has_q_) return std::move(out).finish();
   out.put(static_cast<uint64_t>(q_view_.n));
@@ -453,7 +454,7 @@ void PowerSgdCodec::read_q_blocks(StateReader& in, uint32_t version, uint64_t n)
 
 void PowerSgdCodec::load_state(std::span<const std::byte> state) {
   saved_.open = false;  // the loaded state is not a step to take back
-  StateReader in("codec 'powersgd': cannot load state", state, kState);
+  StateReader in("codec 'powersgd': cannot load state", state, kPowersgdState);
   if (in.version() != state_version()) {
     in.fail(fmt::format("it is of version {}; expected version {} for this codec (1 for one "
                         "matrix of the whole bucket, 2 for a matrix per tensor)",

@@ -11,12 +11,12 @@
 namespace gradcomp {
 namespace {
 
-constexpr const char* kName = "signsgd";
+constexpr const char* kSignsgdName = "signsgd";
 
 class SignSgdCodec final : public Codec {
  public:
   CodecId id() const override { return CodecId::kSignSgd; }
-  std::string spec() const override { return kName; }
+  std::string spec() const override { return kSignsgdName; }
   CodecTraits traits() const override {
     return {.bits_per_element = 1, .unbiased = false, .aggregation = Aggregation::kMajorityVote};
   }
@@ -27,7 +27,7 @@ class SignSgdCodec final : public Codec {
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
                 std::span<float> residual) override {
     const size_t n = input.size();
-    casts::check_buffers(kName, n, out, max_frame_bytes(n), residual);
+    casts::check_buffers(kSignsgdName, n, out, max_frame_bytes(n), residual);
     const bool non_finite = sign_bits::pack_chunks(input, out.data() + kFrameHeaderBytes, -1.0f,
                                                    1.0f, residual, ctx.threads);
     write_frame_header({.codec_id = static_cast<uint8_t>(id()),
@@ -42,7 +42,7 @@ class SignSgdCodec final : public Codec {
                          const Context& ctx) const override {
     FrameHeader h;
     const auto payload = check_frame(frame, expectation(sum.size()), &h);
-    casts::accumulate_unscaled_signs(kName, h, payload, sum, ctx.threads);
+    casts::accumulate_unscaled_signs(kSignsgdName, h, payload, sum, ctx.threads);
   }
 
   void finalize(std::span<float> sum, uint32_t) const override { sign_bits::majority_vote(sum); }

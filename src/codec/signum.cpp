@@ -20,8 +20,8 @@
 namespace gradcomp {
 namespace {
 
-constexpr const char* kName = "signum";
-constexpr StateKind kState{"SGNM"};
+constexpr const char* kSignumName = "signum";
+constexpr StateKind kSignumState{"SGNM"};
 constexpr uint32_t kStateVersion = 1;
 
 class SignumCodec final : public Codec {
@@ -33,7 +33,7 @@ class SignumCodec final : public Codec {
 
   CodecId id() const override { return CodecId::kSignum; }
   std::string spec() const override {
-    return fmt::format("{}:momentum={}", kName, format_number(beta_));
+    return fmt::format("{}:momentum={}", kSignumName, format_number(beta_));
   }
   // Not shardable: the momentum belongs to the whole bucket and its size is fixed.
   CodecTraits traits() const override {
@@ -47,7 +47,7 @@ class SignumCodec final : public Codec {
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
                 std::span<float> residual) override {
     const size_t n = input.size();
-    casts::check_buffers(kName, n, out, max_frame_bytes(n), residual);
+    casts::check_buffers(kSignumName, n, out, max_frame_bytes(n), residual);
     prepare_momentum(n);
     auto* bits = reinterpret_cast<uint8_t*>(out.data() + kFrameHeaderBytes);
     const bool non_finite = reduce_chunks<int>(
@@ -71,14 +71,14 @@ class SignumCodec final : public Codec {
                          const Context& ctx) const override {
     FrameHeader h;
     const auto payload = check_frame(frame, expectation(sum.size()), &h);
-    casts::accumulate_unscaled_signs(kName, h, payload, sum, ctx.threads);
+    casts::accumulate_unscaled_signs(kSignumName, h, payload, sum, ctx.threads);
   }
 
   void finalize(std::span<float> sum, uint32_t) const override { sign_bits::majority_vote(sum); }
 
   std::vector<std::byte> save_state() const override {
     if (!has_momentum_) return {};
-    StateWriter out(kState, kStateVersion);
+    StateWriter out(kSignumState, kStateVersion);
     out.put(static_cast<uint64_t>(momentum_.size())).floats(momentum_);
     return std::move(out).finish();
   }
@@ -90,7 +90,7 @@ class SignumCodec final : public Codec {
       has_momentum_ = false;
       return;
     }
-    StateReader in(fmt::format("codec '{}': cannot load state", kName), state, kState);
+    StateReader in(fmt::format("codec '{}': cannot load state", kSignumName), state, kSignumState);
     const auto count = in.get<uint64_t>("the momentum's length");
     const size_t body = in.left();
     if (body % 4 != 0 || count != body / 4) {
@@ -106,9 +106,10 @@ class SignumCodec final : public Codec {
 
   void discard() override {
     if (!step_open_) {
-      throw Error(fmt::format("codec '{}': discard() without a step to take back; call it once "
-                              "per step, after decode",
-                              kName));
+      throw Error(
+          fmt::format("codec '{}': discard() without a step to take back; call it once "
+                      "per step, after decode",
+                      kSignumName));
     }
     step_open_ = false;
     momentum_.swap(next_);
@@ -122,9 +123,10 @@ class SignumCodec final : public Codec {
   // Opens the step discard() may take back.
   void prepare_momentum(size_t n) {
     if (has_momentum_ && momentum_.size() != n) {
-      throw Error(fmt::format("codec '{}': its momentum holds {} elements but the input has {}; "
-                              "a signum codec serves one bucket of a fixed length",
-                              kName, momentum_.size(), n));
+      throw Error(
+          fmt::format("codec '{}': its momentum holds {} elements but the input has {}; "
+                      "a signum codec serves one bucket of a fixed length",
+                      kSignumName, momentum_.size(), n));
     }
     had_momentum_ = has_momentum_;
     step_open_ = true;

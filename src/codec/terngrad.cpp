@@ -17,7 +17,7 @@ namespace {
 
 using namespace levels;
 
-constexpr unsigned kBits = 2;
+constexpr unsigned kTernBits = 2;
 constexpr uint32_t kTopCode = 2;
 
 // The wire code of a ternary value with magnitude `level` (0 or 1) and sign bit `sign`.
@@ -27,7 +27,7 @@ class TernGradCodec final : public Codec {
  public:
   CodecId id() const override { return CodecId::kTernGrad; }
   std::string spec() const override { return "terngrad"; }
-  CodecTraits traits() const override { return {.bits_per_element = kBits}; }
+  CodecTraits traits() const override { return {.bits_per_element = kTernBits}; }
   size_t max_frame_bytes(size_t n) const override { return kFrameHeaderBytes + payload_bytes(n); }
 
   size_t encode(std::span<const float> input, std::span<std::byte> out, const Context& ctx,
@@ -36,7 +36,7 @@ class TernGradCodec final : public Codec {
                          const Context& ctx) const override;
 
  private:
-  static size_t payload_bytes(size_t n) { return 4 + packed_bytes(n, kBits); }
+  static size_t payload_bytes(size_t n) { return 4 + packed_bytes(n, kTernBits); }
 };
 
 // Ternarizes x[0, count): codes, and the residual if kResidual.
@@ -76,7 +76,7 @@ size_t TernGradCodec::encode(std::span<const float> input, std::span<std::byte> 
   const ElementRng rng(ctx, n);
   const float* x = input.data();
   float* res = residual.empty() ? nullptr : residual.data();
-  pack_codes<kBits>(n, ctx.threads, payload + 4, [&](size_t i, size_t count, uint32_t* codes) {
+  pack_codes<kTernBits>(n, ctx.threads, payload + 4, [&](size_t i, size_t count, uint32_t* codes) {
     const auto index = static_cast<uint32_t>(i);
     if (res) {
       ternarize<true>(x + i, count, index, rng.at(i), scale, grid, codes, res + i);
@@ -100,21 +100,22 @@ void TernGradCodec::decode_accumulate(std::span<const std::byte> frame, std::spa
   const auto payload = check_frame(frame, expectation(sum.size()), &header);
   check_plain_header(header, "terngrad", /*summable=*/false);
   const size_t n = sum.size();
-  const float scale = read_scale_and_codes("terngrad", payload, n, kBits);
+  const float scale = read_scale_and_codes("terngrad", payload, n, kTernBits);
   const std::byte* codes_in = payload.data() + 4;
-  if (max_code<kBits>(codes_in, n, ctx.threads) > kTopCode) {
+  if (max_code<kTernBits>(codes_in, n, ctx.threads) > kTopCode) {
     throw FrameError("terngrad: a code is 3; allowed: 0 (zero), 1 (+scale), 2 (-scale)");
   }
   float* out = sum.data();
-  unpack_codes<kBits>(codes_in, n, ctx.threads, [&](size_t i, size_t count, const uint32_t* codes) {
-    float* s = out + i;
+  unpack_codes<kTernBits>(codes_in, n, ctx.threads,
+                          [&](size_t i, size_t count, const uint32_t* codes) {
+                            float* s = out + i;
 #pragma omp simd
-    for (size_t j = 0; j < count; ++j) {
-      const uint32_t sign = codes[j] >> 1;           // code 2
-      const uint32_t level = (codes[j] | sign) & 1;  // codes 1 and 2
-      s[j] += linear_value(level, sign, scale);
-    }
-  });
+                            for (size_t j = 0; j < count; ++j) {
+                              const uint32_t sign = codes[j] >> 1;           // code 2
+                              const uint32_t level = (codes[j] | sign) & 1;  // codes 1 and 2
+                              s[j] += linear_value(level, sign, scale);
+                            }
+                          });
 }
 
 }  // namespace

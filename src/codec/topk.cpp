@@ -13,7 +13,7 @@ namespace gradcomp {
 namespace {
 
 // CounterRng stream of the magnitude sample; it only affects speed, never the frame.
-constexpr uint32_t kSampleStream = 1;
+constexpr uint32_t kTopkSampleStream = 1;
 
 class TopKCodec final : public Codec {
  public:
@@ -39,7 +39,7 @@ class TopKCodec final : public Codec {
     const size_t k = count_.for_elements(name(), n);
     const size_t bytes = kFrameHeaderBytes + sparse::payload_bytes(k);
     if (out.size() < bytes) throw Error("topk: output buffer too small");
-    const CounterRng rng(ctx.seed, ctx.bucket, ctx.step, ctx.rank, kSampleStream);
+    const CounterRng rng(ctx.seed, ctx.bucket, ctx.step, ctx.rank, kTopkSampleStream);
     selector_.select(input, k, sparse::default_sample_count(n), rng, ctx.threads, selection_,
                      sparse::residual_copy_target(input, residual));
     sparse::write_payload(frame_payload(out), selection_.indices, selection_.values);

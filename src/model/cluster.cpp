@@ -32,11 +32,11 @@ namespace {
 
 using nlohmann::json;
 
-[[noreturn]] void field_error(std::string_view path, std::string_view what) {
+[[noreturn]] void cluster_field_error(std::string_view path, std::string_view what) {
   throw Error(fmt::format("cluster: {}: {}", path, what));
 }
 
-std::string join(std::string_view path, std::string_view key) {
+std::string cluster_path(std::string_view path, std::string_view key) {
   return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
 }
 
@@ -58,9 +58,10 @@ void check_latency(double seconds, std::string_view name) {
 }
 
 // A misspelt optional field ("per_nod") must be an error, not a silent default.
-void check_keys(const json& object, std::string_view path,
-                std::initializer_list<std::string_view> allowed) {
-  if (!object.is_object()) field_error(path.empty() ? "(top level)" : path, "expected an object");
+void check_cluster_keys(const json& object, std::string_view path,
+                        std::initializer_list<std::string_view> allowed) {
+  if (!object.is_object())
+    cluster_field_error(path.empty() ? "(top level)" : path, "expected an object");
   for (const auto& item : object.items()) {
     if (std::find(allowed.begin(), allowed.end(), item.key()) == allowed.end()) {
       throw Error(fmt::format("cluster: {}: unknown field '{}'; allowed: {}",
@@ -70,18 +71,19 @@ void check_keys(const json& object, std::string_view path,
   }
 }
 
-int read_count(const json& object, std::string_view path, std::string_view key,
-               std::optional<int> fallback) {
+int read_cluster_count(const json& object, std::string_view path, std::string_view key,
+                       std::optional<int> fallback) {
   const auto it = object.find(key);
-  const std::string where = join(path, key);
+  const std::string where = cluster_path(path, key);
   if (it == object.end()) {
-    if (!fallback) field_error(where, "missing; expected an integer >= 1");
+    if (!fallback) cluster_field_error(where, "missing; expected an integer >= 1");
     return *fallback;
   }
-  if (!it->is_number_integer()) field_error(where, "expected an integer >= 1");
+  if (!it->is_number_integer()) cluster_field_error(where, "expected an integer >= 1");
   const auto value = it->get<long long>();
   if (value < 1 || value > kMaxWorkers) {
-    field_error(where, fmt::format("{} is out of range; allowed: 1 .. {}", value, kMaxWorkers));
+    cluster_field_error(where,
+                        fmt::format("{} is out of range; allowed: 1 .. {}", value, kMaxWorkers));
   }
   return static_cast<int>(value);
 }
@@ -90,20 +92,20 @@ int read_count(const json& object, std::string_view path, std::string_view key,
 double read_quantity(const json& object, std::string_view path, std::string_view key,
                      std::string_view expected, double (*parse)(const std::string&)) {
   const auto it = object.find(key);
-  const std::string where = join(path, key);
-  if (it == object.end()) field_error(where, fmt::format("missing; expected {}", expected));
+  const std::string where = cluster_path(path, key);
+  if (it == object.end()) cluster_field_error(where, fmt::format("missing; expected {}", expected));
   if (it->is_number()) return it->get<double>();
-  if (!it->is_string()) field_error(where, fmt::format("expected {}", expected));
+  if (!it->is_string()) cluster_field_error(where, fmt::format("expected {}", expected));
   try {
     return parse(it->get<std::string>());
   } catch (const Error& e) {
-    field_error(where, e.what());
+    cluster_field_error(where, e.what());
   }
 }
 
 Link read_link(const json& object, std::string_view key) {
   const json& link = object.at(key);
-  check_keys(link, key, {"bandwidth", "latency"});
+  check_cluster_keys(link, key, {"bandwidth", "latency"});
   const Link out{.bytes_per_s = read_quantity(link, key, "bandwidth",
                                               "a rate such as \"25gbit\" or a number of bytes "
                                               "per second",
@@ -112,8 +114,8 @@ Link read_link(const json& object, std::string_view key) {
                                             "a duration such as \"10us\" or a number of seconds",
                                             parse_duration)};
   // Named here by the JSON field; validate() names the struct's.
-  check_rate(out.bytes_per_s, fmt::format("cluster: {}", join(key, "bandwidth")));
-  check_latency(out.latency_s, fmt::format("cluster: {}", join(key, "latency")));
+  check_rate(out.bytes_per_s, fmt::format("cluster: {}", cluster_path(key, "bandwidth")));
+  check_latency(out.latency_s, fmt::format("cluster: {}", cluster_path(key, "latency")));
   return out;
 }
 
@@ -204,20 +206,22 @@ void Cluster::validate() const {
 }
 
 Cluster Cluster::from_json(const json& json) {
-  check_keys(json, "", {"workers", "per_node", "inter", "intra", "servers"});
+  check_cluster_keys(json, "", {"workers", "per_node", "inter", "intra", "servers"});
   Cluster c;
-  c.workers = read_count(json, "", "workers", std::nullopt);
-  c.per_node = read_count(json, "", "per_node", 1);
-  if (json.contains("servers")) c.servers = read_count(json, "", "servers", std::nullopt);
+  c.workers = read_cluster_count(json, "", "workers", std::nullopt);
+  c.per_node = read_cluster_count(json, "", "per_node", 1);
+  if (json.contains("servers")) c.servers = read_cluster_count(json, "", "servers", std::nullopt);
   if (!json.contains("inter")) {
-    field_error("inter", "missing; expected {\"bandwidth\": \"25gbit\", \"latency\": \"10us\"}");
+    cluster_field_error("inter",
+                        "missing; expected {\"bandwidth\": \"25gbit\", \"latency\": \"10us\"}");
   }
   c.inter = read_link(json, "inter");
   if (json.contains("intra")) {
     c.intra = read_link(json, "intra");
   } else if (c.per_node > 1) {
-    field_error("intra", "missing; needed when per_node > 1, e.g. {\"bandwidth\": \"100gbit\", "
-                         "\"latency\": \"5us\"}");
+    cluster_field_error("intra",
+                        "missing; needed when per_node > 1, e.g. {\"bandwidth\": \"100gbit\", "
+                        "\"latency\": \"5us\"}");
   }
   c.validate();
   return c;

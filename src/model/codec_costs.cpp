@@ -23,7 +23,7 @@ namespace {
 
 using nlohmann::json;
 
-[[noreturn]] void field_error(const std::string& path, std::string_view what) {
+[[noreturn]] void costs_field_error(const std::string& path, std::string_view what) {
   throw Error(fmt::format("codec costs: {}: {}", path, what));
 }
 
@@ -31,20 +31,25 @@ double read_coefficient(const json& line, const std::string& path, const char* k
   const auto it = line.find(key);
   // An hour per call or per element is far beyond any codec, and keeps modelled times finite.
   constexpr std::string_view kExpected = "a number of seconds in 0 .. 3600";
-  if (it == line.end()) field_error(path + "." + key, fmt::format("missing; expected {}", kExpected));
+  if (it == line.end())
+    costs_field_error(path + "." + key, fmt::format("missing; expected {}", kExpected));
   if (!it->is_number() || !(it->get<double>() >= 0 && it->get<double>() <= 3600)) {
-    field_error(path + "." + key, fmt::format("{} is not allowed; expected {}", it->dump(), kExpected));
+    costs_field_error(path + "." + key,
+                      fmt::format("{} is not allowed; expected {}", it->dump(), kExpected));
   }
   return it->get<double>();
 }
 
 Linear read_linear(const json& entry, const std::string& path, const char* key) {
   const auto it = entry.find(key);
-  if (it == entry.end()) field_error(path + "." + key, "missing; expected {\"a\": s, \"b\": s per element}");
-  if (!it->is_object()) field_error(path + "." + key, "expected {\"a\": s, \"b\": s per element}");
+  if (it == entry.end())
+    costs_field_error(path + "." + key, "missing; expected {\"a\": s, \"b\": s per element}");
+  if (!it->is_object())
+    costs_field_error(path + "." + key, "expected {\"a\": s, \"b\": s per element}");
   for (const auto& item : it->items()) {
     if (item.key() != "a" && item.key() != "b") {
-      field_error(path + "." + key, fmt::format("unknown field '{}'; allowed: a, b", item.key()));
+      costs_field_error(path + "." + key,
+                        fmt::format("unknown field '{}'; allowed: a, b", item.key()));
     }
   }
   const std::string where = path + "." + key;
@@ -52,11 +57,11 @@ Linear read_linear(const json& entry, const std::string& path, const char* key) 
 }
 
 CodecCost read_entry(const json& entry, const std::string& path) {
-  if (!entry.is_object()) field_error(path, "expected {\"encode\": .., \"decode\": ..}");
+  if (!entry.is_object()) costs_field_error(path, "expected {\"encode\": .., \"decode\": ..}");
   for (const auto& item : entry.items()) {
     if (item.key() != "encode" && item.key() != "encode_ef" && item.key() != "decode") {
-      field_error(path, fmt::format("unknown field '{}'; allowed: encode, encode_ef, decode",
-                                    item.key()));
+      costs_field_error(
+          path, fmt::format("unknown field '{}'; allowed: encode, encode_ef, decode", item.key()));
     }
   }
   CodecCost cost;
@@ -108,17 +113,19 @@ double seconds_of(const json& row, const char* key, size_t index, double element
 }  // namespace
 
 CodecCosts CodecCosts::from_json(const json& json) {
-  if (!json.is_object()) field_error("(top level)", "expected an object of codec entries");
+  if (!json.is_object()) costs_field_error("(top level)", "expected an object of codec entries");
   const nlohmann::json* entries = &json;
   if (json.contains("codecs")) {
     for (const auto& item : json.items()) {
       if (item.key() != "codecs" && item.key() != "source" && item.key() != "command") {
-        field_error("(top level)", fmt::format("unknown field '{}'; allowed next to 'codecs': "
-                                               "source, command", item.key()));
+        costs_field_error("(top level)",
+                          fmt::format("unknown field '{}'; allowed next to 'codecs': "
+                                      "source, command",
+                                      item.key()));
       }
     }
     entries = &json["codecs"];
-    if (!entries->is_object()) field_error("codecs", "expected an object of codec entries");
+    if (!entries->is_object()) costs_field_error("codecs", "expected an object of codec entries");
   }
   CodecCosts costs;
   for (const auto& item : entries->items()) costs.set(item.key(), read_entry(item.value(), item.key()));

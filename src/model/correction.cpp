@@ -110,15 +110,17 @@ constexpr Field kFields[] = {
 };
 constexpr const char* kCodecLambdas = "codec_lambdas";
 
-[[noreturn]] void field_error(const std::string& field, const std::string& what) {
+[[noreturn]] void correction_field_error(const std::string& field, const std::string& what) {
   throw Error(fmt::format("model correction: '{}' {}", field, what));
 }
 
 double checked_number(const std::string& field, const json& value, double min, double max) {
-  if (!value.is_number()) field_error(field, fmt::format("must be a number, not {}", value.dump()));
+  if (!value.is_number())
+    correction_field_error(field, fmt::format("must be a number, not {}", value.dump()));
   const double v = value.get<double>();
   if (!(v >= min && v <= max)) {
-    field_error(field, fmt::format("= {} must be from {:g} to {:g}", value.dump(), min, max));
+    correction_field_error(field,
+                           fmt::format("= {} must be from {:g} to {:g}", value.dump(), min, max));
   }
   return v;
 }
@@ -126,17 +128,18 @@ double checked_number(const std::string& field, const json& value, double min, d
 // {"codec name": lambda}: names of known codecs, slow-downs in lambda's range.
 std::map<std::string, double> codec_lambdas_from(const json& value) {
   if (!value.is_object()) {
-    field_error(kCodecLambdas, fmt::format("must be an object of codec names and slow-downs, "
-                                           "not {}",
-                                           value.dump()));
+    correction_field_error(kCodecLambdas,
+                           fmt::format("must be an object of codec names and slow-downs, "
+                                       "not {}",
+                                       value.dump()));
   }
   const auto names = codec_names();
   std::map<std::string, double> out;
   for (const auto& item : value.items()) {
     const std::string field = fmt::format("{}.{}", kCodecLambdas, item.key());
     if (std::find(names.begin(), names.end(), item.key()) == names.end()) {
-      field_error(field, fmt::format("is not a codec; expected one of {}",
-                                     fmt::join(names, ", ")));
+      correction_field_error(
+          field, fmt::format("is not a codec; expected one of {}", fmt::join(names, ", ")));
     }
     out[item.key()] = checked_number(field, item.value(), 1, kMaxLambda);
   }
@@ -146,7 +149,7 @@ std::map<std::string, double> codec_lambdas_from(const json& value) {
 }  // namespace
 
 Correction Correction::from_json(const json& json) {
-  if (!json.is_object()) field_error("(top level)", "must be an object");
+  if (!json.is_object()) correction_field_error("(top level)", "must be an object");
   for (const auto& item : json.items()) {
     // A named string, not a structured binding: clang 14 (the sanitizer build) cannot capture
     // a binding in a lambda.
@@ -155,8 +158,10 @@ Correction Correction::from_json(const json& json) {
                        std::any_of(std::begin(kFields), std::end(kFields),
                                    [&](const Field& f) { return key == f.name; });
     if (!known) {
-      field_error(key, "is unknown; expected extra_latency_s, lambda, bandwidth_scale, "
-                       "cost_scale, codec_lambdas, step_overhead_s, error_before, error_after");
+      correction_field_error(
+          key,
+          "is unknown; expected extra_latency_s, lambda, bandwidth_scale, "
+          "cost_scale, codec_lambdas, step_overhead_s, error_before, error_after");
     }
   }
   Correction c;
@@ -164,7 +169,7 @@ Correction Correction::from_json(const json& json) {
     const auto it = json.find(f.name);
     if (it == json.end()) {
       if (f.optional) continue;
-      field_error(f.name, "is missing");
+      correction_field_error(f.name, "is missing");
     }
     c.*f.member = checked_number(f.name, *it, f.min, f.max);
   }

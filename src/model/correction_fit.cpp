@@ -30,7 +30,7 @@ constexpr double kLatencies[] = {0.0,  1e-5, 2e-5, 5e-5, 1e-4, 2e-4,
 constexpr double kBandwidthScales[] = {1.0,   0.975, 0.95,  0.925, 0.9,   0.875, 0.85,
                                       0.825, 0.8,   0.775, 0.75,  0.725, 0.7,   0.675,
                                       0.65,  0.625, 0.6,   0.575, 0.55,  0.525, 0.5};
-constexpr double kCodecLambdas[] = {1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0};
+constexpr double kFitLambdas[] = {1.1, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0};
 constexpr double kCoarseLatencies[] = {0.0, 1e-4, 5e-4, 2e-3, 1e-2};
 constexpr int kMaxRounds = 3;  // the latency, then each codec's slow-down; again until stable
 // Slow codecs and costly messages both slow a compressed plan, and a few trials cannot always
@@ -142,7 +142,7 @@ class Trials {
     without.codec_lambdas.erase(codec);
     without = scored(without);
     Correction best = without;
-    for (double lambda : kCodecLambdas) {
+    for (double lambda : kFitLambdas) {
       Correction c = from;
       c.codec_lambdas[codec] = lambda;
       c = scored(c);

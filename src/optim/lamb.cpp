@@ -15,7 +15,7 @@ struct Norms {
   double step = 0;   // sum of r^2
 };
 
-Norms update_and_measure(const LayerSlot& layer, const optim::MomentCoefficients& c, int threads) {
+Norms update_lamb_layer(const LayerSlot& layer, const optim::MomentCoefficients& c, int threads) {
   float* x = layer.param.data();
   const float* g = layer.grad.data();
   float* m = layer.exp_avg.data();
@@ -46,7 +46,7 @@ LayerStep lamb_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, in
   check_adam_hyper(h, "LAMB");
   optim::check_layer(layer, step, "LAMB");
   const auto c = optim::moment_coefficients(h, step);
-  const Norms norms = update_and_measure(layer, c, threads);
+  const Norms norms = update_lamb_layer(layer, c, threads);
 
   LayerStep result;
   result.param_norm = std::sqrt(norms.param);

@@ -34,8 +34,8 @@ float gradient_direction(float g, float v, float x, const optim::MomentCoefficie
   return g * optim::inverse_scale(v, c) + c.weight_decay * x;
 }
 
-Norms update_and_measure(const LayerSlot& layer, float grad_scale,
-                         const optim::MomentCoefficients& c, int threads) {
+Norms update_lans_layer(const LayerSlot& layer, float grad_scale,
+                        const optim::MomentCoefficients& c, int threads) {
   float* x = layer.param.data();
   const float* g = layer.grad.data();
   float* m = layer.exp_avg.data();
@@ -68,7 +68,7 @@ LayerStep lans_step(const LayerSlot& layer, int64_t step, const AdamHyper& h, bo
   optim::check_layer(layer, step, "LANS");
   const auto c = optim::moment_coefficients(h, step);
   const float grad_scale = normalize_grad ? inverse_grad_norm(layer.grad, threads) : 1.0f;
-  const Norms norms = update_and_measure(layer, grad_scale, c, threads);
+  const Norms norms = update_lans_layer(layer, grad_scale, c, threads);
 
   LayerStep result;
   result.param_norm = std::sqrt(norms.param);

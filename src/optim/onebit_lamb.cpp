@@ -77,8 +77,8 @@ void check(const LayerSlot& layer, const OneBitLambLayer& state) {
   }
 }
 
-Measures update_and_measure(const LayerSlot& layer, std::span<float> fresh, const Scales& s,
-                            int threads) {
+Measures update_onebit_lamb_layer(const LayerSlot& layer, std::span<float> fresh, const Scales& s,
+                                  int threads) {
   float* x = layer.param.data();
   const float* momentum = layer.grad.data();
   float* m = layer.exp_avg.data();
@@ -140,7 +140,8 @@ LayerStep onebit_lamb_step(const LayerSlot& layer, OneBitLambLayer& state, int64
                       optim::moment_coefficients(h, step).second_scale,
                       static_cast<float>(1.0 / (1.0 - h.beta1)), optim::adam_step_bound(h)};
   check(layer, state);
-  const Measures measures = update_and_measure(layer, state.fresh_exp_avg_sq, scales, threads);
+  const Measures measures =
+      update_onebit_lamb_layer(layer, state.fresh_exp_avg_sq, scales, threads);
   // A NaN ratio (a non-finite momentum) would pass the clamps: keep the last factor instead.
   if (std::isfinite(measures.ratio)) state.factor = next_factor(measures, state.factor, lh);
 

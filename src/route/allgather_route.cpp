@@ -12,7 +12,7 @@
 namespace gradcomp::route {
 namespace {
 
-constexpr const char* kName = "allgather";
+constexpr const char* kAllgatherName = "allgather";
 
 class AllgatherRoute final : public CodedRoute {
  public:
@@ -40,7 +40,7 @@ class AllgatherRoute final : public CodedRoute {
 };
 
 AllgatherRoute::AllgatherRoute(const RouteConfig& c)
-    : CodedRoute(kName, c),
+    : CodedRoute(kAllgatherName, c),
       codec_(coder_.codec()),
       max_frame_(codec_.max_frame_bytes(n_)),
       fixed_(codec_.traits().fixed_frame_size),

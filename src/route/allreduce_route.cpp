@@ -14,7 +14,7 @@
 namespace gradcomp::route {
 namespace {
 
-constexpr const char* kName = "allreduce";
+constexpr const char* kAllreduceName = "allreduce";
 
 class AllreduceRoute final : public CodedRoute {
  public:
@@ -49,7 +49,7 @@ class AllreduceRoute final : public CodedRoute {
 };
 
 AllreduceRoute::AllreduceRoute(const RouteConfig& c)
-    : CodedRoute(kName, c),
+    : CodedRoute(kAllreduceName, c),
       codec_(coder_.codec()),
       traits_(codec_.traits()),
       direct_(codec_.id() == CodecId::kNone && coder_.feedback().spec() == "none") {

@@ -17,7 +17,7 @@
 namespace gradcomp::route {
 namespace {
 
-constexpr const char* kName = "hierarchical";
+constexpr const char* kHierarchicalName = "hierarchical";
 
 class HierarchicalRoute final : public Route {
  public:
@@ -54,7 +54,7 @@ class HierarchicalRoute final : public Route {
 };
 
 // Throws unless the transports the route needs are there and agree with each other.
-void check_env(const RouteEnv& env) {
+void check_hierarchical_env(const RouteEnv& env) {
   if (env.intra == nullptr) {
     throw Error(
         "route 'hierarchical' needs the node transports: RouteEnv::intra (this node's ranks, "
@@ -74,7 +74,7 @@ void check_env(const RouteEnv& env) {
 }
 
 HierarchicalRoute::HierarchicalRoute(const RouteConfig& c)
-    : intra_((check_env(c.env), *c.env.intra)),
+    : intra_((check_hierarchical_env(c.env), *c.env.intra)),
       bucket_(c.bucket),
       n_(c.elements),
       local_size_(static_cast<uint32_t>(intra_.size())),
@@ -86,7 +86,7 @@ HierarchicalRoute::HierarchicalRoute(const RouteConfig& c)
 }
 
 void HierarchicalRoute::encode(std::span<float> grad, const StepState&, const Phases& p) {
-  check_length(kName, bucket_, "gradient", grad.size(), n_);
+  check_length(kHierarchicalName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   sum_ = grad;  // the engine leaves the bucket to the route until decode (route.h)
   if (fp16_) encode_half(grad, half_, p);
@@ -132,7 +132,7 @@ void HierarchicalRoute::exchange(const StepState& step, const Phases& p) {
 }
 
 void HierarchicalRoute::decode(std::span<float> out, const StepState&, const Phases& p) {
-  check_length(kName, bucket_, "output", out.size(), n_);
+  check_length(kHierarchicalName, bucket_, "output", out.size(), n_);
   if (out.data() != sum_.data() && n_ > 0) {  // normally the same memory (route.h)
     p.run("decode", [&] { std::memcpy(out.data(), sum_.data(), n_ * sizeof(float)); });
   }
@@ -158,11 +158,11 @@ std::vector<std::byte> HierarchicalRoute::save_state() const {
   // Codec and feedback live on the leaders: other ranks save an empty list of parts.
   std::vector<std::vector<std::byte>> parts;
   if (inner_) parts.push_back(inner_->save_state());
-  return save_parts(kName, {n_, local_size_}, parts);
+  return save_parts(kHierarchicalName, {n_, local_size_}, parts);
 }
 
 void HierarchicalRoute::load_state(std::span<const std::byte> state) {
-  const auto parts = load_parts(kName, state, {n_, local_size_}, inner_ ? 1 : 0);
+  const auto parts = load_parts(kHierarchicalName, state, {n_, local_size_}, inner_ ? 1 : 0);
   if (inner_) inner_->load_state(parts[0]);
 }
 

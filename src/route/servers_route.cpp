@@ -30,7 +30,7 @@
 namespace gradcomp::route {
 namespace {
 
-constexpr const char* kName = "servers";
+constexpr const char* kServersName = "servers";
 
 class ServersRoute final : public FlatRoute {
  public:
@@ -123,7 +123,7 @@ bool server_keeps_state(const RouteConfig& c) {
 }
 
 ServersRoute::ServersRoute(const RouteConfig& c)
-    : FlatRoute(kName, c),
+    : FlatRoute(kServersName, c),
       link_(*c.env.servers),
       wire_(link_.transport()),
       pull_(link_.pull_transport()),
@@ -133,7 +133,7 @@ ServersRoute::ServersRoute(const RouteConfig& c)
       server_feedback_(c.option.server_feedback),
       server_stateful_(server_keeps_state(c)) {
   const Codec& codec = worker_.codec();
-  check_codec_fits(kName, codec);
+  check_codec_fits(kServersName, codec);
   if (link_.workers() != world_size_ || link_.rank() != rank_) {
     throw Error(fmt::format("route 'servers': bucket {} runs on worker {} of {}, the server "
                             "link on worker {} of {}",
@@ -342,7 +342,7 @@ std::vector<std::byte> ServersRoute::save_undo_state() const {
     parts.push_back({std::byte{held_current_}});
     if (held_current_) parts.insert(parts.end(), held_.begin(), held_.end());
   }
-  return save_parts(kName, shape(), parts);
+  return save_parts(kServersName, shape(), parts);
 }
 
 // All or nothing: the servers' states are checked before anything changes.
@@ -352,10 +352,12 @@ void ServersRoute::load_state(std::span<const std::byte> state) {
   bool with_servers = false;
   try {
     // How many parts: the flag part says (load_parts checks the count it is told).
-    const auto head = load_parts(kName, state, shape(), 2 + (server_stateful_ ? 1 : 0), true);
+    const auto head =
+        load_parts(kServersName, state, shape(), 2 + (server_stateful_ ? 1 : 0), true);
     with_servers = server_stateful_ && head[2].size() == 1 && head[2][0] == std::byte{1};
     if (server_stateful_ && head[2].size() != 1) throw Error("the servers' flag part is malformed");
-    parts = load_parts(kName, state, shape(), (server_stateful_ ? 3 : 2) + (with_servers ? kept.size() : 0));
+    parts = load_parts(kServersName, state, shape(),
+                       (server_stateful_ ? 3 : 2) + (with_servers ? kept.size() : 0));
     for (size_t i = 0; with_servers && i < kept.size(); ++i) {
       check_server_state(kept[i], parts[3 + i]);
     }

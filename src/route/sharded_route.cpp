@@ -26,7 +26,7 @@
 namespace gradcomp::route {
 namespace {
 
-constexpr const char* kName = "sharded";
+constexpr const char* kShardedName = "sharded";
 
 class ShardedRoute final : public Route {
  public:
@@ -66,7 +66,7 @@ class ShardedRoute final : public Route {
   size_t sent_ = 0;
 };
 
-void check_env(const RouteEnv& env) {
+void check_sharded_env(const RouteEnv& env) {
   if (env.intra == nullptr || env.cross == nullptr) {
     throw Error(
         "route 'sharded' needs the node transports: RouteEnv::intra (this node's ranks) and "
@@ -76,7 +76,7 @@ void check_env(const RouteEnv& env) {
 }
 
 ShardedRoute::ShardedRoute(const RouteConfig& c)
-    : intra_((check_env(c.env), *c.env.intra)),
+    : intra_((check_sharded_env(c.env), *c.env.intra)),
       bucket_(c.bucket),
       n_(c.elements),
       local_size_(static_cast<uint32_t>(intra_.size())),
@@ -101,7 +101,7 @@ ShardedRoute::ShardedRoute(const RouteConfig& c)
 }
 
 void ShardedRoute::encode(std::span<float> grad, const StepState&, const Phases& p) {
-  check_length(kName, bucket_, "gradient", grad.size(), n_);
+  check_length(kShardedName, bucket_, "gradient", grad.size(), n_);
   sent_ = 0;
   sum_ = grad;  // the engine leaves the bucket to the route until decode (route.h)
   if (fp16_) encode_half(grad, half_, p);
@@ -160,7 +160,7 @@ void ShardedRoute::exchange(const StepState& step, const Phases& p) {
 }
 
 void ShardedRoute::decode(std::span<float> out, const StepState&, const Phases& p) {
-  check_length(kName, bucket_, "output", out.size(), n_);
+  check_length(kShardedName, bucket_, "output", out.size(), n_);
   if (out.data() != sum_.data() && n_ > 0) {  // normally the same memory (route.h)
     p.run("decode", [&] { std::memcpy(out.data(), sum_.data(), n_ * sizeof(float)); });
   }
@@ -182,11 +182,11 @@ size_t ShardedRoute::memory_bytes() const {
 }
 
 std::vector<std::byte> ShardedRoute::save_state() const {
-  return save_parts(kName, {n_, local_size_}, {inner_->save_state()});
+  return save_parts(kShardedName, {n_, local_size_}, {inner_->save_state()});
 }
 
 void ShardedRoute::load_state(std::span<const std::byte> state) {
-  const auto parts = load_parts(kName, state, {n_, local_size_}, 1);
+  const auto parts = load_parts(kShardedName, state, {n_, local_size_}, 1);
   inner_->load_state(parts[0]);
 }
 

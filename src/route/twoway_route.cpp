@@ -20,7 +20,7 @@
 namespace gradcomp::route {
 namespace {
 
-constexpr const char* kName = "twoway";
+constexpr const char* kTwowayName = "twoway";
 
 class TwowayRoute final : public FlatRoute {
  public:
@@ -73,13 +73,13 @@ class TwowayRoute final : public FlatRoute {
 };
 
 TwowayRoute::TwowayRoute(const RouteConfig& c)
-    : FlatRoute(kName, c),
+    : FlatRoute(kTwowayName, c),
       worker_(make_codec(c.codec()), make_feedback(c.feedback())),
-      server_(make_codec(c.codec()), make_feedback(c.option.server_feedback.empty()
-                                                       ? c.feedback()
-                                                       : c.option.server_feedback)) {
+      server_(make_codec(c.codec()),
+              make_feedback(c.option.server_feedback.empty() ? c.feedback()
+                                                             : c.option.server_feedback)) {
   const Codec& codec = worker_.codec();
-  check_codec_fits(kName, codec);
+  check_codec_fits(kTwowayName, codec);
   for (uint32_t s = 0; s < world_size_; ++s) {
     shards_.push_back(shard_range(n_, s, world_size_));
     max_frames_.push_back(codec.max_frame_bytes(shards_.back().size()));
@@ -203,11 +203,11 @@ size_t TwowayRoute::memory_bytes() const {
 std::vector<std::byte> TwowayRoute::save_state() const {
   auto worker = worker_.save_state();
   auto server = server_.save_state();
-  return save_parts(kName, shape(), {worker[0], server[0], worker[1], server[1]});
+  return save_parts(kTwowayName, shape(), {worker[0], server[0], worker[1], server[1]});
 }
 
 void TwowayRoute::load_state(std::span<const std::byte> state) {
-  const auto parts = load_parts(kName, state, shape(), 4);
+  const auto parts = load_parts(kTwowayName, state, shape(), 4);
   worker_.load_state(parts[0], parts[2]);
   server_.load_state(parts[1], parts[3]);
 }

@@ -45,6 +45,7 @@
 #include "gradcomp/roll_call.h"
 #include "transport/backends.h"
 #include "transport/local_address.h"
+#include "transport/seconds_text.h"
 #include "transport/tcp_store.h"
 
 namespace gradcomp {
@@ -52,8 +53,6 @@ namespace {
 
 using gloo::rendezvous::Store;
 using Device = gloo::transport::Device;
-
-std::string seconds(Milliseconds t) { return fmt::format("{:.3g}", t.count() / 1000.0); }
 
 // ---- rendezvous ----------------------------------------------------------------------------
 
@@ -207,7 +206,7 @@ class PrefixedStore final : public Store {
       throw TimeoutError(fmt::format(
           "gloo: rendezvous through {} did not complete within {} s (waiting for {}): did every "
           "rank start, with the same WORLD_SIZE? ({})",
-          where_, seconds(timeout_), fmt::join(full_keys, ", "), e.what()));
+          where_, seconds_text(timeout_), fmt::join(full_keys, ", "), e.what()));
     }
   }
 
@@ -317,7 +316,7 @@ void claim_rank(PrefixedStore& store, int rank, int size, Milliseconds timeout) 
       throw TimeoutError(fmt::format(
           "gloo: rendezvous through {} did not complete within {} s: rank{} {} of {} never "
           "started; did every rank start, with the same WORLD_SIZE?",
-          store.where(), seconds(timeout), missing.size() == 1 ? "" : "s",
+          store.where(), seconds_text(timeout), missing.size() == 1 ? "" : "s",
           fmt::join(missing, ", "), size));
     }
     // Polling a store on the rendezvous path only, at a rate that costs nothing.
@@ -359,7 +358,7 @@ std::shared_ptr<gloo::Context> connect(Store& store, const std::string& prefix,
     throw CommError(
         fmt::format("gloo: rank {} of {} could not connect to its peers through {} "
                     "within {} s: {}",
-                    rank, size, where, seconds(timeout), e.what()));
+                    rank, size, where, seconds_text(timeout), e.what()));
   }
   return context;
 }
@@ -403,7 +402,7 @@ void release_bounded(std::shared_ptr<gloo::Context> context, std::shared_ptr<Dev
     fmt::print(stderr,
                "gradcomp: gloo: closing the connections took longer than {} s; leaving "
                "them to the process exit\n",
-               seconds(limit));
+               seconds_text(limit));
   }
 }
 
@@ -512,7 +511,7 @@ void GlooTransport::fail(const char* op, size_t bytes, const std::string& what, 
     throw TimeoutError(fmt::format(
         "gloo: {} of {} bytes (rank {} of {}) did not finish within {} s (GRADCOMP_TIMEOUT); {} "
         "[{}]",
-        op, bytes, rank_, size_, seconds(timeout_), *missing_, what));
+        op, bytes, rank_, size_, seconds_text(timeout_), *missing_, what));
   }
   throw CommError(fmt::format("gloo: {} of {} bytes (rank {} of {}) failed; {} [{}]", op, bytes,
                               rank_, size_, *missing_, what));
@@ -543,7 +542,7 @@ std::string GlooTransport::missing_peers() {
 
 // Empty spans may hold a null pointer; gloo wants an address even for zero bytes.
 uint8_t g_empty[8];
-uint8_t* address(std::span<const std::byte> s) {
+uint8_t* gloo_address(std::span<const std::byte> s) {
   return s.empty() ? g_empty : reinterpret_cast<uint8_t*>(const_cast<std::byte*>(s.data()));
 }
 
@@ -585,8 +584,8 @@ WorkPtr GlooTransport::start_allgather(std::span<const std::byte> in, std::span<
       return;
     }
     gloo::AllgatherOptions opts(context_);
-    opts.setInput(address(in), in.size());
-    opts.setOutput(address(out), out.size());
+    opts.setInput(gloo_address(in), in.size());
+    opts.setOutput(gloo_address(out), out.size());
     opts.setTag(tag);
     opts.setTimeout(timeout_);
     gloo::allgather(opts);
@@ -602,8 +601,8 @@ WorkPtr GlooTransport::start_allgatherv(std::span<const std::byte> in, std::span
       return;
     }
     gloo::AllgathervOptions opts(context_);
-    opts.setInput(address(in), in.size());
-    opts.setOutput(address(out), sizes);
+    opts.setInput(gloo_address(in), in.size());
+    opts.setOutput(gloo_address(out), sizes);
     opts.setTag(tag);
     opts.setTimeout(timeout_);
     gloo::allgatherv(opts);
@@ -617,8 +616,8 @@ WorkPtr GlooTransport::start_alltoall(std::span<const std::byte> in, std::span<s
       return;
     }
     gloo::AlltoallOptions opts(context_);
-    opts.setInput(address(in), in.size());
-    opts.setOutput(address(out), out.size());
+    opts.setInput(gloo_address(in), in.size());
+    opts.setOutput(gloo_address(out), out.size());
     opts.setTag(tag);
     opts.setTimeout(timeout_);
     gloo::alltoall(opts);
@@ -643,8 +642,8 @@ void sparse_alltoallv(gloo::Context& context, std::span<const std::byte> in,
   std::exclusive_scan(out_counts.begin(), out_counts.end(), out_at.begin(), size_t{0});
   const auto me = static_cast<size_t>(rank);
   if (in_counts[me] > 0) std::memcpy(out.data() + out_at[me], in.data() + in_at[me], in_counts[me]);
-  auto send = context.createUnboundBuffer(address(in), in.size());
-  auto recv = context.createUnboundBuffer(address(out), out.size());
+  auto send = context.createUnboundBuffer(gloo_address(in), in.size());
+  auto recv = context.createUnboundBuffer(gloo_address(out), out.size());
   const auto slot = gloo::Slot::build(kSparseAlltoallvSlotPrefix, tag);
   int sends = 0, recvs = 0;
   for (int i = 1; i < size; ++i) {  // the same order as gloo's: rank + i, rank - i
@@ -679,7 +678,7 @@ WorkPtr GlooTransport::start_broadcast(std::span<std::byte> buffer, int root,
   return submit("broadcast", buffer.size(), [=, this](uint32_t tag) {
     if (size_ == 1 || buffer.empty()) return;
     gloo::BroadcastOptions opts(context_);
-    opts.setOutput(address(buffer), buffer.size());
+    opts.setOutput(gloo_address(buffer), buffer.size());
     opts.setRoot(root);
     opts.setTag(tag);
     opts.setTimeout(timeout);

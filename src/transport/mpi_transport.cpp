@@ -30,10 +30,10 @@ constexpr size_t kMaxCount = INT_MAX;
 // place while the others did not left messages unmatched, so a later collective hung.
 std::byte g_empty_input[1];
 std::byte g_empty_output[1];
-const std::byte* address(std::span<const std::byte> s) {
+const std::byte* mpi_address(std::span<const std::byte> s) {
   return s.empty() ? g_empty_input : s.data();
 }
-std::byte* address(std::span<std::byte> s) { return s.empty() ? g_empty_output : s.data(); }
+std::byte* mpi_address(std::span<std::byte> s) { return s.empty() ? g_empty_output : s.data(); }
 
 int to_int(size_t value, const char* op, const char* what) {
   if (value > kMaxCount) {
@@ -205,7 +205,7 @@ WorkPtr MpiTransport::start_allreduce(std::span<std::byte> buffer, DType type, R
     do {
       const size_t count = std::min(total - done, kMaxCount);
       run("allreduce", buffer.size(), deadline, [&](MPI_Request* r) {
-        return MPI_Iallreduce(MPI_IN_PLACE, address(buffer.subspan(done * width)),
+        return MPI_Iallreduce(MPI_IN_PLACE, mpi_address(buffer.subspan(done * width)),
                               static_cast<int>(count), element, mpi_op, comm(), r);
       });
       done += count;
@@ -218,7 +218,7 @@ WorkPtr MpiTransport::start_allgather(std::span<const std::byte> in, std::span<s
   to_int(out.size(), "allgather", "output");  // displacements are ints too
   return submit([this, in, out, n](Clock::time_point deadline) {
     run("allgather", out.size(), deadline, [&](MPI_Request* r) {
-      return MPI_Iallgather(address(in), n, MPI_BYTE, address(out), n, MPI_BYTE, comm(), r);
+      return MPI_Iallgather(mpi_address(in), n, MPI_BYTE, mpi_address(out), n, MPI_BYTE, comm(), r);
     });
   });
 }
@@ -228,8 +228,9 @@ WorkPtr MpiTransport::start_allgatherv(std::span<const std::byte> in, std::span<
   auto l = layouts_.make(counts, "allgatherv", "count");
   return submit([this, in, out, l = std::move(l)](Clock::time_point deadline) {
     run("allgatherv", out.size(), deadline, [&](MPI_Request* r) {
-      return MPI_Iallgatherv(address(in), static_cast<int>(in.size()), MPI_BYTE, address(out),
-                             l->counts.data(), l->displs.data(), MPI_BYTE, comm(), r);
+      return MPI_Iallgatherv(mpi_address(in), static_cast<int>(in.size()), MPI_BYTE,
+                             mpi_address(out), l->counts.data(), l->displs.data(), MPI_BYTE, comm(),
+                             r);
     });
   });
 }
@@ -239,7 +240,8 @@ WorkPtr MpiTransport::start_alltoall(std::span<const std::byte> in, std::span<st
   to_int(in.size(), "alltoall", "input");
   return submit([this, in, out, block](Clock::time_point deadline) {
     run("alltoall", in.size(), deadline, [&](MPI_Request* r) {
-      return MPI_Ialltoall(address(in), block, MPI_BYTE, address(out), block, MPI_BYTE, comm(), r);
+      return MPI_Ialltoall(mpi_address(in), block, MPI_BYTE, mpi_address(out), block, MPI_BYTE,
+                           comm(), r);
     });
   });
 }
@@ -252,9 +254,9 @@ WorkPtr MpiTransport::start_alltoallv(std::span<const std::byte> in,
   return submit(
       [this, in, out, send = std::move(send), recv = std::move(recv)](Clock::time_point deadline) {
         run("alltoallv", in.size() + out.size(), deadline, [&](MPI_Request* r) {
-          return MPI_Ialltoallv(address(in), send->counts.data(), send->displs.data(), MPI_BYTE,
-                                address(out), recv->counts.data(), recv->displs.data(), MPI_BYTE,
-                                comm(), r);
+          return MPI_Ialltoallv(mpi_address(in), send->counts.data(), send->displs.data(), MPI_BYTE,
+                                mpi_address(out), recv->counts.data(), recv->displs.data(),
+                                MPI_BYTE, comm(), r);
         });
       });
 }
@@ -265,8 +267,8 @@ WorkPtr MpiTransport::start_broadcast(std::span<std::byte> buffer, int root, Mil
     do {  // chunks of at most INT_MAX bytes; every rank has the same size, so the same chunks
       const size_t count = std::min(buffer.size() - done, kMaxCount);
       run("broadcast", buffer.size(), deadline, timeout, [&](MPI_Request* r) {
-        return MPI_Ibcast(address(buffer.subspan(done)), static_cast<int>(count), MPI_BYTE, root,
-                          comm(), r);
+        return MPI_Ibcast(mpi_address(buffer.subspan(done)), static_cast<int>(count), MPI_BYTE,
+                          root, comm(), r);
       });
       done += count;
     } while (done < buffer.size());

@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include "transport/seconds_text.h"
+
 namespace gradcomp {
 namespace {
-
-std::string seconds(Milliseconds t) { return fmt::format("{:.3g}", t.count() / 1000.0); }
 
 std::string unreachable(const Attendance& board, const std::string& why) {
   // A store that does not answer is a TCP store, which rank 0 serves (file stores always do).
@@ -38,9 +38,10 @@ std::string call_the_roll(Attendance& board, int rank, int size, Milliseconds gr
     // A failure path only: polling costs nothing that matters.
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return fmt::format("rank{} {} did not answer within {} s: died, stopped, or no longer "
-                     "exchanging",
-                     missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), seconds(grace));
+  return fmt::format(
+      "rank{} {} did not answer within {} s: died, stopped, or no longer "
+      "exchanging",
+      missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), seconds_text(grace));
 }
 
 }  // namespace

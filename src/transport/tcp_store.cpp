@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "gradcomp/error.h"
+#include "transport/seconds_text.h"
 
 namespace gradcomp {
 namespace {
@@ -83,8 +84,6 @@ int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
 }
-
-std::string seconds(Milliseconds t) { return fmt::format("{:.3g}", t.count() / 1000.0); }
 
 // Binds a listening socket on every interface: IPv6 with v4-mapped addresses when the host has
 // IPv6, else IPv4 (network namespaces often have IPv6 disabled).
@@ -360,7 +359,7 @@ void TcpStore::connect_until(Clock::time_point deadline) {
   throw CommError(fmt::format(
       "could not reach the rendezvous store at {}:{} within {} s; is MASTER_ADDR/MASTER_PORT "
       "(or GRADCOMP_STORE) right and rank 0 running?",
-      host_, port_, seconds(timeout_)));
+      host_, port_, seconds_text(timeout_)));
 }
 
 namespace {
@@ -431,7 +430,7 @@ std::vector<std::string> TcpStore::request(char op, const std::vector<std::strin
     throw TimeoutError(
         fmt::format("rendezvous store at {}:{}: {} did not complete within {} s; "
                     "did every rank start (WORLD_SIZE, GRADCOMP_TIMEOUT)?",
-                    host_, port_, what, seconds(timeout)));
+                    host_, port_, what, seconds_text(timeout)));
   }
   return op == kGet || op == kCheck ? std::vector<std::string>{std::move(reply)}
                                      : std::vector<std::string>{};

@@ -175,7 +175,7 @@ double measure_allreduce(Transport& world, size_t n, int repeats) {
   }));
 }
 
-void print_header(const Transport& world) {
+void print_routes_header(const Transport& world) {
   fmt::print("bench routes: {} ranks over {}; time to exchange one bucket (median of the "
              "slowest rank), next to the transport's allreduce of the same float32 bytes\n",
              world.size(), world.name());
@@ -243,7 +243,7 @@ int bench_routes(const BenchRoutesOptions& options, const std::string& self_exe)
   transport_options.backend = options.transport;
   std::shared_ptr<Transport> world = make_transport(transport_options);
   const bool leader = world->rank() == 0;
-  if (leader) print_header(*world);
+  if (leader) print_routes_header(*world);
   std::vector<Row> rows;
   for (int log2 : options.log2_sizes) {
     const size_t n = size_t{1} << log2;
