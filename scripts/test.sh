@@ -22,8 +22,22 @@
 # Stops at the first failure and exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Each stage's heading says when it began, so a slow stage shows in any CI log.
-stage() { echo "== $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
+# Each stage's heading says when it began, and how busy the machine's CPUs were (every process,
+# the background jobs too) since the heading before, so a CI log shows which stages are slow
+# and whether they are slow for want of CPU (near 100%) or while waiting (well under).
+cpu_busy=0 cpu_total=0
+stage() {
+  local _ user nice system idle iowait irq softirq steal busy total since=""
+  read -r _ user nice system idle iowait irq softirq steal _ </proc/stat
+  busy=$((user + nice + system + irq + softirq + steal))
+  total=$((busy + idle + iowait))
+  if ((cpu_total && total > cpu_total)); then
+    since="; the CPUs $((100 * (busy - cpu_busy) / (total - cpu_total)))% busy since the last heading"
+  fi
+  cpu_busy=$busy cpu_total=$total
+  echo "== $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s$since)"
+}
+stage "set-up: the Debian packages and the Release build (scripts/setup.sh)"
 scripts/setup.sh
 
 

@@ -8,8 +8,9 @@
 #include <cstdlib>
 #include <thread>
 
-#include "gradcomp/error.h"
 #include "common/reduce.h"
+#include "gradcomp/error.h"
+#include "transport/seconds_text.h"
 
 namespace gradcomp::mpi {
 namespace {
@@ -186,9 +187,9 @@ void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout
     if (now >= deadline) {
       note_abandoned();
       throw TimeoutError(
-          fmt::format("mpi: {} did not finish within {:.3g} s; a peer may have died or "
+          fmt::format("mpi: {} did not finish within {} s; a peer may have died or "
                       "stopped (GRADCOMP_TIMEOUT)",
-                      what.text(), timeout.count() / 1000.0));
+                      what.text(), seconds_text(timeout)));
     }
     if (now < spin_until) {
       std::this_thread::yield();  // other ranks may share this core (oversubscribed jobs)

@@ -1,10 +1,11 @@
 #include "gradcomp/op_queue.h"
 
-#include <algorithm>
-
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "gradcomp/error.h"
+#include "transport/seconds_text.h"
 
 namespace gradcomp {
 
@@ -14,8 +15,8 @@ void QueuedWork::wait(Milliseconds timeout) {
   timeout = std::min(timeout, Milliseconds(365LL * 24 * 3600 * 1000));
   std::unique_lock lock(mutex_);
   if (!finished_.wait_for(lock, timeout, [&] { return done_; })) {
-    throw TimeoutError(fmt::format("collective did not finish within {:.3g} s (GRADCOMP_TIMEOUT)",
-                                   timeout.count() / 1000.0));
+    throw TimeoutError(fmt::format("collective did not finish within {} s (GRADCOMP_TIMEOUT)",
+                                   seconds_text(timeout)));
   }
   if (error_) std::rethrow_exception(error_);
 }
