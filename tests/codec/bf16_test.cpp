@@ -19,7 +19,7 @@ using testing::decode;
 using testing::encode;
 using testing::hex;
 
-std::vector<uint16_t> halves(const std::vector<std::byte>& frame) {
+std::vector<uint16_t> bf16_words(const std::vector<std::byte>& frame) {
   std::vector<uint16_t> out((frame.size() - kFrameHeaderBytes) / 2);
   std::memcpy(out.data(), frame.data() + kFrameHeaderBytes, 2 * out.size());
   return out;
@@ -63,7 +63,7 @@ TEST(Bf16, MatchesTheScalarReferenceOnFloatBitPatterns) {
   }
   auto codec = make_codec("bf16");
   std::vector<float> residual(x.size());
-  const auto h = halves(encode(*codec, x, Context{.threads = 2}, residual));
+  const auto h = bf16_words(encode(*codec, x, Context{.threads = 2}, residual));
   ASSERT_EQ(h.size(), x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     ASSERT_EQ(h[i], float_to_bf16(x[i])) << "bits 0x" << std::hex << std::bit_cast<uint32_t>(x[i]);

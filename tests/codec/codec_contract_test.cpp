@@ -22,12 +22,25 @@ using testing::encode;
 using testing::gradient;
 
 // One representative spec per codec (every codec in codec_names() must appear).
-const std::vector<std::string> kSpecs = {
-    "none",          "fp16",           "bf16",          "qsgd:levels=16",
-    "terngrad",      "natural",        "dither:levels=8", "signsgd",
-    "efsignsgd",     "signum",         "onebit",        "topk:ratio=0.01",
-    "randomk:ratio=0.01", "dgc:ratio=0.01", "threshold:tau=0.5", "powersgd:rank=2",
-    "intq:bits=8",   "onebit:block=64",
+const std::vector<std::string> kContractSpecs = {
+    "none",
+    "fp16",
+    "bf16",
+    "qsgd:levels=16",
+    "terngrad",
+    "natural",
+    "dither:levels=8",
+    "signsgd",
+    "efsignsgd",
+    "signum",
+    "onebit",
+    "topk:ratio=0.01",
+    "randomk:ratio=0.01",
+    "dgc:ratio=0.01",
+    "threshold:tau=0.5",
+    "powersgd:rank=2",
+    "intq:bits=8",
+    "onebit:block=64",
 };
 
 class CodecContract : public ::testing::TestWithParam<std::string> {
@@ -46,7 +59,7 @@ class CodecContract : public ::testing::TestWithParam<std::string> {
 TEST(CodecRegistry, EveryCodecHasAContractSpec) {
   for (const auto& name : codec_names()) {
     bool found = false;
-    for (const auto& s : kSpecs) found |= Spec::parse(s).name() == name;
+    for (const auto& s : kContractSpecs) found |= Spec::parse(s).name() == name;
     EXPECT_TRUE(found) << name;
   }
 }
@@ -317,7 +330,7 @@ class SummableCodec : public ::testing::TestWithParam<std::string> {};
 
 std::vector<std::string> summable_specs() {
   std::vector<std::string> out;
-  for (const auto& s : kSpecs) {
+  for (const auto& s : kContractSpecs) {
     const auto t = make_codec(s)->traits();
     if (t.summable && t.rounds == 1) out.push_back(s);
   }
@@ -328,7 +341,7 @@ std::vector<std::string> summable_specs() {
 // scheduler waits 1 / it steps for their error-feedback memory to fill); every other codec,
 // and a fixed k, says 1.
 TEST(KeptFraction, IsTheRatioOfTheSparsifiersAndOneOtherwise) {
-  for (const auto& s : kSpecs) {
+  for (const auto& s : kContractSpecs) {
     const double kept = make_codec(s)->traits().kept_fraction;
     const bool sparse = s.starts_with("topk") || s.starts_with("randomk") || s.starts_with("dgc");
     EXPECT_EQ(kept, sparse ? 0.01 : 1.0) << s;
@@ -370,7 +383,7 @@ TEST_P(SummableCodec, SummedFramesDecodeToTheSumOfDecodes) {
 // length, any step, every rank must produce exactly max_frame_bytes(n).
 std::vector<std::string> fixed_size_specs() {
   std::vector<std::string> out;
-  for (const auto& s : kSpecs) {
+  for (const auto& s : kContractSpecs) {
     if (make_codec(s)->traits().fixed_frame_size) out.push_back(s);
   }
   return out;
@@ -378,7 +391,7 @@ std::vector<std::string> fixed_size_specs() {
 
 TEST(FixedFrameSize, OnlyThresholdAndDgcSendSizes) {
   std::vector<std::string> sized;
-  for (const auto& s : kSpecs) {
+  for (const auto& s : kContractSpecs) {
     if (!make_codec(s)->traits().fixed_frame_size) sized.push_back(Spec::parse(s).name());
   }
   EXPECT_EQ(sized, (std::vector<std::string>{"dgc", "threshold"}));
@@ -413,7 +426,7 @@ std::string test_name(const std::string& spec) {
   return name;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecContract, ::testing::ValuesIn(kSpecs),
+INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecContract, ::testing::ValuesIn(kContractSpecs),
                          [](const auto& info) { return test_name(info.param); });
 
 INSTANTIATE_TEST_SUITE_P(Summable, SummableCodec, ::testing::ValuesIn(summable_specs()),

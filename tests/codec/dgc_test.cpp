@@ -24,13 +24,13 @@ using testing::hex;
 using testing::parse_sparse_payload;
 using testing::reference_top_k;
 
-const std::vector<float> kSmall = {0.5f, -1.0f, 0.0f,  2.0f,   -2.0f, 0.25f, 1.0f,
-                                   -0.5f, 3.0f,  0.0f,  -3.0f, 0.125f, 1.5f, -1.5f,
-                                   0.75f, -2.0f, 0.0f,  -0.25f, 2.0f,  1.0f};
+const std::vector<float> kDgcSmall = {0.5f,  -1.0f, 0.0f, 2.0f,   -2.0f,  0.25f, 1.0f,
+                                      -0.5f, 3.0f,  0.0f, -3.0f,  0.125f, 1.5f,  -1.5f,
+                                      0.75f, -2.0f, 0.0f, -0.25f, 2.0f,   1.0f};
 
 TEST(Dgc, GoldenBytes) {
   auto codec = make_codec("dgc:ratio=0.25");
-  const auto frame = encode(*codec, kSmall, {.seed = 3, .bucket = 1, .step = 2});
+  const auto frame = encode(*codec, kDgcSmall, {.seed = 3, .bucket = 1, .step = 2});
   // k = 5: the two 3s and the three lowest-index 2s, as topk.
   const std::string payload =
       "05000000" "03000000" "04000000" "08000000" "0a000000" "0f000000"

@@ -18,13 +18,13 @@ using testing::encode;
 using testing::gradient;
 using testing::hex;
 
-float frame_scale(const std::vector<std::byte>& frame) {
+float dither_scale(const std::vector<std::byte>& frame) {
   float v;
   std::memcpy(&v, frame.data() + kFrameHeaderBytes, 4);
   return v;
 }
 
-void expect_spec_error(const std::string& spec, const std::string& parameter) {
+void expect_dither_spec_error(const std::string& spec, const std::string& parameter) {
   try {
     make_codec(spec);
     FAIL() << "no error for " << spec;
@@ -45,45 +45,45 @@ std::vector<double> grid_points(uint32_t levels, bool natural) {
   return points;
 }
 
-const std::vector<float> kSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,
-                                   -2.5f, 1.0f,   -0.1f, 0.3f,  -3.5f,  0.9f,   -0.02f,
-                                   1.75f, 0.6f,   -4.0f, 0.25f, -0.5f,  1.5f};
+const std::vector<float> kDitherSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,
+                                         -2.5f, 1.0f,   -0.1f, 0.3f,  -3.5f,  0.9f,   -0.02f,
+                                         1.75f, 0.6f,   -4.0f, 0.25f, -0.5f,  1.5f};
 
 TEST(Dither, GoldenBytesLinear) {
   auto codec = make_codec("dither:levels=3");
   const Context ctx{.seed = 31, .bucket = 0, .step = 5, .rank = 3};
-  const auto frame = encode(*codec, kSmall, ctx);
+  const auto frame = encode(*codec, kDitherSmall, ctx);
   ASSERT_EQ(frame.size(), kFrameHeaderBytes + 4 + 8);  // scale + 20 codes of 3 bits
   EXPECT_EQ(hex(std::span(frame).subspan(kFrameHeaderBytes)), "000080401838b818ae484704");
   // Checked by hand: scale 0x40800000 = 4 (max |x|); byte 0x18 = codes 000 (element 0, 0.5:
   // level 0), 011 (element 1, -1.25 -> v 0.94: level 1, negative), then element 2 (zero) = 0
   // and element 3 (2.0 -> v 1.5) = 100 (level 2) from bits 9..11.
-  EXPECT_EQ(frame_scale(frame), 4.0f);
+  EXPECT_EQ(dither_scale(frame), 4.0f);
   BitReader reader(frame.data() + kFrameHeaderBytes + 4, 8, 3);
-  for (size_t i = 0; i < kSmall.size(); ++i) {
+  for (size_t i = 0; i < kDitherSmall.size(); ++i) {
     const uint32_t code = reader.get();
-    const float v = std::fabs(kSmall[i]) / 4.0f * 3;
+    const float v = std::fabs(kDitherSmall[i]) / 4.0f * 3;
     EXPECT_TRUE((code >> 1) == std::floor(v) || (code >> 1) == std::ceil(v)) << i;
-    EXPECT_EQ(code & 1, std::signbit(kSmall[i]) ? 1u : 0u) << i;
+    EXPECT_EQ(code & 1, std::signbit(kDitherSmall[i]) ? 1u : 0u) << i;
   }
 }
 
 TEST(Dither, GoldenBytesNatural) {
   auto codec = make_codec("dither:partition=natural,norm=l2");  // s = 3: {0, 1/4, 1/2, 1}
   const Context ctx{.seed = 31, .bucket = 0, .step = 5, .rank = 3};
-  const auto frame = encode(*codec, kSmall, ctx);
+  const auto frame = encode(*codec, kDitherSmall, ctx);
   ASSERT_EQ(frame.size(), kFrameHeaderBytes + 4 + 8);
   EXPECT_EQ(hex(std::span(frame).subspan(kFrameHeaderBytes)), "3941f3401814b0088a484500");
   // Checked by hand: scale 0x40f34139 = 7.6017 = sqrt(57.786); byte 0x18 = index 0 for element
   // 0 (0.5 -> v 0.066, between 0 and 1/4) and index 1, negative, for element 1 (v 0.164).
   double sq = 0;
-  for (float v : kSmall) sq += double(v) * v;
+  for (float v : kDitherSmall) sq += double(v) * v;
   const float scale = static_cast<float>(std::sqrt(sq));
-  EXPECT_EQ(frame_scale(frame), scale);
+  EXPECT_EQ(dither_scale(frame), scale);
   BitReader reader(frame.data() + kFrameHeaderBytes + 4, 8, 3);
-  for (size_t i = 0; i < kSmall.size(); ++i) {
+  for (size_t i = 0; i < kDitherSmall.size(); ++i) {
     const uint32_t code = reader.get();
-    const double v = std::fabs(kSmall[i]) / scale;
+    const double v = std::fabs(kDitherSmall[i]) / scale;
     const uint32_t k = code >> 1;
     // The index of the grid point just below v, or the next one.
     const uint32_t below = v < 0.25 ? 0 : v < 0.5 ? 1 : v < 1 ? 2 : 3;
@@ -100,11 +100,11 @@ TEST(Dither, CanonicalSpecAndDefaults) {
 }
 
 TEST(Dither, BadSpecsNameTheParameter) {
-  expect_spec_error("dither:levels=0", "levels");
-  expect_spec_error("dither:levels=40000", "levels");
-  expect_spec_error("dither:partition=log", "partition");
-  expect_spec_error("dither:norm=l1", "norm");
-  expect_spec_error("dither:partition=natural,levels=128", "levels");
+  expect_dither_spec_error("dither:levels=0", "levels");
+  expect_dither_spec_error("dither:levels=40000", "levels");
+  expect_dither_spec_error("dither:partition=log", "partition");
+  expect_dither_spec_error("dither:norm=l1", "norm");
+  expect_dither_spec_error("dither:partition=natural,levels=128", "levels");
 }
 
 TEST(Dither, WireWidthIsSignPlusCeilLog2OfLevelsPlusOne) {
@@ -130,7 +130,7 @@ TEST(Dither, DecodesToOneOfTheTwoNeighbouringGridPoints) {
     const auto points = grid_points(s, natural);
     std::vector<float> residual(x.size());
     const auto frame = encode(*codec, x, Context{.seed = 2}, residual);
-    const double scale = frame_scale(frame);
+    const double scale = dither_scale(frame);
     const auto y = decode(*codec, frame, x.size());
     for (size_t i = 0; i < x.size(); ++i) {
       const double v = std::fabs(x[i]) / scale;
@@ -157,7 +157,7 @@ TEST(Dither, UnbiasedOverManySteps) {
     float scale = 0;
     for (int t = 0; t < steps; ++t) {
       const auto frame = encode(*codec, x, Context{.seed = 9, .step = uint64_t(t)});
-      scale = frame_scale(frame);
+      scale = dither_scale(frame);
       const auto y = decode(*codec, frame, x.size());
       for (size_t i = 0; i < x.size(); ++i) mean[i] += y[i] / steps;
     }

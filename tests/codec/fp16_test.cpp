@@ -18,7 +18,7 @@ using testing::decode;
 using testing::encode;
 using testing::hex;
 
-std::vector<uint16_t> halves(const std::vector<std::byte>& frame) {
+std::vector<uint16_t> fp16_words(const std::vector<std::byte>& frame) {
   std::vector<uint16_t> out((frame.size() - kFrameHeaderBytes) / 2);
   std::memcpy(out.data(), frame.data() + kFrameHeaderBytes, 2 * out.size());
   return out;
@@ -63,7 +63,7 @@ TEST(Fp16, MatchesTheScalarReferenceOnFloatBitPatterns) {
   auto codec = make_codec("fp16");
   std::vector<float> residual(x.size());
   const Context ctx{.threads = 2};
-  const auto h = halves(encode(*codec, x, ctx, residual));
+  const auto h = fp16_words(encode(*codec, x, ctx, residual));
   ASSERT_EQ(h.size(), x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     ASSERT_EQ(h[i], float_to_half(x[i])) << "bits 0x" << std::hex << std::bit_cast<uint32_t>(x[i]);

@@ -20,14 +20,14 @@ using testing::hex;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-const std::vector<float> kSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,
-                                   -2.5f, 1.0f,   -0.1f, 0.3f,  -3.5f,  0.9f,   -0.02f,
-                                   1.75f, 0.6f,   -4.0f, 0.25f, -0.5f,  1.5f};
+const std::vector<float> kNaturalSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,
+                                          -2.5f, 1.0f,   -0.1f, 0.3f,  -3.5f,  0.9f,   -0.02f,
+                                          1.75f, 0.6f,   -4.0f, 0.25f, -0.5f,  1.5f};
 
 TEST(Natural, GoldenBytesAtAFixedSeed) {
   auto codec = make_codec("natural");
   const Context ctx{.seed = 7, .bucket = 2, .step = 3, .rank = 1};
-  const auto frame = encode(*codec, kSmall, ctx);
+  const auto frame = encode(*codec, kNaturalSmall, ctx);
   ASSERT_EQ(frame.size(), kFrameHeaderBytes + 23);  // 20 codes of 9 bits = 180 bits
   EXPECT_EQ(hex(std::span(frame).subspan(kFrameHeaderBytes)),
             "7efe0200f4974fa0c07ff8fa01fc272f203f81fbf80504");
@@ -35,14 +35,14 @@ TEST(Natural, GoldenBytesAtAFixedSeed) {
   // 0x7f | 0b10 << 7 = 0x17f (element 1, -1.25: sign 1, exponent 127 = -1.0); bits 18..26 = 0.
   // Each code is sign << 8 | the biased exponent of a neighbouring power of two.
   BitReader reader(frame.data() + kFrameHeaderBytes, 23, 9);
-  for (size_t i = 0; i < kSmall.size(); ++i) {
+  for (size_t i = 0; i < kNaturalSmall.size(); ++i) {
     const uint32_t code = reader.get();
-    if (kSmall[i] == 0) {
+    if (kNaturalSmall[i] == 0) {
       EXPECT_EQ(code, 0u);
       continue;
     }
-    const uint32_t exponent = (std::bit_cast<uint32_t>(kSmall[i]) >> 23) & 0xff;
-    EXPECT_EQ(code >> 8, std::signbit(kSmall[i]) ? 1u : 0u) << i;
+    const uint32_t exponent = (std::bit_cast<uint32_t>(kNaturalSmall[i]) >> 23) & 0xff;
+    EXPECT_EQ(code >> 8, std::signbit(kNaturalSmall[i]) ? 1u : 0u) << i;
     EXPECT_TRUE((code & 0xff) == exponent || (code & 0xff) == exponent + 1) << i;
   }
 }

@@ -24,7 +24,7 @@ float payload_f32(const std::vector<std::byte>& frame, size_t offset) {
   return v;
 }
 
-void expect_spec_error(const std::string& spec, const std::string& parameter) {
+void expect_qsgd_spec_error(const std::string& spec, const std::string& parameter) {
   try {
     make_codec(spec);
     FAIL() << "no error for " << spec;
@@ -36,14 +36,14 @@ void expect_spec_error(const std::string& spec, const std::string& parameter) {
   }
 }
 
-const std::vector<float> kSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,  -2.5f,
-                                   1.0f,  -0.1f,  0.3f,  -3.5f, 0.9f,   -0.02f, 1.75f, 0.6f,
-                                   -4.0f, 0.25f,  -0.5f, 1.5f,  0.0f,   -1.0f,  2.25f, 0.05f};
+const std::vector<float> kQsgdSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,  -2.5f,
+                                       1.0f,  -0.1f,  0.3f,  -3.5f, 0.9f,   -0.02f, 1.75f, 0.6f,
+                                       -4.0f, 0.25f,  -0.5f, 1.5f,  0.0f,   -1.0f,  2.25f, 0.05f};
 
 TEST(Qsgd, GoldenBytesAtAFixedSeed) {
   auto codec = make_codec("qsgd:levels=4,block=16");
   const Context ctx{.seed = 1234, .bucket = 1, .step = 2, .rank = 0};
-  const auto frame = encode(*codec, kSmall, ctx);
+  const auto frame = encode(*codec, kQsgdSmall, ctx);
   // 2 norms (blocks of 16 and 8) + 24 codes of 4 bits (level << 1 | sign) = 8 + 12 bytes.
   ASSERT_EQ(frame.size(), kFrameHeaderBytes + 20);
   EXPECT_EQ(hex(std::span(frame).subspan(kFrameHeaderBytes)),
@@ -53,24 +53,24 @@ TEST(Qsgd, GoldenBytesAtAFixedSeed) {
   // with the sign bit; byte 0x40 = element 2 (0) zero, element 3 (2.0 -> v 1.28) level 2.
   // The same layout, checked in general: the norms are the L2 norms of each block...
   double sq0 = 0, sq1 = 0;
-  for (size_t i = 0; i < 16; ++i) sq0 += double(kSmall[i]) * kSmall[i];
-  for (size_t i = 16; i < 24; ++i) sq1 += double(kSmall[i]) * kSmall[i];
+  for (size_t i = 0; i < 16; ++i) sq0 += double(kQsgdSmall[i]) * kQsgdSmall[i];
+  for (size_t i = 16; i < 24; ++i) sq1 += double(kQsgdSmall[i]) * kQsgdSmall[i];
   EXPECT_EQ(payload_f32(frame, 0), static_cast<float>(std::sqrt(sq0)));
   EXPECT_EQ(payload_f32(frame, 4), static_cast<float>(std::sqrt(sq1)));
   // ...and each 4-bit code, LSB-first, holds the sign and a level next to |x| / norm * 4.
   BitReader reader(frame.data() + kFrameHeaderBytes + 8, 12, 4);
-  for (size_t i = 0; i < kSmall.size(); ++i) {
+  for (size_t i = 0; i < kQsgdSmall.size(); ++i) {
     const uint32_t code = reader.get();
     const float norm = payload_f32(frame, i < 16 ? 0 : 4);
-    const float v = std::fabs(kSmall[i]) / norm * 4;
+    const float v = std::fabs(kQsgdSmall[i]) / norm * 4;
     const uint32_t level = code >> 1;
     EXPECT_TRUE(level == static_cast<uint32_t>(std::floor(v)) ||
                 level == static_cast<uint32_t>(std::ceil(v)))
         << i << ": level " << level << " for " << v;
-    EXPECT_EQ(code & 1, std::signbit(kSmall[i]) ? 1u : 0u) << i;
+    EXPECT_EQ(code & 1, std::signbit(kQsgdSmall[i]) ? 1u : 0u) << i;
   }
   const FrameHeader h = read_frame_header(frame);
-  EXPECT_EQ(h.elements, kSmall.size());
+  EXPECT_EQ(h.elements, kQsgdSmall.size());
   EXPECT_EQ(h.payload_bytes, 20u);
   EXPECT_EQ(h.flags, 0);
 }
@@ -83,11 +83,11 @@ TEST(Qsgd, CanonicalSpecSpellsOutTheDefaults) {
 }
 
 TEST(Qsgd, BadSpecsNameTheParameter) {
-  expect_spec_error("qsgd:levels=0", "levels");
-  expect_spec_error("qsgd:levels=32769", "levels");
-  expect_spec_error("qsgd:levels=2.5", "levels");
-  expect_spec_error("qsgd:block=-1", "block");
-  expect_spec_error("qsgd:block=x", "block");
+  expect_qsgd_spec_error("qsgd:levels=0", "levels");
+  expect_qsgd_spec_error("qsgd:levels=32769", "levels");
+  expect_qsgd_spec_error("qsgd:levels=2.5", "levels");
+  expect_qsgd_spec_error("qsgd:block=-1", "block");
+  expect_qsgd_spec_error("qsgd:block=x", "block");
 }
 
 TEST(Qsgd, WireWidthIsSignPlusCeilLog2OfLevelsPlusOne) {

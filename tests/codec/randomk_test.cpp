@@ -21,9 +21,9 @@ using testing::error_text;
 using testing::gradient;
 using testing::hex;
 
-const std::vector<float> kSmall = {0.5f, -1.0f, 0.0f,  2.0f,   -2.0f, 0.25f, 1.0f,
-                                   -0.5f, 3.0f,  0.0f,  -3.0f, 0.125f, 1.5f, -1.5f,
-                                   0.75f, -2.0f, 0.0f,  -0.25f, 2.0f,  1.0f};
+const std::vector<float> kRandomkSmall = {0.5f,  -1.0f, 0.0f, 2.0f,   -2.0f,  0.25f, 1.0f,
+                                          -0.5f, 3.0f,  0.0f, -3.0f,  0.125f, 1.5f,  -1.5f,
+                                          0.75f, -2.0f, 0.0f, -0.25f, 2.0f,   1.0f};
 
 // Distinct non-zero values, so the decoded support is visible.
 std::vector<float> ramp(size_t n) {
@@ -43,7 +43,7 @@ std::vector<size_t> support(const std::vector<float>& decoded) {
 TEST(RandomK, GoldenBytes) {
   auto codec = make_codec("randomk:k=4");
   const Context ctx{.seed = 3, .bucket = 1, .step = 2, .rank = 5};
-  const auto frame = encode(*codec, kSmall, ctx);
+  const auto frame = encode(*codec, kRandomkSmall, ctx);
   // Strata [0,5) [5,10) [10,15) [15,20); the documented draw lo + below(j, 5) of
   // CounterRng(seed, bucket, step, kSharedRank, 0) picks 3, 8, 11, 19: x = 2, 3, 0.125, 1.
   const CounterRng rng(3, 1, 2, CounterRng::kSharedRank, 0);
@@ -232,14 +232,14 @@ TEST(RandomK, BadSpecsNameCodecAndParameter) {
   const std::string flag = error_text([] { make_codec("randomk:unbiased=maybe"); });
   EXPECT_NE(flag.find("parameter 'unbiased'"), std::string::npos) << flag;
   auto codec = make_codec("randomk:k=30");
-  const std::string big = error_text([&] { encode(*codec, kSmall); });
+  const std::string big = error_text([&] { encode(*codec, kRandomkSmall); });
   EXPECT_NE(big.find("codec 'randomk': parameter 'k' = 30 exceeds the tensor's 20 elements"),
             std::string::npos) << big;
 }
 
 TEST(RandomK, ZeroKAndEmptyInput) {
   auto codec = make_codec("randomk:k=0");
-  auto x = kSmall;
+  auto x = kRandomkSmall;
   x[3] = std::numeric_limits<float>::quiet_NaN();
   const auto frame = encode(*codec, x);
   EXPECT_EQ(read_frame_header(frame).payload_bytes, 0u);

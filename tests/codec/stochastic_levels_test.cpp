@@ -14,9 +14,9 @@
 namespace gradcomp::levels {
 namespace {
 
-const std::vector<std::string> kSpecs = {"qsgd:levels=16",  "qsgd:levels=5,block=100",
-                                         "terngrad",        "natural",
-                                         "dither:levels=6", "dither:levels=9,partition=natural"};
+const std::vector<std::string> kStochasticSpecs = {
+    "qsgd:levels=16", "qsgd:levels=5,block=100", "terngrad",
+    "natural",        "dither:levels=6",         "dither:levels=9,partition=natural"};
 const unsigned kWidths[] = {6, 4, 2, 9, 4, 5};  // bits per code of each spec
 
 // Re-signs a frame after its header was changed.
@@ -129,7 +129,7 @@ TEST(StochasticLevels, GridHandlesZeroAndTinyScales) {
 }
 
 TEST(StochasticLevels, DecodersRejectAPayloadOfTheWrongLength) {
-  for (const auto& spec : kSpecs) {
+  for (const auto& spec : kStochasticSpecs) {
     auto codec = make_codec(spec);
     const auto x = testing::gradient(300, 1);
     for (int delta : {-1, 1}) {
@@ -150,8 +150,8 @@ TEST(StochasticLevels, DecodersRejectAPayloadOfTheWrongLength) {
 }
 
 TEST(StochasticLevels, DecodersRejectNonZeroPaddingAndForeignHeaderFields) {
-  for (size_t c = 0; c < kSpecs.size(); ++c) {
-    auto codec = make_codec(kSpecs[c]);
+  for (size_t c = 0; c < kStochasticSpecs.size(); ++c) {
+    auto codec = make_codec(kStochasticSpecs[c]);
     const size_t n = 301;
     ASSERT_NE(n * kWidths[c] % 8, 0u);
     const auto clean = testing::encode(*codec, testing::gradient(n, 2));
@@ -160,7 +160,7 @@ TEST(StochasticLevels, DecodersRejectNonZeroPaddingAndForeignHeaderFields) {
 
     auto padded = clean;
     padded.back() |= std::byte{0x80};
-    EXPECT_THROW(codec->decode_accumulate(padded, sum, {}), FrameError) << kSpecs[c];
+    EXPECT_THROW(codec->decode_accumulate(padded, sum, {}), FrameError) << kStochasticSpecs[c];
 
     for (int field = 0; field < 3; ++field) {
       auto frame = clean;
@@ -170,7 +170,7 @@ TEST(StochasticLevels, DecodersRejectNonZeroPaddingAndForeignHeaderFields) {
       if (field == 2) h.summands = 2;
       rewrite_header(frame, h);
       EXPECT_THROW(codec->decode_accumulate(frame, sum, {}), FrameError)
-          << kSpecs[c] << " field " << field;
+          << kStochasticSpecs[c] << " field " << field;
     }
   }
 }
@@ -178,8 +178,8 @@ TEST(StochasticLevels, DecodersRejectNonZeroPaddingAndForeignHeaderFields) {
 TEST(StochasticLevels, CorruptPayloadsThrowOrDecodeButNeverCrash) {
   // Random bytes under a valid header: the decoder either rejects them with a FrameError or
   // decodes some values; run under ASan/UBSan this also proves it reads nothing out of bounds.
-  for (size_t c = 0; c < kSpecs.size(); ++c) {
-    const std::string& spec = kSpecs[c];
+  for (size_t c = 0; c < kStochasticSpecs.size(); ++c) {
+    const std::string& spec = kStochasticSpecs[c];
     auto codec = make_codec(spec);
     for (size_t n : {size_t{1}, size_t{77}, size_t{1000}}) {
       const auto x = testing::gradient(n, n);

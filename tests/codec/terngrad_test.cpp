@@ -18,35 +18,35 @@ using testing::encode;
 using testing::gradient;
 using testing::hex;
 
-float frame_scale(const std::vector<std::byte>& frame) {
+float terngrad_scale(const std::vector<std::byte>& frame) {
   float v;
   std::memcpy(&v, frame.data() + kFrameHeaderBytes, 4);
   return v;
 }
 
-const std::vector<float> kSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,
-                                   -2.5f, 1.0f,   -0.1f, 0.3f,  -3.5f,  0.9f,   -0.02f,
-                                   1.75f, 0.6f,   -4.0f, 0.25f, -0.5f,  1.5f};
+const std::vector<float> kTerngradSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,
+                                           -2.5f, 1.0f,   -0.1f, 0.3f,  -3.5f,  0.9f,   -0.02f,
+                                           1.75f, 0.6f,   -4.0f, 0.25f, -0.5f,  1.5f};
 
 TEST(TernGrad, GoldenBytesAtAFixedSeed) {
   auto codec = make_codec("terngrad");
   const Context ctx{.seed = 99, .bucket = 4, .step = 17, .rank = 2};
-  const auto frame = encode(*codec, kSmall, ctx);
+  const auto frame = encode(*codec, kTerngradSmall, ctx);
   ASSERT_EQ(frame.size(), kFrameHeaderBytes + 4 + 5);  // scale + 20 codes of 2 bits
   EXPECT_EQ(hex(std::span(frame).subspan(kFrameHeaderBytes)), "000080400090800002");
   // Checked by hand: scale 0x40800000 = 4.0; byte 0x90 holds elements 4..7 = 0, 0, 1 (+4 for
   // 3.0), 2 (-4 for -2.5); byte 0x80 gives element 11 (-3.5) code 2; element 16 (-4, the
   // largest) is always kept: code 2 in the low bits of the last byte.
-  EXPECT_EQ(frame_scale(frame), 4.0f);  // max |x|
+  EXPECT_EQ(terngrad_scale(frame), 4.0f);  // max |x|
   BitReader reader(frame.data() + kFrameHeaderBytes + 4, 5, 2);
-  for (size_t i = 0; i < kSmall.size(); ++i) {
+  for (size_t i = 0; i < kTerngradSmall.size(); ++i) {
     const uint32_t code = reader.get();
     ASSERT_LE(code, 2u) << i;
-    if (kSmall[i] == 0) {
+    if (kTerngradSmall[i] == 0) {
       EXPECT_EQ(code, 0u) << i;
     }
     if (code != 0) {
-      EXPECT_EQ(code, kSmall[i] < 0 ? 2u : 1u) << i;
+      EXPECT_EQ(code, kTerngradSmall[i] < 0 ? 2u : 1u) << i;
     }
   }
   EXPECT_EQ(read_frame_header(frame).payload_bytes, 9u);
@@ -75,7 +75,7 @@ TEST(TernGrad, DecodesToMinusZeroOrPlusScale) {
   auto codec = make_codec("terngrad");
   const auto x = gradient(20000, 6);
   const auto frame = encode(*codec, x, Context{.seed = 8});
-  const float scale = frame_scale(frame);
+  const float scale = terngrad_scale(frame);
   const auto y = decode(*codec, frame, x.size());
   size_t nonzero = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -102,7 +102,7 @@ TEST(TernGrad, UnbiasedOverManySteps) {
   float scale = 0;
   for (int t = 0; t < steps; ++t) {
     const auto frame = encode(*codec, x, Context{.seed = 5, .step = uint64_t(t)});
-    scale = frame_scale(frame);
+    scale = terngrad_scale(frame);
     const auto y = decode(*codec, frame, x.size());
     for (size_t i = 0; i < x.size(); ++i) mean[i] += y[i] / steps;
   }

@@ -22,13 +22,13 @@ using testing::gradient;
 using testing::hex;
 using testing::parse_sparse_payload;
 
-const std::vector<float> kSmall = {0.5f, -1.0f, 0.0f,  2.0f,   -2.0f, 0.25f, 1.0f,
-                                   -0.5f, 3.0f,  0.0f,  -3.0f, 0.125f, 1.5f, -1.5f,
-                                   0.75f, -2.0f, 0.0f,  -0.25f, 2.0f,  1.0f};
+const std::vector<float> kThresholdSmall = {0.5f,  -1.0f, 0.0f, 2.0f,   -2.0f,  0.25f, 1.0f,
+                                            -0.5f, 3.0f,  0.0f, -3.0f,  0.125f, 1.5f,  -1.5f,
+                                            0.75f, -2.0f, 0.0f, -0.25f, 2.0f,   1.0f};
 
 TEST(Threshold, GoldenBytes) {
   auto codec = make_codec("threshold:tau=2");
-  const auto frame = encode(*codec, kSmall, {.seed = 3});
+  const auto frame = encode(*codec, kThresholdSmall, {.seed = 3});
   // |x| >= 2 (the boundary included): 3, 4, 8, 10, 15, 18.
   const std::string payload =
       "06000000" "03000000" "04000000" "08000000" "0a000000" "0f000000" "12000000"
@@ -92,9 +92,10 @@ TEST(Threshold, NonFiniteIsAlwaysSent) {
 
 TEST(Threshold, NothingAboveGivesAnEmptyPayload) {
   auto codec = make_codec("threshold:tau=100");
-  const auto frame = encode(*codec, kSmall);
+  const auto frame = encode(*codec, kThresholdSmall);
   EXPECT_EQ(hex(std::span(frame).subspan(kFrameHeaderBytes)), "00000000");
-  EXPECT_EQ(decode(*codec, frame, kSmall.size()), std::vector<float>(kSmall.size(), 0.0f));
+  EXPECT_EQ(decode(*codec, frame, kThresholdSmall.size()),
+            std::vector<float>(kThresholdSmall.size(), 0.0f));
   EXPECT_EQ(codec->max_frame_bytes(20), kFrameHeaderBytes + 4 + 160);
 }
 

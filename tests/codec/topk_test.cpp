@@ -26,9 +26,9 @@ using testing::parse_sparse_payload;
 using testing::reference_top_k;
 
 // 20 elements: zeros, negatives, and ties at the cut (four elements of magnitude 2).
-const std::vector<float> kSmall = {0.5f, -1.0f, 0.0f,  2.0f,   -2.0f, 0.25f, 1.0f,
-                                   -0.5f, 3.0f,  0.0f,  -3.0f, 0.125f, 1.5f, -1.5f,
-                                   0.75f, -2.0f, 0.0f,  -0.25f, 2.0f,  1.0f};
+const std::vector<float> kTopkSmall = {0.5f,  -1.0f, 0.0f, 2.0f,   -2.0f,  0.25f, 1.0f,
+                                       -0.5f, 3.0f,  0.0f, -3.0f,  0.125f, 1.5f,  -1.5f,
+                                       0.75f, -2.0f, 0.0f, -0.25f, 2.0f,   1.0f};
 
 // Many equal magnitudes: values on a coarse grid, a third of them zero.
 std::vector<float> tied_gradient(size_t n, uint64_t seed) {
@@ -40,7 +40,7 @@ std::vector<float> tied_gradient(size_t n, uint64_t seed) {
 TEST(TopK, GoldenBytes) {
   auto codec = make_codec("topk:k=5");
   const Context ctx{.seed = 3, .bucket = 1, .step = 2, .rank = 0};
-  const auto frame = encode(*codec, kSmall, ctx);
+  const auto frame = encode(*codec, kTopkSmall, ctx);
   // The two 3s (8, 10) and the three lowest-index 2s (3, 4, 15; not 18).
   const std::string payload =
       "05000000"                                  // count 5
@@ -61,8 +61,8 @@ TEST(TopK, RatioRoundsHalfAwayFromZeroAndSendsAtLeastOne) {
   for (auto [spec, k] : {std::pair{"topk:ratio=0.25", 5u}, {"topk:ratio=0.125", 3u},
                          {"topk:ratio=0.01", 1u}, {"topk:ratio=1", 20u}}) {
     auto codec = make_codec(spec);
-    const auto p = parse_sparse_payload(encode(*codec, kSmall));
-    EXPECT_EQ(p.indices, reference_top_k(kSmall, k)) << spec;
+    const auto p = parse_sparse_payload(encode(*codec, kTopkSmall));
+    EXPECT_EQ(p.indices, reference_top_k(kTopkSmall, k)) << spec;
   }
 }
 
@@ -139,9 +139,9 @@ TEST(TopK, DecodeScattersAndResidualZeroesTheSentEntries) {
 
 TEST(TopK, ZeroKAndEmptyInput) {
   auto codec = make_codec("topk:k=0");
-  const auto frame = encode(*codec, kSmall);
+  const auto frame = encode(*codec, kTopkSmall);
   EXPECT_EQ(hex(std::span(frame).subspan(kFrameHeaderBytes)), "00000000");
-  EXPECT_EQ(decode(*codec, frame, kSmall.size()), std::vector<float>(kSmall.size(), 0.0f));
+  EXPECT_EQ(decode(*codec, frame, kTopkSmall.size()), std::vector<float>(kTopkSmall.size(), 0.0f));
   auto ratio = make_codec("topk");
   EXPECT_EQ(read_frame_header(encode(*ratio, std::vector<float>{})).payload_bytes, 4u);
 }
@@ -168,7 +168,7 @@ TEST(TopK, BadSpecsNameCodecAndParameter) {
   EXPECT_NE(both.find("codec 'topk'"), std::string::npos) << both;
   EXPECT_NE(both.find("'ratio' and 'k'"), std::string::npos) << both;
   auto codec = make_codec("topk:k=21");
-  const std::string big = error_text([&] { encode(*codec, kSmall); });
+  const std::string big = error_text([&] { encode(*codec, kTopkSmall); });
   EXPECT_NE(big.find("codec 'topk': parameter 'k' = 21 exceeds the tensor's 20 elements"),
             std::string::npos) << big;
 }

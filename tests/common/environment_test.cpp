@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kName = "GRADCOMP_ENVIRONMENT_TEST";
 
-std::string error_of(const char* value) {
+std::string environment_error_of(const char* value) {
   setenv(kName, value, 1);
   try {
     env_int(kName, 1, 16, "things at once");
@@ -46,8 +46,9 @@ TEST(Environment, ReadsAWholeNumberInRange) {
 
 TEST(Environment, AnythingElseIsAnErrorThatSaysWhatIsAllowed) {
   for (const char* bad : {"0", "17", "-3", "two", "2x", "3.5", " 4", "99999999999999999999999"}) {
-    EXPECT_EQ(error_of(bad), std::string("environment variable GRADCOMP_ENVIRONMENT_TEST='") + bad +
-                                 "' must be a whole number from 1 to 16 (things at once)");
+    EXPECT_EQ(environment_error_of(bad),
+              std::string("environment variable GRADCOMP_ENVIRONMENT_TEST='") + bad +
+                  "' must be a whole number from 1 to 16 (things at once)");
   }
   unsetenv(kName);
 }

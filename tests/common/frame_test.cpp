@@ -19,7 +19,7 @@ std::vector<std::byte> sample_frame(size_t payload = 8) {
   return f;
 }
 
-std::string error_of(std::span<const std::byte> f, const FrameExpectation& e) {
+std::string frame_error_of(std::span<const std::byte> f, const FrameExpectation& e) {
   try {
     check_frame(f, e, nullptr);
   } catch (const FrameError& err) {
@@ -59,28 +59,30 @@ TEST(Frame, AcceptsAMatchingFrame) {
 
 TEST(Frame, RejectsEachKindOfDamageWithAClearMessage) {
   auto f = sample_frame();
-  EXPECT_NE(error_of(std::span(f).first(10), kTopk).find("truncated: 10 bytes"), std::string::npos);
-  EXPECT_NE(error_of(std::span(f).first(45), kTopk).find("8-byte payload, 5 bytes follow"),
+  EXPECT_NE(frame_error_of(std::span(f).first(10), kTopk).find("truncated: 10 bytes"),
+            std::string::npos);
+  EXPECT_NE(frame_error_of(std::span(f).first(45), kTopk).find("8-byte payload, 5 bytes follow"),
             std::string::npos);
   auto magic = f;
   magic[0] = std::byte{0};
-  EXPECT_NE(error_of(magic, kTopk).find("not a gradcomp frame"), std::string::npos);
+  EXPECT_NE(frame_error_of(magic, kTopk).find("not a gradcomp frame"), std::string::npos);
   auto version = f;
   version[4] = std::byte{9};
-  EXPECT_NE(error_of(version, kTopk).find("version 9 is not supported"), std::string::npos);
+  EXPECT_NE(frame_error_of(version, kTopk).find("version 9 is not supported"), std::string::npos);
   auto corrupt = f;
   corrupt[20] ^= std::byte{1};
-  EXPECT_NE(error_of(corrupt, kTopk).find("checksum"), std::string::npos);
-  EXPECT_NE(error_of(f, {4, "qsgd", 0xdeadbeef, 0, 3}).find("frame is from codec 'topk'"),
+  EXPECT_NE(frame_error_of(corrupt, kTopk).find("checksum"), std::string::npos);
+  EXPECT_NE(frame_error_of(f, {4, "qsgd", 0xdeadbeef, 0, 3}).find("frame is from codec 'topk'"),
             std::string::npos);
-  EXPECT_NE(error_of(f, {12, "topk", 1, 0, 3}).find("other parameters"), std::string::npos);
-  EXPECT_NE(error_of(f, {12, "topk", 0xdeadbeef, 1, 3}).find("round 0, expected round 1"),
+  EXPECT_NE(frame_error_of(f, {12, "topk", 1, 0, 3}).find("other parameters"), std::string::npos);
+  EXPECT_NE(frame_error_of(f, {12, "topk", 0xdeadbeef, 1, 3}).find("round 0, expected round 1"),
             std::string::npos);
-  EXPECT_NE(error_of(f, {12, "topk", 0xdeadbeef, 0, 4}).find("holds 3 elements, the buffer has 4"),
-            std::string::npos);
+  EXPECT_NE(
+      frame_error_of(f, {12, "topk", 0xdeadbeef, 0, 4}).find("holds 3 elements, the buffer has 4"),
+      std::string::npos);
   auto longer = f;
   longer.push_back(std::byte{0});
-  EXPECT_NE(error_of(longer, kTopk).find("its header says 48"), std::string::npos);
+  EXPECT_NE(frame_error_of(longer, kTopk).find("its header says 48"), std::string::npos);
 }
 
 TEST(Frame, PlainHeaderAllowsOnlyTheNonFiniteFlagNoAuxAndOneSummand) {

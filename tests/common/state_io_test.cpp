@@ -19,7 +19,7 @@ std::vector<std::byte> sample(uint32_t version = 3) {
   return std::move(out).finish();
 }
 
-std::string error_of(const std::function<void()>& f) {
+std::string state_error_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const Error& e) {
@@ -49,19 +49,21 @@ TEST(StateIo, WritesTheMagicTheVersionAndTheFieldsInOrder) {
 TEST(StateIo, AForeignStateIsAnErrorThatShowsItsMagic) {
   auto bytes = sample();
   bytes[0] = std::byte{'X'};
-  const auto text = error_of([&] { StateReader("test state", bytes, kKind); });
+  const auto text = state_error_of([&] { StateReader("test state", bytes, kKind); });
   EXPECT_NE(text.find("test state: not a \"TEST\" state: its magic is \"XEST\""),
             std::string::npos)
       << text;
   const std::vector<std::byte> two = {std::byte{'T'}, std::byte{1}};
-  EXPECT_NE(error_of([&] { StateReader("test state", two, kKind); }).find("\"T\\x01\" (only 2 bytes)"),
+  EXPECT_NE(state_error_of([&] {
+              StateReader("test state", two, kKind);
+            }).find("\"T\\x01\" (only 2 bytes)"),
             std::string::npos);
 }
 
 TEST(StateIo, VersionsOutsideTheReadRangeAreRefused) {
   EXPECT_EQ(StateReader("s", sample(2), kKind).version(), 2u);
   for (uint32_t version : {1u, 4u, 99u}) {
-    const auto text = error_of([&] { StateReader("s", sample(version), kKind); });
+    const auto text = state_error_of([&] { StateReader("s", sample(version), kKind); });
     EXPECT_NE(text.find(fmt::format("version {} is not supported; this build reads versions 2 "
                                     "to 3",
                                     version)),
@@ -74,7 +76,7 @@ TEST(StateIo, EveryTruncationIsAnErrorNamingTheField) {
   const auto bytes = sample();
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
     const std::span<const std::byte> part(bytes.data(), cut);
-    const auto text = error_of([&] {
+    const auto text = state_error_of([&] {
       StateReader in("s", part, kKind);
       in.get<uint64_t>("a count");
       in.get<double>("a scale");
@@ -91,7 +93,7 @@ TEST(StateIo, ABlobLongerThanTheStateIsAnErrorNotAnOverread) {
   out.put(uint64_t{1} << 62);  // a blob length far beyond the bytes that follow
   const auto bytes = std::move(out).finish();
   StateReader in("s", bytes, kKind);
-  EXPECT_NE(error_of([&] { in.blob("a part"); }).find("truncated: a part needs"),
+  EXPECT_NE(state_error_of([&] { in.blob("a part"); }).find("truncated: a part needs"),
             std::string::npos);
 }
 
@@ -100,8 +102,9 @@ TEST(StateIo, TrailingBytesAreAnError) {
   bytes.push_back(std::byte{0});
   StateReader in("s", bytes, kKind);
   in.take(bytes.size() - 9, "the fields");
-  EXPECT_NE(error_of([&] { in.expect_end("the values"); }).find("s: 1 bytes after the values"),
-            std::string::npos);
+  EXPECT_NE(
+      state_error_of([&] { in.expect_end("the values"); }).find("s: 1 bytes after the values"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ INSTANTIATE_TEST_SUITE_P(Codecs, ErrorFeedbackInvariant, ::testing::ValuesIn(inv
 
 // p_t = g_t + alpha_t e_{t-1} with alpha_t = decay * (prev_lr / lr when corrected), checked
 // step by step against the formula, with a stand-in codec that keeps |p| <= 0.5.
-void check_formula(const std::string& spec, double decay, bool corrected) {
+void check_feedback_formula(const std::string& spec, double decay, bool corrected) {
   SCOPED_TRACE(spec);
   auto fb = make_feedback(spec);
   const size_t n = 257;
@@ -76,11 +76,11 @@ void check_formula(const std::string& spec, double decay, bool corrected) {
 }
 
 TEST(ErrorFeedback, DecayAndLearningRateCorrection) {
-  check_formula("ef", 1.0, false);
-  check_formula("ef:decay=0.9", 0.9, false);
-  check_formula("ef:lr_correction=true", 1.0, true);
-  check_formula("ef:decay=0.5,lr_correction=true", 0.5, true);
-  check_formula("ef:decay=0", 0.0, false);
+  check_feedback_formula("ef", 1.0, false);
+  check_feedback_formula("ef:decay=0.9", 0.9, false);
+  check_feedback_formula("ef:lr_correction=true", 1.0, true);
+  check_feedback_formula("ef:decay=0.5,lr_correction=true", 0.5, true);
+  check_feedback_formula("ef:decay=0", 0.0, false);
 }
 
 TEST(ErrorFeedback, MemoryAccumulatesWhatWasNotSent) {

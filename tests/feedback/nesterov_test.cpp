@@ -11,7 +11,7 @@ namespace {
 
 using testing::gradient;
 
-void check_formula(const std::string& spec, float mu, bool ef) {
+void check_nesterov_formula(const std::string& spec, float mu, bool ef) {
   SCOPED_TRACE(spec);
   auto fb = make_feedback(spec);
   const size_t n = 300;
@@ -36,11 +36,11 @@ void check_formula(const std::string& spec, float mu, bool ef) {
 }
 
 TEST(NesterovFeedback, MatchesTheFormulas) {
-  check_formula("nesterov", 0.9f, false);
-  check_formula("nesterov:momentum=0.5", 0.5f, false);
-  check_formula("nesterov:momentum=0", 0.0f, false);
-  check_formula("nesterov:ef=true", 0.9f, true);
-  check_formula("nesterov:momentum=0.99,ef=true", 0.99f, true);
+  check_nesterov_formula("nesterov", 0.9f, false);
+  check_nesterov_formula("nesterov:momentum=0.5", 0.5f, false);
+  check_nesterov_formula("nesterov:momentum=0", 0.0f, false);
+  check_nesterov_formula("nesterov:ef=true", 0.9f, true);
+  check_nesterov_formula("nesterov:momentum=0.99,ef=true", 0.99f, true);
 }
 
 TEST(NesterovFeedback, FirstStepsByHand) {

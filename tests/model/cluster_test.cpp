@@ -21,7 +21,7 @@ json good_json() {
                          "intra": {"bandwidth": "100gbit", "latency": "5us"}})");
 }
 
-std::string from_json_error(const json& j) {
+std::string cluster_error(const json& j) {
   return error_text([&] { Cluster::from_json(j); });
 }
 
@@ -80,7 +80,7 @@ TEST(Cluster, ServersDefaultToTheWorkersAndRoundTrip) {
   EXPECT_EQ(c.server_count(), 16);
   EXPECT_EQ(Cluster::from_json(c.to_json()), c);
   j["servers"] = 0;
-  EXPECT_TRUE(contains(from_json_error(j), "servers"));
+  EXPECT_TRUE(contains(cluster_error(j), "servers"));
 }
 
 TEST(Cluster, NumbersAreBaseUnitsAndRoundTrip) {
@@ -96,50 +96,50 @@ TEST(Cluster, NumbersAreBaseUnitsAndRoundTrip) {
 TEST(Cluster, BadClustersNameTheField) {
   json j = good_json();
   j["inter"]["bandwidth"] = 0;
-  EXPECT_TRUE(contains(from_json_error(j), "inter.bandwidth"));
-  EXPECT_TRUE(contains(from_json_error(j), "is out of range; allowed: 1 kbit/s .. 1 Pbit/s"));
+  EXPECT_TRUE(contains(cluster_error(j), "inter.bandwidth"));
+  EXPECT_TRUE(contains(cluster_error(j), "is out of range; allowed: 1 kbit/s .. 1 Pbit/s"));
 
   j = good_json();
   j["intra"]["bandwidth"] = "0gbit";
-  EXPECT_TRUE(contains(from_json_error(j), "intra.bandwidth"));
+  EXPECT_TRUE(contains(cluster_error(j), "intra.bandwidth"));
 
   j = good_json();
   j["per_node"] = 6;  // 64 workers do not split into nodes of 6
-  EXPECT_TRUE(contains(from_json_error(j), "per_node = 6 must divide workers = 64"));
+  EXPECT_TRUE(contains(cluster_error(j), "per_node = 6 must divide workers = 64"));
 
   j = good_json();
   j.erase("workers");
-  EXPECT_TRUE(contains(from_json_error(j), "workers: missing"));
+  EXPECT_TRUE(contains(cluster_error(j), "workers: missing"));
 
   j = good_json();
   j["inter"].erase("latency");
-  EXPECT_TRUE(contains(from_json_error(j), "inter.latency: missing"));
+  EXPECT_TRUE(contains(cluster_error(j), "inter.latency: missing"));
 
   j = good_json();
   j.erase("intra");  // needed: 8 workers share a node
-  EXPECT_TRUE(contains(from_json_error(j), "intra: missing"));
+  EXPECT_TRUE(contains(cluster_error(j), "intra: missing"));
 
   j = good_json();
   j["inter"]["latency"] = -1e-6;
-  EXPECT_TRUE(contains(from_json_error(j), "inter.latency"));
-  EXPECT_TRUE(contains(from_json_error(j), "is out of range; allowed: 0 .. 60 s"));
+  EXPECT_TRUE(contains(cluster_error(j), "inter.latency"));
+  EXPECT_TRUE(contains(cluster_error(j), "is out of range; allowed: 0 .. 60 s"));
 
   j = good_json();
   j["inter"]["latency"] = "-5us";
-  EXPECT_TRUE(contains(from_json_error(j), "inter.latency"));
+  EXPECT_TRUE(contains(cluster_error(j), "inter.latency"));
 
   j = good_json();
   j["inter"]["bandwidth"] = "25furlongs";
-  EXPECT_TRUE(contains(from_json_error(j), "inter.bandwidth"));
-  EXPECT_TRUE(contains(from_json_error(j), "unknown unit 'furlongs'"));
+  EXPECT_TRUE(contains(cluster_error(j), "inter.bandwidth"));
+  EXPECT_TRUE(contains(cluster_error(j), "unknown unit 'furlongs'"));
 
   j = good_json();
   j["workers"] = 0;
-  EXPECT_TRUE(contains(from_json_error(j), "workers"));
+  EXPECT_TRUE(contains(cluster_error(j), "workers"));
 
   j = good_json();
   j["worker"] = 3;
-  EXPECT_TRUE(contains(from_json_error(j), "unknown field 'worker'"));
+  EXPECT_TRUE(contains(cluster_error(j), "unknown field 'worker'"));
 }
 
 // Finite but absurd values once made the model print "inf ms": every rate and latency, from
@@ -147,18 +147,20 @@ TEST(Cluster, BadClustersNameTheField) {
 TEST(Cluster, AbsurdValuesAreOutOfRange) {
   json j = good_json();
   j["inter"]["latency"] = "1e308s";
-  EXPECT_EQ(from_json_error(j), "cluster: inter.latency: duration '1e308s' = 1e+308 seconds is "
-                                "out of range; allowed: 0 .. 60 s");
+  EXPECT_EQ(cluster_error(j),
+            "cluster: inter.latency: duration '1e308s' = 1e+308 seconds is "
+            "out of range; allowed: 0 .. 60 s");
   j["inter"]["latency"] = 1e308;
-  EXPECT_EQ(from_json_error(j),
+  EXPECT_EQ(cluster_error(j),
             "cluster: inter.latency = 1e+308 seconds is out of range; allowed: 0 .. 60 s");
   j = good_json();
   j["intra"]["bandwidth"] = 1e300;
-  EXPECT_TRUE(contains(from_json_error(j), "cluster: intra.bandwidth = 1e+300 bytes per second "
-                                           "is out of range; allowed: 1 kbit/s .. 1 Pbit/s"));
+  EXPECT_TRUE(contains(cluster_error(j),
+                       "cluster: intra.bandwidth = 1e+300 bytes per second "
+                       "is out of range; allowed: 1 kbit/s .. 1 Pbit/s"));
   j = good_json();
   j["workers"] = (1 << 20) + 8;
-  EXPECT_TRUE(contains(from_json_error(j), "workers: 1048584 is out of range; allowed: 1 .. "));
+  EXPECT_TRUE(contains(cluster_error(j), "workers: 1048584 is out of range; allowed: 1 .. "));
   EXPECT_TRUE(contains(error_text([] { parse_rate("1e-9bit"); }), "out of range"));
   EXPECT_TRUE(contains(error_text([] { parse_duration("61s"); }), "allowed: 0 .. 60 s"));
   EXPECT_NO_THROW(parse_rate("1kbit"));

@@ -11,7 +11,7 @@
 namespace gradcomp::model {
 namespace {
 
-Profile profile() {
+Profile fit_profile() {
   Profile p;
   p.model = "test";
   p.batch_size = 1;
@@ -48,7 +48,7 @@ std::vector<Plan> plans(const Profile& p) {
   return out;
 }
 
-Cluster cluster() {
+Cluster fit_cluster() {
   Cluster c;
   c.workers = 4;
   c.inter = {1e9 / 8, 50e-6};
@@ -58,11 +58,12 @@ Cluster cluster() {
 
 // Step times of the plans as the model with `truth` predicts them.
 std::vector<std::pair<Plan, double>> measured_with(const Correction& truth) {
-  const CostModel actual = truth.cost_model(cluster(), codecs());
+  const CostModel actual = truth.cost_model(fit_cluster(), codecs());
   std::vector<std::pair<Plan, double>> trials;
-  for (const Plan& plan : plans(profile())) {
-    trials.emplace_back(plan, simulate(truth.applied(profile()), plan, actual,
-                                              truth.simulator(plan)).iteration_s);
+  for (const Plan& plan : plans(fit_profile())) {
+    trials.emplace_back(
+        plan,
+        simulate(truth.applied(fit_profile()), plan, actual, truth.simulator(plan)).iteration_s);
   }
   return trials;
 }
@@ -72,7 +73,7 @@ TEST(ModelCorrection, RecoversWhatTheModelMissed) {
                          .bandwidth_scale = 0.8,
                          .codec_lambdas = {{"fp16", 1.5}, {"topk", 2}}};
   const Correction fit =
-      fit_correction(profile(), cluster(), codecs(), measured_with(truth));
+      fit_correction(fit_profile(), fit_cluster(), codecs(), measured_with(truth));
   EXPECT_GT(fit.error_before, 0.05);
   EXPECT_LT(fit.error_after, 1e-6);
   EXPECT_DOUBLE_EQ(fit.extra_latency_s, 2e-4);
@@ -86,14 +87,13 @@ TEST(ModelCorrection, RecoversWhatTheModelMissed) {
 // Slow codecs and slow messages both make compressed plans slower; the uncompressed plans
 // (codec "none" costs little) tell them apart.
 TEST(ModelCorrection, TellsSlowCodecsFromSlowMessages) {
-  const Correction slow_codecs =
-      fit_correction(profile(), cluster(), codecs(),
-                     measured_with({.codec_lambdas = {{"topk", 3}}}));
+  const Correction slow_codecs = fit_correction(fit_profile(), fit_cluster(), codecs(),
+                                                measured_with({.codec_lambdas = {{"topk", 3}}}));
   EXPECT_EQ(slow_codecs.codec_lambdas, (std::map<std::string, double>{{"topk", 3}}));
   EXPECT_EQ(slow_codecs.extra_latency_s, 0);
   EXPECT_LT(slow_codecs.error_after, 1e-6);
-  const Correction slow_messages =
-      fit_correction(profile(), cluster(), codecs(), measured_with({.extra_latency_s = 1e-3}));
+  const Correction slow_messages = fit_correction(fit_profile(), fit_cluster(), codecs(),
+                                                  measured_with({.extra_latency_s = 1e-3}));
   EXPECT_DOUBLE_EQ(slow_messages.extra_latency_s, 1e-3);
   EXPECT_TRUE(slow_messages.codec_lambdas.empty());
   EXPECT_LT(slow_messages.error_after, 1e-6);
@@ -109,10 +109,12 @@ TEST(ModelCorrection, GivesACodecItsOwnSlowDownOnlyOnEvidence) {
     }
     return trials;
   };
-  const Correction noise = fit_correction(profile(), cluster(), codecs(), slower("fp16", 1.005));
+  const Correction noise =
+      fit_correction(fit_profile(), fit_cluster(), codecs(), slower("fp16", 1.005));
   EXPECT_TRUE(noise.codec_lambdas.empty());
   EXPECT_DOUBLE_EQ(noise.bandwidth_scale, 0.9);
-  const Correction slow = fit_correction(profile(), cluster(), codecs(), slower("topk", 1.2));
+  const Correction slow =
+      fit_correction(fit_profile(), fit_cluster(), codecs(), slower("topk", 1.2));
   EXPECT_EQ(slow.codec_lambdas.size(), 1u);
   EXPECT_TRUE(slow.codec_lambdas.contains("topk"));
 }
@@ -131,7 +133,8 @@ TEST(ModelCorrection, TheStepOverheadIsNoMoreThanTheUncompressedTrialsLeave) {
     return trials;
   };
   const auto overhead = [&](double uncompressed_slow_s) {
-    return fit_correction(profile(), cluster(), codecs(), slow_compressed(uncompressed_slow_s))
+    return fit_correction(fit_profile(), fit_cluster(), codecs(),
+                          slow_compressed(uncompressed_slow_s))
         .step_overhead_s;
   };
   EXPECT_NEAR(overhead(0), 0, 1e-12);
@@ -141,8 +144,8 @@ TEST(ModelCorrection, TheStepOverheadIsNoMoreThanTheUncompressedTrialsLeave) {
 // A link slower under a step's long transfers than the probes saw: the uncompressed trials
 // (all bytes, few codec costs) tell it apart from slow messages and slow codecs.
 TEST(ModelCorrection, FitsTheLinkRateAStepGets) {
-  const Correction fit =
-      fit_correction(profile(), cluster(), codecs(), measured_with({.bandwidth_scale = 0.85}));
+  const Correction fit = fit_correction(fit_profile(), fit_cluster(), codecs(),
+                                        measured_with({.bandwidth_scale = 0.85}));
   EXPECT_DOUBLE_EQ(fit.bandwidth_scale, 0.85);
   EXPECT_EQ(fit.extra_latency_s, 0);
   EXPECT_TRUE(fit.codec_lambdas.empty());
@@ -157,31 +160,32 @@ TEST(ModelCorrection, ACodecsSlowDownStaysWithIt) {
   auto trials = measured_with(truth);
   const auto fp16_trials = std::vector(trials.begin() + 2, trials.begin() + 4);
   trials.erase(trials.begin() + 2, trials.begin() + 4);  // the fp16 plans: not tried
-  const Correction fit = fit_correction(profile(), cluster(), codecs(), trials);
+  const Correction fit = fit_correction(fit_profile(), fit_cluster(), codecs(), trials);
   EXPECT_EQ(fit.codec_lambdas, truth.codec_lambdas);
   EXPECT_LT(fit.error_after, 1e-6);
-  const CostModel corrected = fit.cost_model(cluster(), codecs());
+  const CostModel corrected = fit.cost_model(fit_cluster(), codecs());
   for (const auto& [plan, seconds] : fp16_trials) {
     ASSERT_EQ(plan.buckets[0].option.codec.rfind("fp16", 0), 0u);
-    EXPECT_NEAR(simulate(fit.applied(profile()), plan, corrected, fit.simulator(plan)).iteration_s,
-                seconds, 1e-9 * seconds);
+    EXPECT_NEAR(
+        simulate(fit.applied(fit_profile()), plan, corrected, fit.simulator(plan)).iteration_s,
+        seconds, 1e-9 * seconds);
   }
 }
 
 TEST(ModelCorrection, IsTheIdentityWhenTheModelIsRight) {
-  const CostModel cost(cluster(), codecs());
+  const CostModel cost(fit_cluster(), codecs());
   std::vector<std::pair<Plan, double>> trials;
-  for (const Plan& plan : plans(profile())) {
-    trials.emplace_back(plan, simulate(profile(), plan, cost).iteration_s);
+  for (const Plan& plan : plans(fit_profile())) {
+    trials.emplace_back(plan, simulate(fit_profile(), plan, cost).iteration_s);
   }
-  const Correction fit = fit_correction(profile(), cluster(), codecs(), trials);
+  const Correction fit = fit_correction(fit_profile(), fit_cluster(), codecs(), trials);
   EXPECT_EQ(fit.extra_latency_s, 0);
   EXPECT_EQ(fit.lambda, 1);
   EXPECT_EQ(fit.bandwidth_scale, 1);
   EXPECT_TRUE(fit.codec_lambdas.empty());
   EXPECT_NEAR(fit.step_overhead_s, 0, 1e-12);
   EXPECT_LT(fit.error_before, 1e-12);
-  EXPECT_TRUE(fit_correction(profile(), cluster(), codecs(), {}).error_after == 0);
+  EXPECT_TRUE(fit_correction(fit_profile(), fit_cluster(), codecs(), {}).error_after == 0);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ const Correction kCorrection{.extra_latency_s = 2e-4,
                              .error_before = 0.31,
                              .error_after = 0.042};
 
-std::string from_json_error(const json& j) {
+std::string correction_error(const json& j) {
   return error_text([&] { Correction::from_json(j); });
 }
 
@@ -120,38 +120,41 @@ TEST(Correction, JsonWithoutTheLaterTermsMeansNone) {
 }
 
 TEST(Correction, BadJsonNamesTheField) {
-  EXPECT_TRUE(contains(from_json_error(json::array()), "must be an object"));
+  EXPECT_TRUE(contains(correction_error(json::array()), "must be an object"));
   json unknown = kCorrection.to_json();
   unknown["latency"] = 1;
-  EXPECT_TRUE(contains(from_json_error(unknown), "'latency' is unknown; expected extra_latency_s"));
+  EXPECT_TRUE(
+      contains(correction_error(unknown), "'latency' is unknown; expected extra_latency_s"));
   json missing = kCorrection.to_json();
   missing.erase("lambda");
-  EXPECT_TRUE(contains(from_json_error(missing), "'lambda' is missing"));
+  EXPECT_TRUE(contains(correction_error(missing), "'lambda' is missing"));
   json text = kCorrection.to_json();
   text["step_overhead_s"] = "5ms";
-  EXPECT_TRUE(contains(from_json_error(text), "'step_overhead_s' must be a number"));
+  EXPECT_TRUE(contains(correction_error(text), "'step_overhead_s' must be a number"));
   json small = kCorrection.to_json();
   small["lambda"] = 0.5;
-  EXPECT_TRUE(contains(from_json_error(small), "'lambda' = 0.5 must be from 1 to 10"));
+  EXPECT_TRUE(contains(correction_error(small), "'lambda' = 0.5 must be from 1 to 10"));
   json negative = kCorrection.to_json();
   negative["extra_latency_s"] = -1e-3;
-  EXPECT_TRUE(contains(from_json_error(negative), "'extra_latency_s' = -0.001 must be from 0"));
+  EXPECT_TRUE(contains(correction_error(negative), "'extra_latency_s' = -0.001 must be from 0"));
   json zero_scale = kCorrection.to_json();
   zero_scale["cost_scale"] = 0;
-  EXPECT_TRUE(contains(from_json_error(zero_scale), "'cost_scale' = 0 must be from"));
+  EXPECT_TRUE(contains(correction_error(zero_scale), "'cost_scale' = 0 must be from"));
   json fast_link = kCorrection.to_json();
   fast_link["bandwidth_scale"] = 5000;
-  EXPECT_TRUE(contains(from_json_error(fast_link),
-                       "'bandwidth_scale' = 5000 must be from 0.001 to 1000"));
+  EXPECT_TRUE(
+      contains(correction_error(fast_link), "'bandwidth_scale' = 5000 must be from 0.001 to 1000"));
   json not_codec = kCorrection.to_json();
   not_codec["codec_lambdas"]["zip"] = 2;
-  EXPECT_TRUE(contains(from_json_error(not_codec), "'codec_lambdas.zip' is not a codec; expected"));
+  EXPECT_TRUE(
+      contains(correction_error(not_codec), "'codec_lambdas.zip' is not a codec; expected"));
   json fast = kCorrection.to_json();
   fast["codec_lambdas"]["dither"] = 0.5;
-  EXPECT_TRUE(contains(from_json_error(fast), "'codec_lambdas.dither' = 0.5 must be from 1 to 10"));
+  EXPECT_TRUE(
+      contains(correction_error(fast), "'codec_lambdas.dither' = 0.5 must be from 1 to 10"));
   json as_list = kCorrection.to_json();
   as_list["codec_lambdas"] = json::array({2});
-  EXPECT_TRUE(contains(from_json_error(as_list), "'codec_lambdas' must be an object"));
+  EXPECT_TRUE(contains(correction_error(as_list), "'codec_lambdas' must be an object"));
 }
 
 }  // namespace

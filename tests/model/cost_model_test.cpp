@@ -420,13 +420,13 @@ TEST(CodecCosts, FitBenchRefusesASpecThatIsNotAString) {
 }
 
 // Points GRADCOMP_PROFILES somewhere for one test, then restores it.
-class ProfilesDir {
+class CostsProfilesDir {
  public:
-  explicit ProfilesDir(const std::string& dir) {
+  explicit CostsProfilesDir(const std::string& dir) {
     if (const char* old = std::getenv("GRADCOMP_PROFILES")) old_ = old;
     setenv("GRADCOMP_PROFILES", dir.c_str(), 1);
   }
-  ~ProfilesDir() {
+  ~CostsProfilesDir() {
     if (old_.empty()) unsetenv("GRADCOMP_PROFILES");
     else setenv("GRADCOMP_PROFILES", old_.c_str(), 1);
   }
@@ -450,11 +450,11 @@ TEST(CodecCosts, ShippedHonoursGradcompProfiles) {
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "codec-costs.json") << costs().to_json().dump();
   {
-    ProfilesDir env(dir.string());
+    CostsProfilesDir env(dir.string());
     EXPECT_EQ(CodecCosts::shipped().of("topk"), costs().of("topk"));
   }
   {
-    ProfilesDir env((dir / "nowhere").string());
+    CostsProfilesDir env((dir / "nowhere").string());
     EXPECT_TRUE(contains(error_text([] { CodecCosts::shipped(); }), "GRADCOMP_PROFILES"));
   }
   std::filesystem::remove_all(dir);

@@ -37,7 +37,7 @@ Profile sample_profile() {
 
 json sample_json() { return sample_profile().to_json(); }
 
-std::string from_json_error(const json& j) {
+std::string profile_error(const json& j) {
   return error_text([&] { Profile::from_json(j); });
 }
 
@@ -188,17 +188,16 @@ TEST(Profile, FileErrorsNameTheFile) {
 TEST(Profile, NegativeSizesAndTimesNameTheField) {
   json j = sample_json();
   j["tensors"][1]["elements"] = -1;
-  EXPECT_EQ(from_json_error(j), "tensors[1].elements must be a non-negative integer");
+  EXPECT_EQ(profile_error(j), "tensors[1].elements must be a non-negative integer");
   j = sample_json();
   j["tensors"][2]["ready_ms"] = -0.5;
-  EXPECT_EQ(from_json_error(j),
-            "tensors[2].ready_ms must be a non-negative number of milliseconds");
+  EXPECT_EQ(profile_error(j), "tensors[2].ready_ms must be a non-negative number of milliseconds");
   j = sample_json();
   j["forward_ms"] = -3;
-  EXPECT_EQ(from_json_error(j), "forward_ms must be a non-negative number of milliseconds");
+  EXPECT_EQ(profile_error(j), "forward_ms must be a non-negative number of milliseconds");
   j = sample_json();
   j["batch_size"] = 0;
-  EXPECT_EQ(from_json_error(j), "batch_size must be a positive integer");
+  EXPECT_EQ(profile_error(j), "batch_size must be a positive integer");
 }
 
 TEST(Profile, MissingFieldsAreNamed) {
@@ -206,68 +205,67 @@ TEST(Profile, MissingFieldsAreNamed) {
                           "backward_ms", "tensors"}) {
     json j = sample_json();
     j.erase(key);
-    EXPECT_EQ(from_json_error(j), std::string("missing field '") + key + "'");
+    EXPECT_EQ(profile_error(j), std::string("missing field '") + key + "'");
   }
   for (const char* key : {"name", "elements", "ready_ms"}) {
     json j = sample_json();
     j["tensors"][2].erase(key);
-    EXPECT_EQ(from_json_error(j), std::string("missing field 'tensors[2].") + key + "'");
+    EXPECT_EQ(profile_error(j), std::string("missing field 'tensors[2].") + key + "'");
   }
 }
 
 TEST(Profile, WrongTypesAreNamed) {
   json j = sample_json();
   j["tensors"][0]["elements"] = 10.0;  // a float where a count belongs
-  EXPECT_EQ(from_json_error(j), "tensors[0].elements must be a non-negative integer");
+  EXPECT_EQ(profile_error(j), "tensors[0].elements must be a non-negative integer");
   j = sample_json();
   j["tensors"][0]["elements"] = "10";
-  EXPECT_EQ(from_json_error(j), "tensors[0].elements must be a non-negative integer");
+  EXPECT_EQ(profile_error(j), "tensors[0].elements must be a non-negative integer");
   j = sample_json();
   j["tensors"][1]["name"] = 7;
-  EXPECT_EQ(from_json_error(j), "tensors[1].name must be a string");
+  EXPECT_EQ(profile_error(j), "tensors[1].name must be a string");
   j = sample_json();
   j["backward_ms"] = "25";
-  EXPECT_EQ(from_json_error(j), "backward_ms must be a non-negative number of milliseconds");
+  EXPECT_EQ(profile_error(j), "backward_ms must be a non-negative number of milliseconds");
   j = sample_json();
   j["tensors"] = json::object();
-  EXPECT_EQ(from_json_error(j), "tensors must be an array");
+  EXPECT_EQ(profile_error(j), "tensors must be an array");
   j = sample_json();
   j["tensors"][0] = 3;
-  EXPECT_EQ(from_json_error(j), "tensors[0] must be an object");
-  EXPECT_EQ(from_json_error(json::array()), "a profile must be a JSON object");
+  EXPECT_EQ(profile_error(j), "tensors[0] must be an object");
+  EXPECT_EQ(profile_error(json::array()), "a profile must be a JSON object");
 }
 
 TEST(Profile, DecreasingReadyTimesAreNamed) {
   json j = sample_json();
   j["tensors"][1]["ready_ms"] = 0.5;  // tensors[0] is ready at 1 ms
-  EXPECT_EQ(from_json_error(j),
+  EXPECT_EQ(profile_error(j),
             "tensors[1].ready_ms is before tensors[0].ready_ms: ready times "
             "must not decrease in backward order");
   j = sample_json();
   j["backward_ms"] = 20;  // the last gradient is ready at 25 ms
-  EXPECT_TRUE(contains(from_json_error(j), "backward_ms is before tensors[2].ready_ms"));
+  EXPECT_TRUE(contains(profile_error(j), "backward_ms is before tensors[2].ready_ms"));
 }
 
 TEST(Profile, FormatAndVersionAreChecked) {
   json j = sample_json();
   j["version"] = 2;
-  EXPECT_EQ(from_json_error(j),
-            "version 2 is not supported; this gradcomp reads profile version 1");
+  EXPECT_EQ(profile_error(j), "version 2 is not supported; this gradcomp reads profile version 1");
   j = sample_json();
   j["version"] = "1";
-  EXPECT_EQ(from_json_error(j), "version must be an integer");
+  EXPECT_EQ(profile_error(j), "version must be an integer");
   j = sample_json();
   j["format"] = "gradcomp-plan";
-  EXPECT_EQ(from_json_error(j), "format must be 'gradcomp-profile', not \"gradcomp-plan\"");
+  EXPECT_EQ(profile_error(j), "format must be 'gradcomp-profile', not \"gradcomp-plan\"");
 }
 
 TEST(Profile, UnknownFieldsAreNamed) {
   json j = sample_json();
   j["tensors"][1]["ready_s"] = 1;
-  EXPECT_TRUE(contains(from_json_error(j), "unknown field 'tensors[1].ready_s'"));
+  EXPECT_TRUE(contains(profile_error(j), "unknown field 'tensors[1].ready_s'"));
   j = sample_json();
   j["device"] = "v100";
-  EXPECT_TRUE(contains(from_json_error(j), "unknown field 'device'"));
+  EXPECT_TRUE(contains(profile_error(j), "unknown field 'device'"));
 }
 
 TEST(Profile, ValidateChecksProfilesBuiltInCode) {

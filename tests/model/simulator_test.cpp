@@ -58,7 +58,7 @@ CostModel cost_model() {
 }
 
 // Forward 10 ms, backward 100 ms; three gradients ready 20, 35 and 90 ms into backward.
-Profile profile() {
+Profile simulator_profile() {
   Profile p;
   p.model = "hand";
   p.source = "by hand";
@@ -71,7 +71,7 @@ Profile profile() {
 
 Plan plan(std::vector<std::vector<size_t>> buckets, const Option& option) {
   Plan plan;
-  plan.tensors = profile().tensor_infos();
+  plan.tensors = simulator_profile().tensor_infos();
   for (auto& tensors : buckets) plan.buckets.push_back({std::move(tensors), option});
   return plan;
 }
@@ -101,7 +101,8 @@ void expect_span(const SimResult& r, const std::string& name, const std::string&
 }
 
 TEST(Simulator, ThreeBucketsOnTheEngineThreads) {
-  const SimResult r = simulate(profile(), plan({{0}, {1}, {2}}, fp16()), cost_model(), {}, true);
+  const SimResult r =
+      simulate(simulator_profile(), plan({{0}, {1}, {2}}, fp16()), cost_model(), {}, true);
   // Ready at 10 + 20 = 30, 10 + 35 = 45, 10 + 90 = 100 ms.
   expect_span(r, "bucket 0 encode", "encode", 30, 40);
   expect_span(r, "bucket 0 allreduce", "exchange", 40, 60);
@@ -125,7 +126,7 @@ TEST(Simulator, ThreeBucketsOnTheEngineThreads) {
 TEST(Simulator, CallerEncodingDelaysEveryLaterGradient) {
   Plan p = plan({{0}, {1}, {2}}, fp16());
   p.buckets[1].option.encode_on = EncodeOn::kCaller;
-  const SimResult r = simulate(profile(), p, cost_model(), {}, true);
+  const SimResult r = simulate(simulator_profile(), p, cost_model(), {}, true);
   expect_span(r, "bucket 0 encode", "encode", 30, 40);
   // Bucket 1 is encoded on the compute thread from 45 to 65 ms: backward pauses 20 ms.
   expect_span(r, "bucket 1 encode", "compute", 45, 65);
@@ -149,7 +150,7 @@ TEST(Simulator, CallerEncodingDelaysEveryLaterGradient) {
 }
 
 TEST(Simulator, LambdaStretchesBackward) {
-  const SimResult r = simulate(profile(), plan({{0}, {1}, {2}}, fp16()), cost_model(),
+  const SimResult r = simulate(simulator_profile(), plan({{0}, {1}, {2}}, fp16()), cost_model(),
                                {.lambda = 1.5}, true);
   expect_span(r, "bucket 0 encode", "encode", 10 + 30, 50);
   expect_span(r, "bucket 1 encode", "encode", 10 + 52.5, 82.5);
@@ -161,7 +162,8 @@ TEST(Simulator, LambdaStretchesBackward) {
 
 TEST(Simulator, BucketsLaunchInPlanOrder) {
   // Bucket 0 holds the last gradient: bucket 1 ({a, b}, complete at 45) waits for it.
-  const SimResult r = simulate(profile(), plan({{2}, {0, 1}}, fp16()), cost_model(), {}, true);
+  const SimResult r =
+      simulate(simulator_profile(), plan({{2}, {0, 1}}, fp16()), cost_model(), {}, true);
   expect_span(r, "bucket 0 encode", "encode", 100, 110);
   expect_span(r, "bucket 1 encode", "encode", 110, 140);
   expect_span(r, "bucket 1 allreduce", "exchange", 140, 200);
@@ -172,9 +174,9 @@ TEST(Simulator, FreeCompressionReachesTheComputeBound) {
   c.workers = 1;
   CodecCosts costs;
   costs.set("none", {});
-  const SimResult r = simulate(profile(), plan({{0, 1, 2}}, {}), CostModel(c, costs));
-  EXPECT_DOUBLE_EQ(r.iteration_s, compute_bound(profile()));
-  EXPECT_DOUBLE_EQ(compute_bound(profile()), 110 * kMs);
+  const SimResult r = simulate(simulator_profile(), plan({{0, 1, 2}}, {}), CostModel(c, costs));
+  EXPECT_DOUBLE_EQ(r.iteration_s, compute_bound(simulator_profile()));
+  EXPECT_DOUBLE_EQ(compute_bound(simulator_profile()), 110 * kMs);
   EXPECT_TRUE(r.spans.empty());  // not asked for
 }
 
@@ -188,7 +190,7 @@ TEST(Simulator, MultiPhaseBucketsListEachPhase) {
   const CostModel model(c, costs);
   // threshold's frames vary in size, so its allgather route has two phases: sizes, then frames.
   const Option option = parse_option("threshold:tau=0.1");
-  const SimResult r = simulate(profile(), plan({{0, 1, 2}}, option), model, {}, true);
+  const SimResult r = simulate(simulator_profile(), plan({{0, 1, 2}}, option), model, {}, true);
   const BucketCost b = model.bucket(option, 4000);
   const Span& sizes = span(r, "bucket 0 sizes");
   const Span& frames = span(r, "bucket 0 allgather");
@@ -198,7 +200,8 @@ TEST(Simulator, MultiPhaseBucketsListEachPhase) {
 }
 
 TEST(Simulator, ChromeTraceHasOneThreadPerLane) {
-  const SimResult r = simulate(profile(), plan({{0}, {1}, {2}}, fp16()), cost_model(), {}, true);
+  const SimResult r =
+      simulate(simulator_profile(), plan({{0}, {1}, {2}}, fp16()), cost_model(), {}, true);
   const nlohmann::json trace = r.chrome_trace();
   ASSERT_TRUE(trace.is_array());
   int threads = 0, spans = 0;
@@ -221,21 +224,23 @@ TEST(Simulator, ChromeTraceHasOneThreadPerLane) {
 TEST(Simulator, PlansThatDoNotFitTheProfileAreErrors) {
   Plan p = plan({{0}, {1}, {2}}, fp16());
   p.tensors[1].name = "other";
-  EXPECT_TRUE(contains(error_text([&] { simulate(profile(), p, cost_model()); }),
+  EXPECT_TRUE(contains(error_text([&] { simulate(simulator_profile(), p, cost_model()); }),
                        "plan tensor 1 is 'other'"));
   p = plan({{0}, {1}}, fp16());
-  EXPECT_TRUE(contains(error_text([&] { simulate(profile(), p, cost_model()); }),
+  EXPECT_TRUE(contains(error_text([&] { simulate(simulator_profile(), p, cost_model()); }),
                        "tensor 2 ('c') is in no bucket"));
   p = plan({{0, 1}, {1, 2}}, fp16());
-  EXPECT_TRUE(contains(error_text([&] { simulate(profile(), p, cost_model()); }),
+  EXPECT_TRUE(contains(error_text([&] { simulate(simulator_profile(), p, cost_model()); }),
                        "in another bucket"));
   p = plan({{0}, {1}, {2}}, fp16());
-  EXPECT_TRUE(contains(error_text([&] { simulate(profile(), p, cost_model(), {.lambda = 0.5}); }),
-                       "lambda = 0.5 must be >= 1"));
+  EXPECT_TRUE(
+      contains(error_text([&] { simulate(simulator_profile(), p, cost_model(), {.lambda = 0.5}); }),
+               "lambda = 0.5 must be >= 1"));
 }
 
 TEST(Simulator, ProfileFromAFile) {
-  // tests/model/data/tiny.json: the same gradients as profile(), as the profile loader reads them.
+  // tests/model/data/tiny.json: the same gradients as simulator_profile(), as the profile loader
+  // reads them.
   const auto path = std::filesystem::path(__FILE__).parent_path() / "data" / "tiny.json";
   const Profile loaded = load_profile(path.string());
   EXPECT_EQ(loaded.tensors.size(), 3u);

@@ -39,11 +39,11 @@ struct Stage {
 };
 
 // The compression stage's step in double, from the definition in gradcomp/optimizer.h.
-struct Reference {
+struct OneBitLambReference {
   std::vector<double> x, m, v, fresh;
   double factor = 1;
 
-  explicit Reference(const Stage& s)
+  explicit OneBitLambReference(const Stage& s)
       : x(s.layer.param.begin(), s.layer.param.end()),
         m(s.layer.exp_avg.begin(), s.layer.exp_avg.end()),
         v(s.layer.exp_avg_sq.begin(), s.layer.exp_avg_sq.end()),
@@ -82,7 +82,7 @@ double gap(const std::vector<float>& a, const std::vector<double>& b) {
 
 TEST(OneBitLamb, FollowsItsDefinitionOverSeveralSteps) {
   Stage stage(700, 1);
-  Reference reference(stage);
+  OneBitLambReference reference(stage);
   AdamHyper h;
   h.lr = 0.01;
   h.weight_decay = 0.01;

@@ -15,10 +15,10 @@
 namespace {
 
 using Result = gradcomp::testing::CliResult;
-Result run(const std::string& args) { return gradcomp::testing::run_cli(args); }
+using gradcomp::testing::run_cli;
 
 TEST(Cli, ListsEveryCodec) {
-  const Result r = run("codecs");
+  const Result r = run_cli("codecs");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const auto& name : gradcomp::codec_names()) {
     EXPECT_NE(r.output.find("\n" + name + " "), std::string::npos) << name;
@@ -28,8 +28,8 @@ TEST(Cli, ListsEveryCodec) {
 TEST(Cli, BenchWritesJsonWithMemcpyBaseline) {
   const auto path = std::filesystem::temp_directory_path() / "gradcomp_cli_test.json";
   const Result r =
-      run("bench codecs --codecs 'none;topk:ratio=0.01' --sizes 10,12 --min-time 0 --json " +
-          path.string());
+      run_cli("bench codecs --codecs 'none;topk:ratio=0.01' --sizes 10,12 --min-time 0 --json " +
+              path.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("memcpy"), std::string::npos);
   std::ifstream in(path);
@@ -49,19 +49,19 @@ TEST(Cli, BenchWritesJsonWithMemcpyBaseline) {
 }
 
 TEST(Cli, BadSpecIsAClearError) {
-  const Result r = run("bench codecs --codecs 'topk:ratio=1.5' --sizes 10");
+  const Result r = run_cli("bench codecs --codecs 'topk:ratio=1.5' --sizes 10");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("codec 'topk': parameter 'ratio' = 1.5 is out of range"),
             std::string::npos)
       << r.output;
-  const Result unknown = run("bench codecs --codecs zip --sizes 10");
+  const Result unknown = run_cli("bench codecs --codecs zip --sizes 10");
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_NE(unknown.output.find("available codecs: none, fp16"), std::string::npos)
       << unknown.output;
 }
 
 TEST(Cli, BadOptionIsRejected) {
-  const Result r = run("bench codecs --sizes 99");
+  const Result r = run_cli("bench codecs --sizes 99");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--sizes"), std::string::npos) << r.output;
 }
@@ -72,27 +72,28 @@ TEST(Cli, EmptyListItemsAreRefusedAndNoFlagIsSwallowed) {
   for (const char* args : {"bench codecs --codecs ';' --sizes 10",
                            "bench codecs --codecs 'none;;fp16' --sizes 10",
                            "bench codecs --codecs '' --sizes 10"}) {
-    const Result r = run(args);
+    const Result r = run_cli(args);
     EXPECT_NE(r.exit_code, 0) << args;
     EXPECT_NE(r.output.find("--codecs: item "), std::string::npos) << args << ": " << r.output;
     EXPECT_NE(r.output.find("is empty"), std::string::npos) << args << ": " << r.output;
     EXPECT_EQ(r.output.find("unknown codec"), std::string::npos) << args << ": " << r.output;
   }
-  const Result sizes = run("bench codecs --sizes , --codecs none");
+  const Result sizes = run_cli("bench codecs --sizes , --codecs none");
   EXPECT_NE(sizes.exit_code, 0);
   EXPECT_NE(sizes.output.find("--sizes: item 1 of ',' is empty"), std::string::npos)
       << sizes.output;
   // Several arguments still make one list, and the flag after them is not one of them.
-  const Result two = run("bench codecs --codecs none zip --sizes 10");
+  const Result two = run_cli("bench codecs --codecs none zip --sizes 10");
   EXPECT_NE(two.output.find("unknown codec 'zip'"), std::string::npos) << two.output;
-  const Result cases = run("bench routes --cases ';' --sizes 10");
+  const Result cases = run_cli("bench routes --cases ';' --sizes 10");
   EXPECT_NE(cases.exit_code, 0);
   EXPECT_NE(cases.output.find("--cases: item 1"), std::string::npos) << cases.output;
 }
 
 TEST(Cli, NumberOptionsMustBeFinite) {
   for (const char* value : {"nan", "inf", "-1"}) {
-    const Result r = run(std::string("bench codecs --codecs none --sizes 10 --min-time ") + value);
+    const Result r =
+        run_cli(std::string("bench codecs --codecs none --sizes 10 --min-time ") + value);
     EXPECT_NE(r.exit_code, 0) << value;
     EXPECT_NE(r.output.find("--min-time: " + std::string(value) + " is not allowed; allowed: "
                             "a finite number in 0 .. 60"),

@@ -23,13 +23,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 using Result = gradcomp::testing::CliResult;
-Result run(const std::string& args) { return gradcomp::testing::run_cli(args); }
+using gradcomp::testing::run_cli;
 
 TEST(Launch, GivesEveryRankTorchrunsEnvironment) {
-  const Result r =
-      run("launch -n 3 --master-port 29123 --timeout 7 -- sh -c "
-          "'echo env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
-          "$MASTER_PORT $GRADCOMP_TIMEOUT'");
+  const Result r = run_cli(
+      "launch -n 3 --master-port 29123 --timeout 7 -- sh -c "
+      "'echo env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
+      "$MASTER_PORT $GRADCOMP_TIMEOUT'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::set<std::string> lines;
   std::istringstream in(r.output);
@@ -44,14 +44,14 @@ TEST(Launch, GivesEveryRankTorchrunsEnvironment) {
 // torchrun's spelling of the rank count works too, so a torchrun command line carries over.
 TEST(Launch, AcceptsTorchrunsNprocPerNode) {
   for (const char* flag : {"--nproc_per_node 2", "--nproc_per_node=2", "--nproc-per-node 2"}) {
-    const Result r = run(std::string("launch ") + flag + " -- sh -c 'echo size $WORLD_SIZE'");
+    const Result r = run_cli(std::string("launch ") + flag + " -- sh -c 'echo size $WORLD_SIZE'");
     ASSERT_EQ(r.exit_code, 0) << flag << ": " << r.output;
     EXPECT_NE(r.output.find("size 2"), std::string::npos) << flag << ": " << r.output;
   }
 }
 
 TEST(Launch, DefaultsAndInheritedVariables) {
-  const Result r = run("launch -n 1 -- sh -c 'echo $MASTER_ADDR:$MASTER_PORT $HOME'");
+  const Result r = run_cli("launch -n 1 -- sh -c 'echo $MASTER_ADDR:$MASTER_PORT $HOME'");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("127.0.0.1:29500 " + std::string(getenv("HOME"))), std::string::npos)
       << r.output;
@@ -59,7 +59,7 @@ TEST(Launch, DefaultsAndInheritedVariables) {
 
 TEST(Launch, FailingRankStopsTheOthersAndItsCodeIsReturned) {
   const auto start = Clock::now();
-  const Result r = run("launch -n 3 -- sh -c 'if [ $RANK = 1 ]; then exit 3; fi; sleep 60'");
+  const Result r = run_cli("launch -n 3 -- sh -c 'if [ $RANK = 1 ]; then exit 3; fi; sleep 60'");
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exited with code 3"), std::string::npos) << r.output;
@@ -68,7 +68,7 @@ TEST(Launch, FailingRankStopsTheOthersAndItsCodeIsReturned) {
 
 TEST(Launch, SurvivorsGetTimeToReportTheirOwnError) {
   const auto start = Clock::now();
-  const Result r = run(
+  const Result r = run_cli(
       "launch -n 2 --notice 20 -- sh -c "
       "'if [ $RANK = 0 ]; then exit 3; fi; sleep 0.5; echo rank 1 saw the failure; exit 1'");
   EXPECT_EQ(r.exit_code, 3) << r.output;  // the first failure decides
@@ -77,7 +77,8 @@ TEST(Launch, SurvivorsGetTimeToReportTheirOwnError) {
 }
 
 TEST(Launch, RankKilledBySignalIsReported) {
-  const Result r = run("launch -n 2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
+  const Result r =
+      run_cli("launch -n 2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
   EXPECT_EQ(r.exit_code, 128 + 9) << r.output;
   EXPECT_NE(r.output.find("rank 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
@@ -85,9 +86,9 @@ TEST(Launch, RankKilledBySignalIsReported) {
 
 TEST(Launch, RankIgnoringSigtermIsKilledAfterTheGracePeriod) {
   const auto start = Clock::now();
-  const Result r =
-      run("launch -n 2 --grace 1 -- sh -c "
-          "'if [ $RANK = 0 ]; then sleep 0.5; exit 4; fi; trap \"\" TERM; sleep 60 & wait; sleep 60'");
+  const Result r = run_cli(
+      "launch -n 2 --grace 1 -- sh -c "
+      "'if [ $RANK = 0 ]; then sleep 0.5; exit 4; fi; trap \"\" TERM; sleep 60 & wait; sleep 60'");
   EXPECT_EQ(r.exit_code, 4) << r.output;
   EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(1400));  // waited out the grace
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
@@ -148,17 +149,17 @@ TEST(Launch, NumberOptionsMustBeFiniteAndInRange) {
       {"--servers 1 --server-timeout 0", "--server-timeout: 0 is not allowed"},
   };
   for (const auto& [option, message] : cases) {
-    const Result r = run(std::string("launch -n 1 ") + option + " -- true");
+    const Result r = run_cli(std::string("launch -n 1 ") + option + " -- true");
     EXPECT_NE(r.exit_code, 0) << option;
     EXPECT_NE(r.output.find(message), std::string::npos) << option << ": " << r.output;
   }
 }
 
 TEST(Launch, MissingCommandIsAClearError) {
-  const Result r = run("launch -n 2 -- /nonexistent/program");
+  const Result r = run_cli("launch -n 2 -- /nonexistent/program");
   EXPECT_EQ(r.exit_code, 127) << r.output;
   EXPECT_NE(r.output.find("cannot run '/nonexistent/program'"), std::string::npos) << r.output;
-  const Result usage = run("launch -n 2");
+  const Result usage = run_cli("launch -n 2");
   EXPECT_NE(usage.exit_code, 0) << usage.output;
 }
 

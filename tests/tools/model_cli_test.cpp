@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Result = gradcomp::testing::CliResult;
 
-Result run(const std::string& args) { return gradcomp::testing::run_cli(args); }
+using gradcomp::testing::run_cli;
 
 bool has(const Result& r, const std::string& text) {
   return r.output.find(text) != std::string::npos;
@@ -68,7 +68,7 @@ const char* kResnet101 =
     "--codecs none,fp16,topk:ratio=0.01,efsignsgd,randomk:ratio=0.01";
 
 TEST_F(ModelCli, PlanPrintsThePlanAndWhatItIsComparedWith) {
-  const Result r = run(kResnet101);
+  const Result r = run_cli(kResnet101);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "resnet101 (314 tensors")) << r.output;
   EXPECT_TRUE(has(r, "64 workers (8 nodes x 8)")) << r.output;
@@ -83,7 +83,7 @@ TEST_F(ModelCli, PlanPrintsThePlanAndWhatItIsComparedWith) {
 
 TEST_F(ModelCli, PlanJsonIsAValidPlanOverTheProfilesTensors) {
   const std::string out = path("plan.json");
-  const Result r = run(std::string(kResnet101) + " --json " + out);
+  const Result r = run_cli(std::string(kResnet101) + " --json " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const gradcomp::Plan plan = gradcomp::Plan::load(out);  // load validates too
   EXPECT_NO_THROW(plan.validate());
@@ -92,13 +92,14 @@ TEST_F(ModelCli, PlanJsonIsAValidPlanOverTheProfilesTensors) {
                                       "randomk:ratio=0.01"};
   for (const auto& bucket : plan.buckets) EXPECT_TRUE(allowed.count(bucket.option.codec)) << bucket.option.codec;
   // The plan it wrote is one `simulate` runs.
-  const Result sim = run("simulate --profile resnet101 --workers 64 --per-node 8 --plan " + out);
+  const Result sim =
+      run_cli("simulate --profile resnet101 --workers 64 --per-node 8 --plan " + out);
   EXPECT_EQ(sim.exit_code, 0) << sim.output;
 }
 
 TEST_F(ModelCli, PlanStartStepWarmsTheCompressedBuckets) {
   const std::string out = path("warm_plan.json");
-  const Result r = run(std::string(kResnet101) + " --start-step 500 --json " + out);
+  const Result r = run_cli(std::string(kResnet101) + " --start-step 500 --json " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const gradcomp::Plan plan = gradcomp::Plan::load(out);
   size_t compressed = 0;
@@ -109,7 +110,7 @@ TEST_F(ModelCli, PlanStartStepWarmsTheCompressedBuckets) {
   }
   EXPECT_GT(compressed, 0u);
   EXPECT_NE(r.output.find("| from 500"), std::string::npos) << r.output;
-  const Result bad = run(std::string(kResnet101) + " --start-step -3");
+  const Result bad = run_cli(std::string(kResnet101) + " --start-step -3");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--start-step"), std::string::npos) << bad.output;
 }
@@ -122,7 +123,7 @@ TEST_F(ModelCli, PlanRoutesOverServersOnlyWhenTheJobHasThem) {
       "'topk:ratio=0.01|ef' --json ";
   const auto routes = [&](const std::string& extra) {
     const std::string out = path("servers_plan.json");
-    const Result r = run(base + out + extra);
+    const Result r = run_cli(base + out + extra);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::set<std::string> names;
     for (const auto& b : gradcomp::Plan::load(out).buckets) names.insert(b.option.route);
@@ -130,7 +131,7 @@ TEST_F(ModelCli, PlanRoutesOverServersOnlyWhenTheJobHasThem) {
   };
   EXPECT_EQ(routes("").count("servers"), 0u);
   EXPECT_EQ(routes(" --servers 4").count("servers"), 1u);
-  const Result bad = run(base + path("x.json") + " --servers -2");
+  const Result bad = run_cli(base + path("x.json") + " --servers -2");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--servers"), std::string::npos) << bad.output;
 }
@@ -138,7 +139,8 @@ TEST_F(ModelCli, PlanRoutesOverServersOnlyWhenTheJobHasThem) {
 TEST_F(ModelCli, PlanReadsAProfileItHasNeverSeen) {
   const std::string profile = write("unseen.json", unseen_profile());
   const std::string out = path("plan.json");
-  const Result r = run("plan --profile " + profile + " --workers 4 --inter 1gbit --codecs fp16 --json " + out);
+  const Result r = run_cli("plan --profile " + profile +
+                           " --workers 4 --inter 1gbit --codecs fp16 --json " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "unseen (3 tensors")) << r.output;
   const gradcomp::Plan plan = gradcomp::Plan::load(out);
@@ -148,32 +150,32 @@ TEST_F(ModelCli, PlanReadsAProfileItHasNeverSeen) {
 }
 
 TEST_F(ModelCli, UnknownProfileListsTheShippedOnes) {
-  const Result r = run("plan --profile no-such-model --workers 8");
+  const Result r = run_cli("plan --profile no-such-model --workers 8");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(has(r, "unknown profile 'no-such-model'")) << r.output;
   for (const auto& name : gradcomp::model::profile_names()) EXPECT_TRUE(has(r, name)) << name;
 }
 
 TEST_F(ModelCli, UnknownCodecListsTheCodecs) {
-  const Result r = run("plan --profile resnet50 --workers 8 --codecs none,zip");
+  const Result r = run_cli("plan --profile resnet50 --workers 8 --codecs none,zip");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(has(r, "unknown codec 'zip'")) << r.output;
   EXPECT_TRUE(has(r, "available codecs: none, fp16")) << r.output;
 }
 
 TEST_F(ModelCli, PerNodeMustDivideWorkers) {
-  const Result r = run("plan --profile resnet50 --workers 64 --per-node 6");
+  const Result r = run_cli("plan --profile resnet50 --workers 64 --per-node 6");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(has(r, "per_node = 6 must divide workers = 64")) << r.output;
 }
 
 TEST_F(ModelCli, ZeroBandwidthIsRefused) {
-  const Result flag = run("plan --profile resnet50 --workers 8 --inter 0gbit");
+  const Result flag = run_cli("plan --profile resnet50 --workers 8 --inter 0gbit");
   EXPECT_NE(flag.exit_code, 0);
   EXPECT_TRUE(has(flag, "inter")) << flag.output;
   EXPECT_TRUE(has(flag, "is out of range; allowed: 1 kbit/s .. 1 Pbit/s")) << flag.output;
   const std::string cluster = write("cluster.json", {{"workers", 8}, {"inter", {{"bandwidth", "0gbit"}, {"latency", "10us"}}}});
-  const Result file = run("plan --profile resnet50 --cluster " + cluster);
+  const Result file = run_cli("plan --profile resnet50 --cluster " + cluster);
   EXPECT_NE(file.exit_code, 0);
   EXPECT_TRUE(has(file, "inter.bandwidth")) << file.output;
 }
@@ -181,15 +183,15 @@ TEST_F(ModelCli, ZeroBandwidthIsRefused) {
 TEST_F(ModelCli, NegativeTensorSizeNamesTheField) {
   json profile = unseen_profile();
   profile["tensors"][1]["elements"] = -5000;
-  const Result r = run("plan --profile " + write("negative.json", profile) + " --workers 4");
+  const Result r = run_cli("plan --profile " + write("negative.json", profile) + " --workers 4");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(has(r, "tensors[1].elements")) << r.output;
 }
 
 TEST_F(ModelCli, SimulateWritesRowsAndATrace) {
   const std::string out = path("sim.json"), trace = path("trace.json");
-  const Result r = run("simulate --profile resnet50 --workers 8 --codecs 'none;fp16' --json " + out +
-                       " --trace " + trace);
+  const Result r = run_cli("simulate --profile resnet50 --workers 8 --codecs 'none;fp16' --json " +
+                           out + " --trace " + trace);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "compute bound")) << r.output;
   const json doc = read(out);
@@ -205,8 +207,10 @@ TEST_F(ModelCli, SimulateWritesRowsAndATrace) {
 
 TEST_F(ModelCli, SimulateSweepsWorkersAndBandwidths) {
   const std::string out = path("sweep.json");
-  const Result r = run("simulate --profile bert-base --per-node 4 --codecs 'none;fp16' "
-                       "--sweep-workers 8,16 --sweep-bandwidth 1gbit,10gbit,100gbit --json " + out);
+  const Result r = run_cli(
+      "simulate --profile bert-base --per-node 4 --codecs 'none;fp16' "
+      "--sweep-workers 8,16 --sweep-bandwidth 1gbit,10gbit,100gbit --json " +
+      out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(read(out)["rows"].size(), 2u * 3u * 2u);
 }
@@ -217,12 +221,12 @@ TEST_F(ModelCli, SimulateAppliesACorrection) {
   const std::string plain = path("plain.json"), shifted = path("shifted.json"),
                     slower = path("slower.json"), swept = path("swept.json");
   const std::string codecs = " --profile resnet50 --workers 4 --codecs 'none;topk:ratio=0.01|ef' ";
-  ASSERT_EQ(run("simulate" + codecs + "--lambda 1 --json " + plain).exit_code, 0);
+  ASSERT_EQ(run_cli("simulate" + codecs + "--lambda 1 --json " + plain).exit_code, 0);
   const json overhead = {{"extra_latency_s", 0}, {"lambda", 1},        {"bandwidth_scale", 1},
                          {"cost_scale", 1},      {"codec_lambdas", json::object()},
                          {"step_overhead_s", 0.01}, {"error_before", 0.2}, {"error_after", 0.1}};
-  const Result r = run("simulate" + codecs + "--correction " + write("overhead.json", overhead) +
-                       " --json " + shifted);
+  const Result r = run_cli("simulate" + codecs + "--correction " +
+                           write("overhead.json", overhead) + " --json " + shifted);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "corrected by")) << r.output;
   EXPECT_EQ(read(shifted)["correction"], overhead);
@@ -235,20 +239,24 @@ TEST_F(ModelCli, SimulateAppliesACorrection) {
   slow["lambda"] = 1.2;
   slow["cost_scale"] = 3;
   const std::string slow_file = write("slow.json", slow);
-  ASSERT_EQ(run("simulate" + codecs + "--correction " + slow_file + " --json " + slower).exit_code, 0);
+  ASSERT_EQ(
+      run_cli("simulate" + codecs + "--correction " + slow_file + " --json " + slower).exit_code,
+      0);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_GT(read(slower)["rows"][i]["iteration_s"].get<double>(),
               read(shifted)["rows"][i]["iteration_s"].get<double>());
   }
-  ASSERT_EQ(run("simulate" + codecs + "--sweep-bandwidth 25gbit --correction " + slow_file +
-                " --json " + swept).exit_code, 0);
+  ASSERT_EQ(run_cli("simulate" + codecs + "--sweep-bandwidth 25gbit --correction " + slow_file +
+                    " --json " + swept)
+                .exit_code,
+            0);
   EXPECT_EQ(read(swept)["rows"], read(slower)["rows"]);
   // A codec's own slow-down slows the plans of that codec only.
   json topk_slow = overhead;
   topk_slow["codec_lambdas"] = {{"topk", 2}};
   const std::string own = path("own.json");
-  const Result by_codec = run("simulate" + codecs + "--correction " +
-                              write("topk.json", topk_slow) + " --json " + own);
+  const Result by_codec = run_cli("simulate" + codecs + "--correction " +
+                                  write("topk.json", topk_slow) + " --json " + own);
   ASSERT_EQ(by_codec.exit_code, 0) << by_codec.output;
   EXPECT_EQ(read(own)["rows"][0]["iteration_s"], read(shifted)["rows"][0]["iteration_s"]);
   EXPECT_GT(read(own)["rows"][1]["iteration_s"].get<double>(),
@@ -262,11 +270,11 @@ TEST_F(ModelCli, SimulateAppliesACorrection) {
 
   json bad = overhead;
   bad["lambda"] = 0.5;
-  const Result refused = run("simulate" + codecs + "--correction " + write("bad.json", bad));
+  const Result refused = run_cli("simulate" + codecs + "--correction " + write("bad.json", bad));
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_TRUE(has(refused, "bad.json': model correction: 'lambda' = 0.5 must be from 1"))
       << refused.output;
-  const Result both = run("simulate" + codecs + "--lambda 1.1 --correction " + slow_file);
+  const Result both = run_cli("simulate" + codecs + "--lambda 1.1 --correction " + slow_file);
   EXPECT_NE(both.exit_code, 0);
   EXPECT_TRUE(has(both, "--lambda excludes --correction")) << both.output;
 }
@@ -296,7 +304,8 @@ TEST_F(ModelCli, CorrectRefitsAnAutoReport) {
                  {"codec_costs", costs.to_json()},
                  {"decisions", json::array({{{"candidates", candidates}}})}};
   const std::string fitted = path("correction.json");
-  const Result r = run("correct --report " + write("report.json", report) + " --json " + fitted);
+  const Result r =
+      run_cli("correct --report " + write("report.json", report) + " --json " + fitted);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "topk:ratio=0.01|ef")) << r.output;
   const model::Correction fit = model::Correction::from_json(read(fitted));
@@ -305,26 +314,26 @@ TEST_F(ModelCli, CorrectRefitsAnAutoReport) {
   EXPECT_LT(fit.error_after, 1e-6);
 
   report["decisions"][0]["candidates"] = json::array();
-  const Result empty = run("correct --report " + write("empty.json", report));
+  const Result empty = run_cli("correct --report " + write("empty.json", report));
   EXPECT_NE(empty.exit_code, 0);
   EXPECT_TRUE(has(empty, "decisions[0]: no measured trial to fit")) << empty.output;
   report["decisions"][0]["candidates"] = candidates;
   report["decisions"][0]["candidates"][1]["measured_ms"] = "fast";
-  const Result typed = run("correct --report " + write("typed.json", report));
+  const Result typed = run_cli("correct --report " + write("typed.json", report));
   EXPECT_EQ(typed.exit_code, 2) << typed.output;  // an Error, not an internal error
   EXPECT_TRUE(has(typed, "candidates[1]: 'measured_ms' must be a number, not \"fast\""))
       << typed.output;
-  const Result beyond = run("correct --report " + path("report.json") + " --decision 3");
+  const Result beyond = run_cli("correct --report " + path("report.json") + " --decision 3");
   EXPECT_NE(beyond.exit_code, 0);
   EXPECT_TRUE(has(beyond, "--decision 3 but the report has 1 decisions")) << beyond.output;
 }
 
 TEST_F(ModelCli, SimulateRefusesABadBandwidthAndAnUnknownFlag) {
-  const Result unit = run("simulate --profile resnet50 --sweep-bandwidth 10furlongs");
+  const Result unit = run_cli("simulate --profile resnet50 --sweep-bandwidth 10furlongs");
   EXPECT_NE(unit.exit_code, 0);
   EXPECT_TRUE(has(unit, "--sweep-bandwidth")) << unit.output;
   EXPECT_TRUE(has(unit, "furlongs")) << unit.output;
-  const Result flag = run("simulate --profile resnet50 --no-such-flag");
+  const Result flag = run_cli("simulate --profile resnet50 --no-such-flag");
   EXPECT_NE(flag.exit_code, 0);
   EXPECT_TRUE(has(flag, "--no-such-flag")) << flag.output;
 }
@@ -334,12 +343,12 @@ TEST_F(ModelCli, SimulateRefusesABadBandwidthAndAnUnknownFlag) {
 // model ("unknown codec 'nosuch'" alone, or "simulate: bucket 1 lists tensor 0").
 TEST_F(ModelCli, SimulatePlanErrorsNameTheFileAndTheField) {
   const std::string good = path("plan.json");
-  ASSERT_EQ(run("plan --profile resnet50 --workers 4 --json " + good).exit_code, 0);
+  ASSERT_EQ(run_cli("plan --profile resnet50 --workers 4 --json " + good).exit_code, 0);
   json plan = read(good);
   ASSERT_GE(plan["buckets"].size(), 2u);
   plan["buckets"][1]["codec"] = "nosuch";
   const std::string codec = write("codec.json", plan);
-  const Result r = run("simulate --profile resnet50 --plan " + codec);
+  const Result r = run_cli("simulate --profile resnet50 --plan " + codec);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(has(r, "plan file '" + codec + "': buckets[1].codec: unknown codec 'nosuch'"))
       << r.output;
@@ -347,13 +356,13 @@ TEST_F(ModelCli, SimulatePlanErrorsNameTheFileAndTheField) {
   plan = read(good);
   plan["buckets"][1]["tensors"] = plan["buckets"][0]["tensors"];
   const std::string twice = write("twice.json", plan);
-  const Result t = run("simulate --profile resnet50 --plan " + twice);
+  const Result t = run_cli("simulate --profile resnet50 --plan " + twice);
   EXPECT_TRUE(has(t, "plan file '" + twice + "': tensor ")) << t.output;
   EXPECT_TRUE(has(t, "is in buckets[0] and again in buckets[1]")) << t.output;
 
   const std::string broken = path("broken.json");
   std::ofstream(broken) << "{\"format\": \"gradcomp-plan\",\n  \"version\": 1,,}";
-  const Result b = run("simulate --profile resnet50 --plan " + broken);
+  const Result b = run_cli("simulate --profile resnet50 --plan " + broken);
   EXPECT_TRUE(has(b, "plan file '" + broken + "': not valid JSON: parse error at line 2, column"))
       << b.output;
   EXPECT_FALSE(has(b, "json.exception")) << b.output;
@@ -375,7 +384,7 @@ TEST_F(ModelCli, AbsurdModelInputsAreRefusedByName) {
       {"--workers 2000000", "--workers"},
   };
   for (const auto& [flags, message] : cases) {
-    const Result r = run("simulate --profile resnet50 " + flags);
+    const Result r = run_cli("simulate --profile resnet50 " + flags);
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_TRUE(has(r, message)) << flags << ": " << r.output;
     EXPECT_FALSE(has(r, "inf ms")) << flags << ": " << r.output;
@@ -383,17 +392,17 @@ TEST_F(ModelCli, AbsurdModelInputsAreRefusedByName) {
 
   json cluster = {{"workers", 4}, {"inter", {{"bandwidth", "1gbit"}, {"latency", "1e308s"}}}};
   std::string file = write("latency.json", cluster);
-  Result r = run("simulate --profile resnet50 --cluster " + file);
+  Result r = run_cli("simulate --profile resnet50 --cluster " + file);
   EXPECT_TRUE(has(r, "cluster file '" + file + "': cluster: inter.latency: duration '1e308s'"))
       << r.output;
   cluster["inter"]["latency"] = 1e308;  // a plain number of seconds
   file = write("number.json", cluster);
-  r = run("simulate --profile resnet50 --cluster " + file);
+  r = run_cli("simulate --profile resnet50 --cluster " + file);
   EXPECT_TRUE(has(r, "inter.latency = 1e+308 seconds is out of range")) << r.output;
 
   json profile = unseen_profile();
   profile["backward_ms"] = 1e308;
-  r = run("simulate --profile " + write("slow.json", profile));
+  r = run_cli("simulate --profile " + write("slow.json", profile));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(has(r, "backward_ms must be a non-negative number of milliseconds up to 86400000"))
       << r.output;
@@ -401,7 +410,7 @@ TEST_F(ModelCli, AbsurdModelInputsAreRefusedByName) {
 
 TEST_F(ModelCli, EmptyCodecListItemsAreRefused) {
   for (const std::string command : {"plan --workers 4", "simulate", "utility"}) {
-    const Result r = run(command + " --profile resnet50 --codecs 'fp16,,none'");
+    const Result r = run_cli(command + " --profile resnet50 --codecs 'fp16,,none'");
     EXPECT_NE(r.exit_code, 0) << command;
     EXPECT_TRUE(has(r, "--codecs: 'fp16,,none' has an empty item")) << command << ": " << r.output;
   }
@@ -409,8 +418,10 @@ TEST_F(ModelCli, EmptyCodecListItemsAreRefused) {
 
 TEST_F(ModelCli, UtilityPrintsTimesAndCrossovers) {
   const std::string out = path("utility.json");
-  const Result r = run("utility --profile resnet50 --workers 8 --bandwidths 1gbit,100gbit "
-                       "--codecs fp16,signsgd --json " + out);
+  const Result r = run_cli(
+      "utility --profile resnet50 --workers 8 --bandwidths 1gbit,100gbit "
+      "--codecs fp16,signsgd --json " +
+      out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "syncSGD")) << r.output;
   const json doc = read(out);
@@ -419,7 +430,7 @@ TEST_F(ModelCli, UtilityPrintsTimesAndCrossovers) {
 }
 
 TEST_F(ModelCli, UtilityRefusesABadTail) {
-  const Result r = run("utility --profile resnet50 --tail sideways");
+  const Result r = run_cli("utility --profile resnet50 --tail sideways");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(has(r, "--tail")) << r.output;
 }
