@@ -36,8 +36,8 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DGRADCOMP_TSAN=ON \
   -DGRADCOMP_LAUNCHER="$launcher" >/dev/null
 # The programs of the tests scripts/test.sh runs under TSan: the engine's, the plan changes' and
-# the servers' (engine_tests, *_mptest), the op queue's (transport_tests), the kept threads'
-# (common_tests) and the sparse selection's (codec_tests).
+# the servers' (engine_tests, *_mptest), the op queue's, the kept threads' (common_tests) and
+# the sparse selection's (codec_tests).
 cmake --build build-tsan --target engine_tests engine_mptest plan_change_mptest servers_mptest \
-  transport_tests common_tests codec_tests
+  op_queue_test common_tests codec_tests
 echo "build_sanitized: done"
