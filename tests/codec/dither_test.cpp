@@ -18,24 +18,6 @@ using testing::encode;
 using testing::gradient;
 using testing::hex;
 
-float dither_scale(const std::vector<std::byte>& frame) {
-  float v;
-  std::memcpy(&v, frame.data() + kFrameHeaderBytes, 4);
-  return v;
-}
-
-void expect_dither_spec_error(const std::string& spec, const std::string& parameter) {
-  try {
-    make_codec(spec);
-    FAIL() << "no error for " << spec;
-  } catch (const SpecError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("codec 'dither'"), std::string::npos) << what;
-    EXPECT_NE(what.find("parameter '" + parameter + "'"), std::string::npos) << what;
-    EXPECT_NE(what.find("allowed"), std::string::npos) << what;
-  }
-}
-
 // The grid of a dither spec as multiples of the scale.
 std::vector<double> grid_points(uint32_t levels, bool natural) {
   std::vector<double> points = {0.0};
@@ -58,7 +40,7 @@ TEST(Dither, GoldenBytesLinear) {
   // Checked by hand: scale 0x40800000 = 4 (max |x|); byte 0x18 = codes 000 (element 0, 0.5:
   // level 0), 011 (element 1, -1.25 -> v 0.94: level 1, negative), then element 2 (zero) = 0
   // and element 3 (2.0 -> v 1.5) = 100 (level 2) from bits 9..11.
-  EXPECT_EQ(dither_scale(frame), 4.0f);
+  EXPECT_EQ(testing::payload_f32(frame, 0), 4.0f);
   BitReader reader(frame.data() + kFrameHeaderBytes + 4, 8, 3);
   for (size_t i = 0; i < kDitherSmall.size(); ++i) {
     const uint32_t code = reader.get();
@@ -79,7 +61,7 @@ TEST(Dither, GoldenBytesNatural) {
   double sq = 0;
   for (float v : kDitherSmall) sq += double(v) * v;
   const float scale = static_cast<float>(std::sqrt(sq));
-  EXPECT_EQ(dither_scale(frame), scale);
+  EXPECT_EQ(testing::payload_f32(frame, 0), scale);
   BitReader reader(frame.data() + kFrameHeaderBytes + 4, 8, 3);
   for (size_t i = 0; i < kDitherSmall.size(); ++i) {
     const uint32_t code = reader.get();
@@ -100,11 +82,15 @@ TEST(Dither, CanonicalSpecAndDefaults) {
 }
 
 TEST(Dither, BadSpecsNameTheParameter) {
-  expect_dither_spec_error("dither:levels=0", "levels");
-  expect_dither_spec_error("dither:levels=40000", "levels");
-  expect_dither_spec_error("dither:partition=log", "partition");
-  expect_dither_spec_error("dither:norm=l1", "norm");
-  expect_dither_spec_error("dither:partition=natural,levels=128", "levels");
+  testing::expect_spec_error("dither:levels=0",
+                             {"codec 'dither'", "parameter 'levels'", "allowed"});
+  testing::expect_spec_error("dither:levels=40000",
+                             {"codec 'dither'", "parameter 'levels'", "allowed"});
+  testing::expect_spec_error("dither:partition=log",
+                             {"codec 'dither'", "parameter 'partition'", "allowed"});
+  testing::expect_spec_error("dither:norm=l1", {"codec 'dither'", "parameter 'norm'", "allowed"});
+  testing::expect_spec_error("dither:partition=natural,levels=128",
+                             {"codec 'dither'", "parameter 'levels'", "allowed"});
 }
 
 TEST(Dither, WireWidthIsSignPlusCeilLog2OfLevelsPlusOne) {
@@ -130,7 +116,7 @@ TEST(Dither, DecodesToOneOfTheTwoNeighbouringGridPoints) {
     const auto points = grid_points(s, natural);
     std::vector<float> residual(x.size());
     const auto frame = encode(*codec, x, Context{.seed = 2}, residual);
-    const double scale = dither_scale(frame);
+    const double scale = testing::payload_f32(frame, 0);
     const auto y = decode(*codec, frame, x.size());
     for (size_t i = 0; i < x.size(); ++i) {
       const double v = std::fabs(x[i]) / scale;
@@ -157,7 +143,7 @@ TEST(Dither, UnbiasedOverManySteps) {
     float scale = 0;
     for (int t = 0; t < steps; ++t) {
       const auto frame = encode(*codec, x, Context{.seed = 9, .step = uint64_t(t)});
-      scale = dither_scale(frame);
+      scale = testing::payload_f32(frame, 0);
       const auto y = decode(*codec, frame, x.size());
       for (size_t i = 0; i < x.size(); ++i) mean[i] += y[i] / steps;
     }

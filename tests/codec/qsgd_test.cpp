@@ -18,24 +18,6 @@ using testing::encode;
 using testing::gradient;
 using testing::hex;
 
-float payload_f32(const std::vector<std::byte>& frame, size_t offset) {
-  float v;
-  std::memcpy(&v, frame.data() + kFrameHeaderBytes + offset, 4);
-  return v;
-}
-
-void expect_qsgd_spec_error(const std::string& spec, const std::string& parameter) {
-  try {
-    make_codec(spec);
-    FAIL() << "no error for " << spec;
-  } catch (const SpecError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("codec 'qsgd'"), std::string::npos) << what;
-    EXPECT_NE(what.find("parameter '" + parameter + "'"), std::string::npos) << what;
-    EXPECT_NE(what.find("allowed"), std::string::npos) << what;
-  }
-}
-
 const std::vector<float> kQsgdSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,  -2.5f,
                                        1.0f,  -0.1f,  0.3f,  -3.5f, 0.9f,   -0.02f, 1.75f, 0.6f,
                                        -4.0f, 0.25f,  -0.5f, 1.5f,  0.0f,   -1.0f,  2.25f, 0.05f};
@@ -55,13 +37,13 @@ TEST(Qsgd, GoldenBytesAtAFixedSeed) {
   double sq0 = 0, sq1 = 0;
   for (size_t i = 0; i < 16; ++i) sq0 += double(kQsgdSmall[i]) * kQsgdSmall[i];
   for (size_t i = 16; i < 24; ++i) sq1 += double(kQsgdSmall[i]) * kQsgdSmall[i];
-  EXPECT_EQ(payload_f32(frame, 0), static_cast<float>(std::sqrt(sq0)));
-  EXPECT_EQ(payload_f32(frame, 4), static_cast<float>(std::sqrt(sq1)));
+  EXPECT_EQ(testing::payload_f32(frame, 0), static_cast<float>(std::sqrt(sq0)));
+  EXPECT_EQ(testing::payload_f32(frame, 4), static_cast<float>(std::sqrt(sq1)));
   // ...and each 4-bit code, LSB-first, holds the sign and a level next to |x| / norm * 4.
   BitReader reader(frame.data() + kFrameHeaderBytes + 8, 12, 4);
   for (size_t i = 0; i < kQsgdSmall.size(); ++i) {
     const uint32_t code = reader.get();
-    const float norm = payload_f32(frame, i < 16 ? 0 : 4);
+    const float norm = testing::payload_f32(frame, i < 16 ? 0 : 4);
     const float v = std::fabs(kQsgdSmall[i]) / norm * 4;
     const uint32_t level = code >> 1;
     EXPECT_TRUE(level == static_cast<uint32_t>(std::floor(v)) ||
@@ -83,11 +65,12 @@ TEST(Qsgd, CanonicalSpecSpellsOutTheDefaults) {
 }
 
 TEST(Qsgd, BadSpecsNameTheParameter) {
-  expect_qsgd_spec_error("qsgd:levels=0", "levels");
-  expect_qsgd_spec_error("qsgd:levels=32769", "levels");
-  expect_qsgd_spec_error("qsgd:levels=2.5", "levels");
-  expect_qsgd_spec_error("qsgd:block=-1", "block");
-  expect_qsgd_spec_error("qsgd:block=x", "block");
+  testing::expect_spec_error("qsgd:levels=0", {"codec 'qsgd'", "parameter 'levels'", "allowed"});
+  testing::expect_spec_error("qsgd:levels=32769",
+                             {"codec 'qsgd'", "parameter 'levels'", "allowed"});
+  testing::expect_spec_error("qsgd:levels=2.5", {"codec 'qsgd'", "parameter 'levels'", "allowed"});
+  testing::expect_spec_error("qsgd:block=-1", {"codec 'qsgd'", "parameter 'block'", "allowed"});
+  testing::expect_spec_error("qsgd:block=x", {"codec 'qsgd'", "parameter 'block'", "allowed"});
 }
 
 TEST(Qsgd, WireWidthIsSignPlusCeilLog2OfLevelsPlusOne) {
@@ -111,7 +94,7 @@ TEST(Qsgd, DecodedIsWithinOneStepOfTheInput) {
     const size_t block = spec.find("block=100") != std::string::npos ? 100 : x.size();
     const float levels = static_cast<float>(std::stoi(spec.substr(spec.find('=') + 1)));
     for (size_t i = 0; i < x.size(); ++i) {
-      const float step = payload_f32(frame, 4 * (i / block)) / levels;
+      const float step = testing::payload_f32(frame, 4 * (i / block)) / levels;
       ASSERT_LE(std::fabs(y[i] - x[i]), step * (1 + 1e-5f)) << spec << " element " << i;
       if (y[i] != 0) {
         ASSERT_EQ(std::signbit(y[i]), std::signbit(x[i])) << spec << " " << i;
@@ -148,12 +131,12 @@ TEST(Qsgd, BlocksHaveTheirOwnNorms) {
   for (size_t b = 0; b < blocks; ++b) {
     double sq = 0;
     for (size_t i = 512 * b; i < std::min(x.size(), 512 * (b + 1)); ++i) sq += double(x[i]) * x[i];
-    EXPECT_EQ(payload_f32(frame, 4 * b), static_cast<float>(std::sqrt(sq))) << b;
+    EXPECT_EQ(testing::payload_f32(frame, 4 * b), static_cast<float>(std::sqrt(sq))) << b;
   }
   // The quiet blocks keep their precision despite the loud one.
   const auto y = decode(*codec, frame, x.size());
   for (size_t i = 0; i < 512; ++i) {
-    ASSERT_LE(std::fabs(y[i] - x[i]), payload_f32(frame, 0) / 8 * (1 + 1e-5f)) << i;
+    ASSERT_LE(std::fabs(y[i] - x[i]), testing::payload_f32(frame, 0) / 8 * (1 + 1e-5f)) << i;
   }
 }
 
@@ -220,7 +203,7 @@ TEST(Qsgd, ZeroAndTinyInputs) {
   std::vector<float> tiny(1000);
   for (size_t i = 0; i < tiny.size(); ++i) tiny[i] = (i % 2 ? -1 : 1) * float(i) * 1e-44f;
   const auto frame = encode(*codec, tiny);
-  const float step = payload_f32(frame, 0) / 16;
+  const float step = testing::payload_f32(frame, 0) / 16;
   const auto y = decode(*codec, frame, tiny.size());
   for (size_t i = 0; i < tiny.size(); ++i) {
     ASSERT_TRUE(std::isfinite(y[i]));

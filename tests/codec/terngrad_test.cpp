@@ -18,12 +18,6 @@ using testing::encode;
 using testing::gradient;
 using testing::hex;
 
-float terngrad_scale(const std::vector<std::byte>& frame) {
-  float v;
-  std::memcpy(&v, frame.data() + kFrameHeaderBytes, 4);
-  return v;
-}
-
 const std::vector<float> kTerngradSmall = {0.5f,  -1.25f, 0.0f,  2.0f,  -0.75f, 0.125f, 3.0f,
                                            -2.5f, 1.0f,   -0.1f, 0.3f,  -3.5f,  0.9f,   -0.02f,
                                            1.75f, 0.6f,   -4.0f, 0.25f, -0.5f,  1.5f};
@@ -37,7 +31,7 @@ TEST(TernGrad, GoldenBytesAtAFixedSeed) {
   // Checked by hand: scale 0x40800000 = 4.0; byte 0x90 holds elements 4..7 = 0, 0, 1 (+4 for
   // 3.0), 2 (-4 for -2.5); byte 0x80 gives element 11 (-3.5) code 2; element 16 (-4, the
   // largest) is always kept: code 2 in the low bits of the last byte.
-  EXPECT_EQ(terngrad_scale(frame), 4.0f);  // max |x|
+  EXPECT_EQ(testing::payload_f32(frame, 0), 4.0f);  // max |x|
   BitReader reader(frame.data() + kFrameHeaderBytes + 4, 5, 2);
   for (size_t i = 0; i < kTerngradSmall.size(); ++i) {
     const uint32_t code = reader.get();
@@ -75,7 +69,7 @@ TEST(TernGrad, DecodesToMinusZeroOrPlusScale) {
   auto codec = make_codec("terngrad");
   const auto x = gradient(20000, 6);
   const auto frame = encode(*codec, x, Context{.seed = 8});
-  const float scale = terngrad_scale(frame);
+  const float scale = testing::payload_f32(frame, 0);
   const auto y = decode(*codec, frame, x.size());
   size_t nonzero = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -102,7 +96,7 @@ TEST(TernGrad, UnbiasedOverManySteps) {
   float scale = 0;
   for (int t = 0; t < steps; ++t) {
     const auto frame = encode(*codec, x, Context{.seed = 5, .step = uint64_t(t)});
-    scale = terngrad_scale(frame);
+    scale = testing::payload_f32(frame, 0);
     const auto y = decode(*codec, frame, x.size());
     for (size_t i = 0; i < x.size(); ++i) mean[i] += y[i] / steps;
   }

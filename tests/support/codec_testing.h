@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <span>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "gradcomp/codec.h"
 #include "gradcomp/error.h"
+#include "gradcomp/frame.h"
 
 namespace gradcomp::testing {
 
@@ -75,6 +77,13 @@ inline void expect_frame_error(const Codec& codec, const std::vector<std::byte>&
   } catch (const FrameError& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+}
+
+// The float32 `offset` bytes into a frame's payload (a scale or a norm the codec sends).
+inline float payload_f32(std::span<const std::byte> frame, size_t offset) {
+  float v;
+  std::memcpy(&v, frame.data() + kFrameHeaderBytes + offset, sizeof v);
+  return v;
 }
 
 // make_codec(spec) throws a SpecError naming the codec and every string in `needles`.
