@@ -157,18 +157,27 @@ def test_unknown_contender_lists_the_known_ones(tmp_path):
 
 # ---------------------------------------------------------------- the optimizer comparison
 
+# One contender of each kind the default set has: compute alone, compute with an update, the
+# baseline, and both two-stage optimizers over gradcomp's 1-bit exchange (a run per contender
+# is two Python workers; test_worker.py runs each of the default set's updates on its own).
+OPTIMIZER_KINDS = ["compute", "compute+adamw", bench.BASELINE,
+                   *(f"gradcomp:{bench.ONEBIT}+{o}" for o in bench.TWO_STAGE)]
+
+
 def test_optimizer_comparison_measures_every_update_and_leaves_nothing(tmp_path):
-    """--optimizers on a 2-host cluster: the default contenders, each with its optimizer's
+    """--optimizers on a 2-host cluster: a contender of each kind, each with its optimizer's
     update in the step, the ranks of every exchanging contender agreeing, and the table."""
+    assert set(OPTIMIZER_KINDS) <= set(bench.OPTIMIZER_CONTENDERS)
     before = set(netns.stale_namespaces())
-    proc = subprocess.run(bench_argv(tmp_path, "--optimizers"), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(bench_argv(tmp_path, "--optimizers", "--contenders",
+                                     ",".join(OPTIMIZER_KINDS)),
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "out" / "optimizer-benchmark.json").read_text())
     assert results["format"] == report.OPTIMIZER_FORMAT
     (config,) = results["configs"]
     runs = {r["contender"]: r for r in config["runs"]}
-    assert list(runs) == bench.OPTIMIZER_CONTENDERS
+    assert list(runs) == OPTIMIZER_KINDS
     for name, run in runs.items():
         assert run["status"] == "ok", run
         assert len(run["step_ms"]) == 2 and len(run["after_backward_ms"]) == 2
@@ -187,6 +196,9 @@ def test_optimizer_comparison_measures_every_update_and_leaves_nothing(tmp_path)
 
 def test_optimizer_names_and_refusals(tmp_path):
     assert bench.OPTIMIZERS == worker_optimizers()
+    # The default set is accepted as it stands (the comparison above runs a part of it).
+    assert bench.optimizer_contenders(bench.parse_args(["--optimizers"])) == \
+        bench.OPTIMIZER_CONTENDERS
     assert bench.split_optimizer("gradcomp:onebit:block=256|ef|twoway+lans") == (
         "gradcomp:onebit:block=256|ef|twoway", "lans")
     assert bench.split_optimizer("gradcomp:topk:ratio=0.01|ef") == (

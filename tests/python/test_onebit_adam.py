@@ -221,16 +221,16 @@ KINDS = {"freeze": [True] * WARMUP + [False] * (STEPS - WARMUP),
 
 @pytest.fixture(scope="module", params=sorted(POLICIES))
 def runs(request, module_runner, tmp_path_factory):
-    """2 ranks: STEPS steps straight; then checkpoints after 2 steps (exact ones) and after 5
-    (a compressed one), each resumed in new processes."""
+    """2 ranks: STEPS steps straight, saving checkpoints as it goes after 2 steps (exact ones)
+    and after 5 (a compressed one); each resumed in new processes."""
     policy = POLICIES[request.param]
-    ckpt = tmp_path_factory.mktemp("onebit")
-    straight = module_runner("onebit_adam.py", "--end", STEPS, *policy).check()
+    ckpt = tmp_path_factory.mktemp("onebit") / "ckpt"
+    straight = module_runner("onebit_adam.py", "--end", STEPS, *policy, "--save", ckpt,
+                             "--save-at", 2, "--save-at", 5).check()
     resumed = {}
     for at in (2, 5):
-        module_runner("onebit_adam.py", "--end", at, *policy, "--save", ckpt / f"at{at}").check()
         resumed[at] = module_runner("onebit_adam.py", "--begin", at, "--end", STEPS, *policy,
-                                    "--load", ckpt / f"at{at}").check()
+                                    "--load", f"{ckpt}-at{at}").check()
     return request.param, straight, resumed
 
 

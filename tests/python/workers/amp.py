@@ -1,7 +1,8 @@
 """Mixed-precision style training with a dynamic loss scaler (as torch.cuda.amp.GradScaler
 does it: scale the loss, skip the step and halve the scale on an overflow, double it after a
-run of good steps), optionally with an overflow injected on rank 0 at one step. Records what
-each step did and the loss on a fixed evaluation batch."""
+run of good steps), optionally with an overflow injected on rank 0 at one step, under each
+--compression in turn (a fresh model, optimizer and scaler for each: one job serves several
+codecs). Records, per codec, what each step did and the loss on a fixed evaluation batch."""
 import torch
 
 import common
@@ -31,18 +32,12 @@ class DynamicScaler:
             self.good_steps = 0
 
 
-def main():
-    p = common.parser(__doc__)
-    p.add_argument("--compression", required=True)
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--inject-at", type=int, default=-1, help="overflow on rank 0 at this step")
-    p.add_argument("--scaler", type=int, default=1, help="0: no loss scaling at all")
-    args = p.parse_args()
-    rank, world = common.setup()
+def train(args, rank, world, compression):
+    """Trains a fresh model under `compression`; returns (its parameters' bytes, its record)."""
     model = common.make_model()
     scaler = DynamicScaler() if args.scaler else None
     opt = gc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                  model.named_parameters(), compression=args.compression,
+                                  model.named_parameters(), compression=compression,
                                   loss_scale=scaler)
     eval_x, eval_y = common.batch(world + 7, 0, rows=256)
     with torch.no_grad():
@@ -68,10 +63,24 @@ def main():
             scaler.update(found_inf)
     with torch.no_grad():
         eval_loss = common.loss_of(model, eval_x, eval_y).item()
-    common.save(args.out, "amp", rank, {"params": common.state_bytes(model)})
-    common.report(args.out, rank, {"outcomes": outcomes, "scales": scales,
-                                   "eval_loss": eval_loss, "initial_loss": initial_loss,
-                                   "finite": opt.last_step()["finite"]})
+    return common.state_bytes(model), {
+        "outcomes": outcomes, "scales": scales, "eval_loss": eval_loss,
+        "initial_loss": initial_loss, "finite": opt.last_step()["finite"]}
+
+
+def main():
+    p = common.parser(__doc__)
+    p.add_argument("--compression", action="append", required=True)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--inject-at", type=int, default=-1, help="overflow on rank 0 at this step")
+    p.add_argument("--scaler", type=int, default=1, help="0: no loss scaling at all")
+    args = p.parse_args()
+    rank, world = common.setup()
+    params, records = {}, {}
+    for compression in args.compression:
+        params[compression], records[compression] = train(args, rank, world, compression)
+    common.save(args.out, "amp", rank, params)
+    common.report(args.out, rank, records)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Trains the common model with gradcomp.torch.OneBitAdam for steps [--begin, --end) under a
 variance policy (--variance freeze: frozen after --warmup steps; doubling: exact steps every
---interval), or with OneBitLamb (--optimizer onebitlamb, --variance freeze), optionally resuming from and saving checkpoints (model and optimizer state_dict,
-one file per rank); records the final parameters' bytes and each step's kind, bytes sent and
-uncompressed bytes."""
+--interval), or with OneBitLamb (--optimizer onebitlamb, --variance freeze), optionally
+resuming from a checkpoint and saving them as it goes (model and optimizer state_dict, one file
+per rank, after each --save-at step: PREFIX-at<step>.rank<r>.pt); records the final
+parameters' bytes and each step's kind, bytes sent and uncompressed bytes."""
 import torch
 
 import common
@@ -20,7 +21,9 @@ def main():
     p.add_argument("--compression", default="onebit|ef|twoway")
     p.add_argument("--overlap", action="store_true", help="overlap=True")
     p.add_argument("--load", help="checkpoint prefix to resume from")
-    p.add_argument("--save", help="checkpoint prefix to write at the end")
+    p.add_argument("--save", help="checkpoint prefix to write after each --save-at step")
+    p.add_argument("--save-at", type=int, action="append", default=[],
+                   help="save after this step (repeatable); the run goes on")
     args = p.parse_args()
     rank, _ = common.setup()
     model = common.make_model()
@@ -47,9 +50,9 @@ def main():
         stats = opt.last_step()
         steps.append({"exact": exact, "bytes_sent": stats["bytes_sent"],
                       "uncompressed_bytes": stats["uncompressed_bytes"]})
-    if args.save:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
-                   f"{args.save}.rank{rank}.pt")
+        if args.save and step + 1 in args.save_at:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
+                       f"{args.save}-at{step + 1}.rank{rank}.pt")
     common.save(args.out, "final", rank, common.state_bytes(model))
     common.report(args.out, rank, {"steps": steps})
 

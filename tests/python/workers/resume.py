@@ -1,6 +1,8 @@
 """Trains the common model under each --compression for steps [--begin, --end), optionally
 resuming from checkpoints (model + DistributedOptimizer state_dict, one file per rank and
-codec) and optionally saving them at the end; records the final parameters' bytes.
+codec, or one file rank 0 saved for all ranks) and optionally saving them after step
+--save-at (by default at the end; the run goes on, so one job is both the straight run and the
+one that saves); records the final parameters' bytes, and those at the save.
 
 With --load, each codec is resumed twice: with the whole state_dict ("full"), and with only
 the model and SGD state, dropping gradcomp's compression state ("model_only"), the control
@@ -12,8 +14,20 @@ import gradcomp.torch as gc
 import load_errors
 
 
-def train(rank, compression, begin, end, load=None, save=None, model_only=False,
-          one_file=False):
+def save_checkpoints(rank, model, opt, save, save_one_file):
+    """Each rank its own file under `save`; rank 0 alone one file holding every rank's
+    compression state under `save_one_file` (state_dict(all_ranks=True) is collective)."""
+    if save:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
+                   f"{save}.rank{rank}.pt")
+    if save_one_file:
+        state = {"model": model.state_dict(), "optimizer": opt.state_dict(all_ranks=True)}
+        if rank == 0:
+            torch.save(state, f"{save_one_file}.all.pt")
+
+
+def train(rank, compression, begin, end, load=None, model_only=False, one_file=False,
+          save=None, save_one_file=None, save_at=None):
     model = common.make_model()
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=compression,
@@ -26,20 +40,16 @@ def train(rank, compression, begin, end, load=None, save=None, model_only=False,
                                  if k != "gradcomp"})
         else:
             opt.load_state_dict(checkpoint["optimizer"])
+    at_save = None
     for step in range(begin, end):
         opt.zero_grad()
         common.loss_of(model, *common.batch(rank, step)).backward()
         opt.step()
-    if save and one_file:
-        # Rank 0 alone writes one file holding every rank's compression state.
-        state = {"model": model.state_dict(), "optimizer": opt.state_dict(all_ranks=True)}
-        if rank == 0:
-            torch.save(state, f"{save}.all.pt")
-    elif save:
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
-                   f"{save}.rank{rank}.pt")
+        if step + 1 == save_at:
+            save_checkpoints(rank, model, opt, save, save_one_file)
+            at_save = common.state_bytes(model)
     stats = opt.last_step()
-    return common.state_bytes(model), stats["bytes_sent"], stats["uncompressed_bytes"]
+    return common.state_bytes(model), at_save, stats["bytes_sent"], stats["uncompressed_bytes"]
 
 
 def main():
@@ -48,23 +58,28 @@ def main():
     p.add_argument("--begin", type=int, default=0)
     p.add_argument("--end", type=int, required=True)
     p.add_argument("--load", help="checkpoint prefix to resume from")
-    p.add_argument("--save", help="checkpoint prefix to write at the end")
-    p.add_argument("--check-errors", action="store_true")
     p.add_argument("--one-file", action="store_true",
-                   help="rank 0 saves one checkpoint for all ranks, every rank loads it")
+                   help="--load names the one file rank 0 saved for all ranks")
+    p.add_argument("--save", help="checkpoint prefix for each rank's own file")
+    p.add_argument("--save-one-file", help="checkpoint prefix for rank 0's one file")
+    p.add_argument("--save-at", type=int, help="save after this step (default: --end)")
+    p.add_argument("--check-errors", action="store_true")
     args = p.parse_args()
     rank, world = common.setup()
+    save_at = args.save_at if args.save_at is not None else args.end
 
     finals, report = {}, {}
     for i, compression in enumerate(args.compression):
-        load = f"{args.load}.{i}" if args.load else None
-        save = f"{args.save}.{i}" if args.save else None
+        def prefix(path):
+            return f"{path}.{i}" if path else None
+        load = prefix(args.load)
         if args.check_errors and i == 0:
             report["errors"] = load_errors.check(rank, world, load, compression,
                                                  "topk:ratio=0.5|ef")
-        final, sent, uncompressed = train(rank, compression, args.begin, args.end, load, save,
-                                          one_file=args.one_file)
-        finals[compression] = {"full": final}
+        final, at_save, sent, uncompressed = train(
+            rank, compression, args.begin, args.end, load, one_file=args.one_file,
+            save=prefix(args.save), save_one_file=prefix(args.save_one_file), save_at=save_at)
+        finals[compression] = {"full": final, "at_save": at_save}
         report[compression] = {"bytes_sent": sent, "uncompressed_bytes": uncompressed}
         if load:
             finals[compression]["model_only"] = train(rank, compression, args.begin, args.end,
