@@ -52,6 +52,11 @@ def train(rank, compression, begin, end, load=None, model_only=False, one_file=F
     return common.state_bytes(model), at_save, stats["bytes_sent"], stats["uncompressed_bytes"]
 
 
+def codec_prefix(prefix, i):
+    """The checkpoint prefix of the i-th codec's files (None if there are none)."""
+    return f"{prefix}.{i}" if prefix else None
+
+
 def main():
     p = common.parser(__doc__)
     p.add_argument("--compression", action="append", required=True)
@@ -70,15 +75,14 @@ def main():
 
     finals, report = {}, {}
     for i, compression in enumerate(args.compression):
-        def prefix(path):
-            return f"{path}.{i}" if path else None
-        load = prefix(args.load)
+        load = codec_prefix(args.load, i)
         if args.check_errors and i == 0:
             report["errors"] = load_errors.check(rank, world, load, compression,
                                                  "topk:ratio=0.5|ef")
         final, at_save, sent, uncompressed = train(
             rank, compression, args.begin, args.end, load, one_file=args.one_file,
-            save=prefix(args.save), save_one_file=prefix(args.save_one_file), save_at=save_at)
+            save=codec_prefix(args.save, i), save_one_file=codec_prefix(args.save_one_file, i),
+            save_at=save_at)
         finals[compression] = {"full": final, "at_save": at_save}
         report[compression] = {"bytes_sent": sent, "uncompressed_bytes": uncompressed}
         if load:
