@@ -103,6 +103,9 @@ struct DistributedGradientsShared {
   bool finite_since_step = true;         // every exchange since step_done() had a finite mean
   bool find_unused = false;              // GradientOptions::find_unused_parameters
   std::vector<uint8_t> used;             // per parameter: a gradient came (or was there) here
+  // Left out at construction (no gradient required then), with their names: one unfrozen
+  // since would be stepped on this rank's gradient alone (check_left_out).
+  std::vector<std::pair<std::string, at::Tensor>> left_out;
   std::string hook_error;                // why our own hook made the running pass raise
   std::function<void(EndOfBackward)> queue_end_of_backward;
   std::unique_ptr<Engine> engine;
@@ -126,6 +129,7 @@ struct DistributedGradientsShared {
   // engine->set_plan for our parameters (`trial`: Engine::set_plan's)
   void switch_plan(const GradientOptions& options, bool trial = false);
   void end_step();  // step_done: the scheduler's clock and decisions
+  void check_left_out() const;
 };
 
 namespace {
@@ -541,7 +545,10 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
   std::vector<std::string> sparse;
   std::vector<at::Tensor> sparse_params;
   for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
-    if (!it->second.requires_grad()) continue;
+    if (!it->second.requires_grad()) {
+      s.left_out.emplace_back(it->first, it->second);
+      continue;
+    }
     check_parameter(it->first, it->second);
     const bool is_sparse = sparse_names.contains(it->first);
     (is_sparse ? sparse : s.names).push_back(it->first);
@@ -630,6 +637,22 @@ void DistributedGradients::synchronize() {
   if (s.pass_started) s.complete_aborted_pass();  // exchanges when it handed anything over
   if (s.any_handed || s.passes_done > 0 || !s.exchanged_since_step) {
     s.exchange(/*fill_nan=*/false);
+  }
+  s.check_left_out();
+}
+
+void DistributedGradientsShared::check_left_out() const {
+  for (auto it = left_out.rbegin(); it != left_out.rend(); ++it) {  // the model's order
+    const auto& [name, parameter] = *it;
+    if (parameter.requires_grad() && parameter.grad().defined()) {
+      throw Error(fmt::format(
+          "parameter '{}' has a gradient, but it required none when the DistributedOptimizer "
+          "(DistributedGradients) was built, so it is not exchanged: a step would move it by "
+          "this rank's gradient alone and the ranks would drift apart. Build the "
+          "DistributedOptimizer again after changing requires_grad, around the same wrapped "
+          "optimizer (its momenta stay; the compression state starts afresh)",
+          name));
+    }
   }
 }
 

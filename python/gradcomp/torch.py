@@ -90,27 +90,36 @@ def _default_store():
 
 
 def _exchange_transport(kind, timeout=0.0):
-    """The transport a new engine exchanges over: the chosen one, unless another engine of this
-    process already does. Two engines on one transport would issue collectives from two threads
-    in an order that differs between ranks: gradcomp's own transports are then split in C++
-    (a communicator of their own); for a torch.distributed group, a new group of its ranks is
-    made here (a collective, like the optimizer's construction)."""
+    """The transport a new engine exchanges over. Over a torch.distributed group, a new group
+    of the same ranks, made here (a collective, like the optimizer's construction): others
+    issue collectives on the given group from the training thread while the engine issues its
+    own from its threads, and on one group the ranks would see the two in different orders
+    (Gloo aborts on a size mismatch, or pairs the wrong messages): DDP on its group during
+    backward (find_unused_parameters, static_graph), SyncBatchNorm, the user's own calls, and
+    any other engine. gradcomp's own transports carry nothing but gradcomp's: an engine takes
+    the chosen one, or, when another engine of this process already does, a communicator split
+    from it in C++ (DistributedGradients)."""
     link = get_transport(kind, timeout)
-    if not _C.transport_in_use(link):
-        return link
     group = next((g for g, t in _group_transports.values() if t is link), None)
     if group is None:
-        return link  # gradcomp's own: DistributedGradients splits it
-    ranks = dist.get_process_group_ranks(group)
-    own = dist.new_group(ranks=ranks, backend=dist.get_backend(group))
+        return link
+    own = dist.new_group(ranks=dist.get_process_group_ranks(group),
+                         backend=dist.get_backend(group))
     return get_transport(own, timeout)
 
 
 def _queue_end_of_backward(end):
     """Runs `end` when the backward pass now running ends (autograd's final callback, as DDP's
     reducer does): a Python callback, so an exchange error reaches the caller of backward()
-    with its own type (gradcomp.CommError, gradcomp.TimeoutError)."""
-    torch.autograd.Variable._execution_engine.queue_callback(end)
+    with its own type (gradcomp.CommError, gradcomp.TimeoutError). Outside a backward pass it
+    runs `end` at once: under DDP's join() a rank out of data matches the others' exchange by
+    calling the hook with zero buckets from its forward pass."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(end)
+    except RuntimeError as e:
+        if "during backward" not in str(e):  # "can only be installed during backward pass"
+            raise
+        end()
 
 
 def _gradcomp_error(error):
@@ -623,15 +632,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
 _SPARSE = "sparse"  # a DDP bucket's entry in the hook's layout when it holds a sparse gradient
 
 
+# The first synchronized iteration in which DDP's bucket layout is final: DDP rebuilds its
+# buckets before its second such iteration, or its third with static_graph=True.
+_DDP_LAYOUT_FINAL = 3
+
+
 class CommHook:
     """A DistributedDataParallel communication hook running gradcomp's codecs and routes on
     DDP's buckets: ddp_model.register_comm_hook(None, gradcomp.torch.comm_hook(...)).
 
-    DDP fixes its bucket layout only after the first iteration (it rebuilds its buckets in the
-    order gradients arrived). Until a layout has been seen twice in a row, buckets are averaged
-    uncompressed, as PyTorch's own PowerSGD hook does in its first iterations; then one engine
-    is built for the layout (collectively, in the same iteration on every rank) and every later
-    bucket is compressed, sent while backward continues, and written back in place.
+    DDP rebuilds its buckets once, in the order gradients arrived: before its second
+    synchronized iteration, or before its third with static_graph=True (whose first iteration
+    is delayed to the end of backward, and not recorded). So buckets are averaged uncompressed,
+    as PyTorch's own PowerSGD hook does in its first iterations, until the layout is final: the
+    same in two iterations in a row, the third or a later one; then one engine is built for the
+    layout (collectively, in the same iteration on every rank) and every later bucket is
+    compressed, sent while backward continues, and written back in place.
+
+    The engine exchanges over a group of its own (see _exchange_transport): DDP issues its own
+    collectives on its group during backward (find_unused_parameters, static_graph).
 
     DDP puts a sparse gradient (nn.Embedding(sparse=True)) in a bucket of its own; such a bucket
     is exchanged as rows (uncompressed, the union of the ranks' rows, bit-identical on every
@@ -652,7 +671,7 @@ class CommHook:
         self.__name__ = self.__qualname__ = "gradcomp_comm_hook"  # DDP logs a hook's name
         self.compression = compression
         self.min_compress_elements = int(min_compress_elements)
-        self._transport = get_transport(transport)
+        self._transport = _exchange_transport(transport)  # never DDP's own group
         self._seed = int(seed)
         self._timeline = timeline or ""
         self._codec_threads = int(codec_threads)
@@ -666,6 +685,7 @@ class CommHook:
         self._layout = None        # per bucket, the shapes of its gradients, of the engine's plan
         self._first_tensor = []    # per bucket, the plan index of its first tensor
         self._previous = None      # sizes seen in the last iteration
+        self._iterations = 0       # synchronized iterations seen (DDP calls the hook in those)
         self._current = []         # sizes seen so far in this iteration
         self._futures = []
         self._sparse = []          # (future, bucket index, tensor) of this pass's sparse buckets
@@ -804,7 +824,8 @@ class CommHook:
 
     def _learn_layout(self):
         layout = list(self._current)
-        if layout == self._previous:
+        self._iterations += 1
+        if layout == self._previous and self._iterations >= _DDP_LAYOUT_FINAL:
             self._layout = layout
             counts = [0 if shapes == _SPARSE else len(shapes) if self._per_tensor else 1
                       for shapes in layout]
@@ -829,7 +850,7 @@ class CommHook:
     def set_timeline(self, path):
         """Starts writing the Chrome trace to `path` (per rank, as the constructor's timeline),
         or with None closes it, leaving a complete file. Before DDP's layout is known (the
-        engine starts at the second iteration), the path is kept for the engine."""
+        engine is built at the end of the third iteration), the path is kept for it."""
         self._timeline = path or ""
         if self._engine is not None:
             self._engine.set_timeline(self._timeline)

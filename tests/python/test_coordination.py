@@ -35,6 +35,36 @@ def test_two_optimizers_in_one_process_agree(run_workers, compression):
             assert got == want, f"step {step}: two optimizers differ from one over both models"
 
 
+@pytest.mark.parametrize("compression", ["none", "topk:ratio=0.05|ef"])
+def test_collectives_of_the_model_during_backward_keep_ranks_together(run_workers, compression):
+    """Layers that allreduce on the default group in backward (SyncBatchNorm's pattern) while
+    the optimizer exchanges: over that same group the ranks saw the two interleaved in different
+    orders and Gloo aborted the job; the optimizer now exchanges over a group of its own."""
+    job = run(run_workers, "collectives_in_backward", "--compression", compression, "--steps", 5)
+    steps = assert_ranks_agree(job, ["params", "reference"])
+    if compression == "none":
+        # Uncompressed the exchange is the exact mean (W = 2), as averaged by hand.
+        for step, rec in enumerate(steps[0]):
+            assert rec["params"] == rec["reference"], f"step {step}: differs from the reference"
+    else:
+        assert steps[0][-1]["params"] != steps[0][-1]["reference"]  # top-k did compress
+
+
+@pytest.mark.parametrize("compression", ["none", "topk:ratio=0.05|ef"])
+def test_a_parameter_unfrozen_after_construction_is_refused(run_workers, compression):
+    """Fine-tuning's unfreezing: the layer left out when the optimizer was built would have been
+    stepped on each rank's own gradient, the ranks drifting apart silently. step() refuses,
+    naming it, before anything moves; an optimizer built again takes it in."""
+    job = run(run_workers, "unfreeze", "--compression", compression, "--steps", 5)
+    steps = assert_ranks_agree(job, ["params"])
+    for per_rank in steps:
+        errors = [rec.get("error") for rec in per_rank]
+        assert errors == [None, None, errors[2], None, None]
+        assert "parameter '0.weight' has a gradient" in errors[2], errors[2]
+        assert not per_rank[2]["moved"]
+    assert steps[0][3]["params"] != steps[0][2]["params"]  # the new optimizer steps the layer
+
+
 def test_gan_loop_runs_and_agrees(run_workers):
     """DCGAN's loop with only its optimizers wrapped. (What two backward passes before step()
     exchange is asserted exactly in test_bad_input's backward_twice case.)"""

@@ -8,12 +8,15 @@ import torch
 # Deterministic: no feedback; PowerSGD's randomness is shared (the seed), and it compresses the
 # weight as its own 64 x 512 matrix on both paths.
 CODECS = ["fp16", "topk:ratio=0.05", "powersgd:rank=2"]
+GRAPH_MODE_CODECS = ["none", "topk:ratio=0.05|ef"]
+GRAPH_MODES = ["find_unused_parameters", "static_graph", "static_graph_unused"]
 
 
 @pytest.fixture(scope="module")
 def job(module_runner):
     codecs = [a for c in CODECS for a in ("--compression", c)]
-    return module_runner("hook_vs_optimizer.py", *codecs).check()
+    modes = [a for c in GRAPH_MODE_CODECS for a in ("--graph-modes", c)]
+    return module_runner("hook_vs_optimizer.py", *codecs, *modes).check()
 
 
 def raw(tensors):
@@ -89,3 +92,41 @@ def test_hook_plan_gives_powersgd_every_parameter_with_its_shape():
     fused = CommHook("topk:ratio=0.01|ef", min_compress_elements=100).plan(layout)
     assert [t["elements"] for t in fused["tensors"]] == [1050, 10]
     assert "shape" not in fused["tensors"][0]
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+def test_hook_under_ddp_modes_with_collectives_or_late_buckets_of_their_own(job, mode):
+    """find_unused_parameters has DDP allreduce its map of used parameters during backward, on
+    its own group: the hook's engine, exchanging from its threads on that group too, made the
+    ranks see the collectives in different orders (Gloo aborted the job). static_graph delays
+    DDP's first iteration and rebuilds its buckets one iteration later than usual: the hook
+    had fixed the layout before and then refused every bucket."""
+    none = [job.load("grads", r)["graph_modes"]["none"][mode] for r in range(job.world)]
+    for rank, r in enumerate(none):
+        assert r["layout"] is not None and len(r["layout"]) > 1, r["layout"]  # the engine ran
+        assert len(r["hooked"]) == len(r["plain"]) > 0
+        for step, (plain, hooked) in enumerate(zip(r["plain"], r["hooked"])):
+            for i, (a, b) in enumerate(zip(plain, hooked)):
+                if a is None or b is None:  # the unused head: None on both paths
+                    assert a is None and b is None, f"rank {rank}, step {step}, parameter {i}"
+                else:
+                    assert torch.equal(a, b), f"rank {rank}, step {step}, parameter {i}"
+    lossy = [job.load("grads", r)["graph_modes"]["topk:ratio=0.05|ef"][mode]
+             for r in range(job.world)]
+    assert lossy[0]["parameters"] == lossy[1]["parameters"]
+    for r in lossy:
+        assert 0 < r["stats"]["bytes_sent"] < r["stats"]["uncompressed_bytes"], r["stats"]
+
+
+def test_hook_under_join_with_uneven_inputs(job):
+    """A rank out of data under DDP's join() calls the hook with zero buckets outside backward;
+    the hook queued its end-of-backward callback there and the job died ("Final callbacks can
+    only be installed during backward pass")."""
+    runs = [job.load("grads", r)["uneven_inputs"] for r in range(job.world)]
+    for r in runs:  # uncompressed: exactly what DDP's own allreduce gives under join()
+        assert r["none"]["hooked"] == r["none"]["plain"]
+    lossy = [r["topk:ratio=0.05|ef"] for r in runs]
+    assert lossy[0]["hooked"] == lossy[1]["hooked"]
+    assert lossy[0]["hooked"] != lossy[0]["plain"]
+    for r in lossy:
+        assert 0 < r["stats"]["bytes_sent"] < r["stats"]["uncompressed_bytes"], r["stats"]

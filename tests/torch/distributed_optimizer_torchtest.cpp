@@ -286,6 +286,34 @@ TEST(DistributedOptimizer, UnusedParametersGetZeroGradients) {
   }
 }
 
+// A parameter that required no gradient when the optimizer was built is not exchanged; once
+// unfrozen (fine-tuning), stepping it on each rank's own gradient would move the ranks apart
+// silently: step() refuses before the wrapped optimizer runs, naming it.
+TEST(DistributedOptimizer, AParameterUnfrozenAfterConstructionIsRefused) {
+  Parameters p = make_parameters();
+  const std::string frozen = p.keys().front();
+  p[frozen].requires_grad_(false);
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt(sgd, p, world());
+  opt.zero_grad();
+  loss_of(p, batch(world()->rank(), 0)).backward();
+  opt.step();  // still frozen: it has no gradient, and the others are exchanged
+  expect_identical_across_ranks(values(p), "parameters");
+  p[frozen].requires_grad_(true);
+  opt.zero_grad();
+  loss_of(p, batch(world()->rank(), 1)).backward();
+  const auto before = bytes_of(values(p));
+  try {
+    opt.step();
+    FAIL() << "step() took a gradient that is not exchanged";
+  } catch (const gradcomp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter '" + frozen + "' has a gradient"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(bytes_of(values(p)), before) << "step() moved the parameters";
+}
+
 // backward_passes_per_step = 2: the first pass leaves the local gradient alone, the second
 // hands the accumulated sum over, and synchronize gives its mean over ranks.
 TEST(DistributedOptimizer, GradientAccumulation) {

@@ -12,6 +12,13 @@ can compare ranks bit for bit (and with a reference where one is exact):
   dead_peer       rank 1 leaves at step 2; rank 0 records what its backward() raised
   stalled_peer    rank 1 stops itself (SIGSTOP) at step 2 over a torch.distributed group;
                   rank 0 records the timeout and must then be able to exit
+  unfreeze        fine-tuning: the first layer frozen when the optimizer is built, unfrozen at
+                  step 2; step() must refuse, then a DistributedOptimizer built again
+                  around the same SGD trains on, the ranks together
+  collectives_in_backward
+                  a model whose layers allreduce on the default torch.distributed group in
+                  forward and backward (as SyncBatchNorm does), under a DistributedOptimizer
+                  given no transport, next to the same model averaged by hand (the reference)
 """
 import os
 import signal
@@ -34,6 +41,37 @@ class Boom(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         raise ValueError("boom in backward")
+
+
+class SyncMean(torch.autograd.Function):
+    """The mean over the ranks, in forward and backward, on the default group (SyncBatchNorm's
+    pattern: its collectives run on the training thread, during backward too)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        import torch.distributed as dist
+        x = x.clone()
+        dist.all_reduce(x)
+        return x / dist.get_world_size()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return SyncMean.forward(ctx, grad)
+
+
+class Centred(torch.nn.Module):
+    """common.make_model's layers, each output centred on the mean over every rank's batch."""
+
+    def __init__(self, seed):
+        super().__init__()
+        self.layers = common.make_model(seed)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+            if isinstance(layer, torch.nn.Linear):
+                x = x - SyncMean.apply(x.mean(0, keepdim=True))
+        return x
 
 
 def wrap(model, compression, prefix=""):
@@ -185,11 +223,63 @@ def stalled_peer(args, rank):
     return steps
 
 
+def unfreeze(args, rank):
+    model = common.make_model()
+    model[0].requires_grad_(False)
+
+    def build(sgd):
+        return gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression)
+
+    opt = build(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    steps = []
+    for step in range(args.steps):
+        if step == 2:
+            model[0].requires_grad_(True)
+        opt.zero_grad()
+        common.loss_of(model, *common.batch(rank, step)).backward()
+        record = {}
+        before = common.state_bytes(model)
+        try:
+            opt.step()
+        except gc.Error as e:
+            record = {"error": str(e), "moved": common.state_bytes(model) != before}
+            opt = build(opt.optimizer)  # as the error says: the same SGD, its momenta kept
+        record["params"] = common.state_bytes(model)
+        steps.append(record)
+    return steps
+
+
+def collectives_in_backward(args, rank):
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    model, reference = Centred(0), Centred(0)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # Buckets small enough that several are exchanged while backward still runs.
+    opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression,
+                                  min_compress_elements=0, bucket_mb=0.02)
+    by_hand = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    steps = []
+    for step in range(args.steps):
+        x, y = common.batch(rank, step)
+        opt.zero_grad()
+        common.loss_of(model, x, y).backward()
+        opt.step()
+        by_hand.zero_grad()
+        common.loss_of(reference, x, y).backward()
+        for p in reference.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        by_hand.step()
+        steps.append({"params": common.state_bytes(model),
+                      "reference": common.state_bytes(reference)})
+    return steps
+
+
 def main():
     p = common.parser(__doc__)
     p.add_argument("--case", required=True, choices=[
         "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer",
-        "stalled_peer"])
+        "stalled_peer", "collectives_in_backward", "unfreeze"])
     p.add_argument("--compression", default="none")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")

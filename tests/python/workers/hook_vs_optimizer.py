@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import common
 import gradcomp.torch as gc
 
-WARMUP = 3  # iterations: the hook compresses once it has seen DDP's layout twice in a row
+WARMUP = 4  # iterations: the hook compresses once DDP's layout is final (docs/python.md)
 STEPS = 3
 
 
@@ -87,14 +87,86 @@ def none_hook_against_plain_ddp(rank):
     return record
 
 
+class WithUnusedHead(torch.nn.Module):
+    """common.make_model's layers and a head the loss never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = common.make_model()
+        self.unused = torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def ddp_graph_modes(rank, compression):
+    """Per DDP mode that issues collectives of its own during backward or rebuilds its buckets
+    late: plain DDP against DDP with the hook, on the same data. With "none" their gradients
+    must agree bit for bit (as test_none_hook_equals_plain_ddp); with a lossy codec, the hook
+    must have compressed, and the ranks' parameters must agree (checked by the test)."""
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 50_000  # several buckets, rebuilt in another layout
+    modes = {"find_unused_parameters": {"find_unused_parameters": True},
+             "static_graph": {"static_graph": True},
+             "static_graph_unused": {"static_graph": True}}
+    records = {}
+    for mode, options in modes.items():
+        make = WithUnusedHead if mode.endswith("unused") or mode.startswith("find") else (
+            common.make_model)
+        torch.manual_seed(0)
+        models = [DDP(make(), bucket_cap_mb=0.05, **options) for _ in range(2)]
+        models[1].load_state_dict(models[0].state_dict())
+        hook = gc.comm_hook(compression)
+        models[1].register_comm_hook(None, hook)
+        sgds = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in models]
+        record = {"plain": [], "hooked": []}
+        for step in range(WARMUP + STEPS):
+            x, y = common.batch(rank, step)
+            for model, sgd, kept in zip(models, sgds, (record["plain"], record["hooked"])):
+                sgd.zero_grad()
+                common.loss_of(model, x, y).backward()
+                # The unused head's gradients stay None (DDP leaves them so, and so must the hook).
+                kept.append([None if p.grad is None else p.grad.clone()
+                             for p in model.parameters()])
+                sgd.step()
+        record["layout"] = hook._layout
+        record["stats"] = hook.last_step()
+        record["parameters"] = common.state_bytes(models[1])
+        records[mode] = record
+    return records
+
+
+def uneven_inputs(rank, compression):
+    """DDP's join() with uneven inputs (rank r has WARMUP + STEPS + 3 r batches): plain DDP
+    against DDP with the hook. A rank out of data matches the others' exchange by calling the
+    hook with zero buckets from its forward pass, outside any backward pass."""
+    models = [DDP(common.make_model()) for _ in range(2)]
+    hook = gc.comm_hook(compression, min_compress_elements=0)
+    models[1].register_comm_hook(None, hook)
+    record = {}
+    for name, model in zip(("plain", "hooked"), models):
+        sgd = torch.optim.SGD(model.parameters(), lr=0.05)
+        with model.join():
+            for step in range(WARMUP + STEPS + 3 * rank):
+                sgd.zero_grad()
+                common.loss_of(model, *common.batch(rank, step)).backward()
+                sgd.step()
+        record[name] = common.state_bytes(model)
+    record["stats"] = hook.last_step()
+    return record
+
+
 def main():
     p = common.parser(__doc__)
     p.add_argument("--compression", action="append", required=True)
+    p.add_argument("--graph-modes", action="append", default=[],
+                   help="a codec to run the DDP modes with (ddp_graph_modes); repeatable")
     args = p.parse_args()
     rank, _ = common.setup()
     dist.init_process_group("gloo")
     results = {c: hook_against_optimizer(rank, c) for c in args.compression}
     results["none_vs_ddp"] = none_hook_against_plain_ddp(rank)
+    results["graph_modes"] = {c: ddp_graph_modes(rank, c) for c in args.graph_modes}
+    results["uneven_inputs"] = {c: uneven_inputs(rank, c) for c in args.graph_modes}
     common.save(args.out, "grads", rank, results)
     common.report(args.out, rank, {"done": True})
 
