@@ -383,6 +383,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<gt::EndOfBackward>(m, "EndOfBackward",
                                 "Finishes one backward pass: autograd calls it when the pass ends")
       .def("__call__", &gt::EndOfBackward::operator(), py::call_guard<py::gil_scoped_release>());
+  m.def("transport_in_use", [](const Transport& t) { return gt::transport_in_use(t); });
 
   py::class_<AutoSettings>(m, "AutoSettings", "compression=\"auto\": the scheduler's settings")
       .def(py::init<>())

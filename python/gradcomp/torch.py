@@ -90,22 +90,29 @@ def _default_store():
 
 
 def _exchange_transport(kind, timeout=0.0):
-    """The transport a new engine exchanges over. Over a torch.distributed group, a new group
-    of the same ranks, made here (a collective, like the optimizer's construction): others
-    issue collectives on the given group from the training thread while the engine issues its
-    own from its threads, and on one group the ranks would see the two in different orders
-    (Gloo aborts on a size mismatch, or pairs the wrong messages): DDP on its group during
-    backward (find_unused_parameters, static_graph), SyncBatchNorm, the user's own calls, and
-    any other engine. gradcomp's own transports carry nothing but gradcomp's: an engine takes
-    the chosen one, or, when another engine of this process already does, a communicator split
-    from it in C++ (DistributedGradients)."""
+    """The transport a new engine exchanges over.
+
+    Over the default torch.distributed group: a new group of all ranks, made here (a
+    collective, like the optimizer's construction). Others issue collectives on the default
+    group from the training thread while the engine issues its own from its threads, and on
+    one group the ranks would see the two in different orders (Gloo aborts on a size mismatch,
+    or pairs the wrong messages): DDP during backward (find_unused_parameters, static_graph),
+    SyncBatchNorm, the script's own calls, another engine. A group the caller made is used as
+    it is (a new group would need every rank of the job, members or not, to make it with us);
+    the caller keeps it for gradcomp, and a second engine on it is refused. gradcomp's own
+    transports carry nothing but gradcomp's: the first engine takes the chosen one, later ones
+    a communicator split from it in C++ (DistributedGradients)."""
     link = get_transport(kind, timeout)
     group = next((g for g, t in _group_transports.values() if t is link), None)
     if group is None:
         return link
-    own = dist.new_group(ranks=dist.get_process_group_ranks(group),
-                         backend=dist.get_backend(group))
-    return get_transport(own, timeout)
+    if group is not dist.distributed_c10d._get_default_group():
+        if _C.transport_in_use(link):
+            raise Error("this torch.distributed group already carries another gradcomp "
+                        "optimizer's exchange; give each optimizer a group of its own "
+                        "(torch.distributed.new_group, made on every rank)")
+        return link
+    return get_transport(dist.new_group(backend=dist.get_backend(group)), timeout)
 
 
 def _queue_end_of_backward(end):
@@ -649,8 +656,9 @@ class CommHook:
     layout (collectively, in the same iteration on every rank) and every later bucket is
     compressed, sent while backward continues, and written back in place.
 
-    The engine exchanges over a group of its own (see _exchange_transport): DDP issues its own
-    collectives on its group during backward (find_unused_parameters, static_graph).
+    Over the default torch.distributed group the engine exchanges over a new group of its own
+    (_exchange_transport): DDP issues its own collectives on its group during backward
+    (find_unused_parameters, static_graph). A group passed as `transport` is used as it is.
 
     DDP puts a sparse gradient (nn.Embedding(sparse=True)) in a bucket of its own; such a bucket
     is exchanged as rows (uncompressed, the union of the ranks' rows, bit-identical on every
@@ -671,7 +679,7 @@ class CommHook:
         self.__name__ = self.__qualname__ = "gradcomp_comm_hook"  # DDP logs a hook's name
         self.compression = compression
         self.min_compress_elements = int(min_compress_elements)
-        self._transport = _exchange_transport(transport)  # never DDP's own group
+        self._transport = _exchange_transport(transport)  # not DDP's default group
         self._seed = int(seed)
         self._timeline = timeline or ""
         self._codec_threads = int(codec_threads)

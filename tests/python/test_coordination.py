@@ -65,6 +65,20 @@ def test_a_parameter_unfrozen_after_construction_is_refused(run_workers, compres
     assert steps[0][3]["params"] != steps[0][2]["params"]  # the new optimizer steps the layer
 
 
+def test_optimizers_over_the_scripts_own_groups(run_workers):
+    """Data-parallel groups made by the script (2 x 2 ranks), each optimizer built by its
+    group's members only, over that group as it is (a new group would need every rank of the
+    job); a second optimizer over the same group is refused, as two would interleave."""
+    job = run(run_workers, "subgroups", "--steps", 3, world=4)
+    steps = job.loads("steps")
+    for step in range(3):
+        params = [steps[r][step]["params"] for r in range(4)]
+        assert params[0] == params[1] and params[2] == params[3], f"step {step}"
+        assert params[0] != params[2], f"step {step}: the groups have other data"
+    for r in range(4):
+        assert "already carries another gradcomp optimizer's exchange" in steps[r][-1]["second"]
+
+
 def test_gan_loop_runs_and_agrees(run_workers):
     """DCGAN's loop with only its optimizers wrapped. (What two backward passes before step()
     exchange is asserted exactly in test_bad_input's backward_twice case.)"""

@@ -15,6 +15,9 @@ can compare ranks bit for bit (and with a reference where one is exact):
   unfreeze        fine-tuning: the first layer frozen when the optimizer is built, unfrozen at
                   step 2; step() must refuse, then a DistributedOptimizer built again
                   around the same SGD trains on, the ranks together
+  subgroups       4 ranks in two data-parallel groups ([0, 1], [2, 3]) made by the script, each
+                  rank's optimizer over its own group (built on the members only); then a
+                  second optimizer over the same group, which must be refused
   collectives_in_backward
                   a model whose layers allreduce on the default torch.distributed group in
                   forward and backward (as SyncBatchNorm does), under a DistributedOptimizer
@@ -249,6 +252,29 @@ def unfreeze(args, rank):
     return steps
 
 
+def subgroups(args, rank):
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes both
+    mine = groups[rank // 2]
+    model = common.make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression,
+                                  transport=mine)
+    steps = []
+    for step in range(args.steps):
+        opt.zero_grad()
+        common.loss_of(model, *common.batch(rank, step)).backward()
+        opt.step()
+        steps.append({"params": common.state_bytes(model)})
+    try:
+        gc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                model.named_parameters(), transport=mine)
+    except gc.Error as e:
+        steps[-1]["second"] = str(e)
+    return steps
+
+
 def collectives_in_backward(args, rank):
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -279,7 +305,7 @@ def main():
     p = common.parser(__doc__)
     p.add_argument("--case", required=True, choices=[
         "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer",
-        "stalled_peer", "collectives_in_backward", "unfreeze"])
+        "stalled_peer", "collectives_in_backward", "unfreeze", "subgroups"])
     p.add_argument("--compression", default="none")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
