@@ -35,27 +35,23 @@ def test_two_optimizers_in_one_process_agree(run_workers, compression):
             assert got == want, f"step {step}: two optimizers differ from one over both models"
 
 
-@pytest.mark.parametrize("compression", ["none", "topk:ratio=0.05|ef"])
-def test_collectives_of_the_model_during_backward_keep_ranks_together(run_workers, compression):
+def test_collectives_of_the_model_during_backward_keep_ranks_together(run_workers):
     """Layers that allreduce on the default group in backward (SyncBatchNorm's pattern) while
     the optimizer exchanges: over that same group the ranks saw the two interleaved in different
-    orders and Gloo aborted the job; the optimizer now exchanges over a group of its own."""
-    job = run(run_workers, "collectives_in_backward", "--compression", compression, "--steps", 5)
+    orders and Gloo aborted the job; the optimizer now exchanges over a group of its own.
+    (Whatever the codec: uncompressed, the result can be checked exactly.)"""
+    job = run(run_workers, "collectives_in_backward", "--steps", 5)
     steps = assert_ranks_agree(job, ["params", "reference"])
-    if compression == "none":
-        # Uncompressed the exchange is the exact mean (W = 2), as averaged by hand.
-        for step, rec in enumerate(steps[0]):
-            assert rec["params"] == rec["reference"], f"step {step}: differs from the reference"
-    else:
-        assert steps[0][-1]["params"] != steps[0][-1]["reference"]  # top-k did compress
+    # Uncompressed the exchange is the exact mean (W = 2), as averaged by hand.
+    for step, rec in enumerate(steps[0]):
+        assert rec["params"] == rec["reference"], f"step {step}: differs from the reference"
 
 
-@pytest.mark.parametrize("compression", ["none", "topk:ratio=0.05|ef"])
-def test_a_parameter_unfrozen_after_construction_is_refused(run_workers, compression):
+def test_a_parameter_unfrozen_after_construction_is_refused(run_workers):
     """Fine-tuning's unfreezing: the layer left out when the optimizer was built would have been
     stepped on each rank's own gradient, the ranks drifting apart silently. step() refuses,
     naming it, before anything moves; an optimizer built again takes it in."""
-    job = run(run_workers, "unfreeze", "--compression", compression, "--steps", 5)
+    job = run(run_workers, "unfreeze", "--compression", "topk:ratio=0.05|ef", "--steps", 5)
     steps = assert_ranks_agree(job, ["params"])
     for per_rank in steps:
         errors = [rec.get("error") for rec in per_rank]
