@@ -190,11 +190,16 @@ def broadcast_parameters(params, root=0, transport=None):
     with torch.no_grad():
         for i, item in enumerate(items):
             name, t = item if isinstance(item, tuple) else (f"tensor {i}", item)
-            if t.device.type != "cpu" or t.is_sparse or not t.is_contiguous():
+            if t.device.type != "cpu" or t.is_sparse:
                 raise Error(f"broadcast_parameters: {name} is a {t.dtype} tensor on {t.device}"
-                            f"{' (sparse)' if t.is_sparse else ''}; only dense contiguous CPU "
-                            "tensors can be broadcast")
-            link.broadcast_(t.data, root)
+                            f"{' (sparse)' if t.is_sparse else ''}; only dense CPU tensors can "
+                            "be broadcast")
+            if t.is_contiguous():
+                link.broadcast_(t.data, root)
+            else:  # channels_last weights, transposed views: sent packed, copied back in place
+                packed = t.data.contiguous()
+                link.broadcast_(packed, root)
+                t.data.copy_(packed)
 
 
 def _plan_json(plan):

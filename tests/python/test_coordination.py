@@ -47,6 +47,16 @@ def test_collectives_of_the_model_during_backward_keep_ranks_together(run_worker
         assert rec["params"] == rec["reference"], f"step {step}: differs from the reference"
 
 
+def test_a_channels_last_model_is_broadcast_and_averaged_exactly(run_workers):
+    """channels_last weights are not contiguous: the construction's broadcast refused them
+    ("only dense contiguous CPU tensors"), so such a model could not be wrapped."""
+    job = run(run_workers, "channels_last", "--steps", 3)
+    steps = assert_ranks_agree(job, ["params", "reference"])
+    for step, rec in enumerate(steps[0]):
+        assert rec["params"] == rec["reference"], f"step {step}: differs from the reference"
+        assert rec["channels_last"], f"step {step}: the weights lost their memory format"
+
+
 def test_a_parameter_unfrozen_after_construction_is_refused(run_workers):
     """Fine-tuning's unfreezing: the layer left out when the optimizer was built would have been
     stepped on each rank's own gradient, the ranks drifting apart silently. step() refuses,

@@ -18,6 +18,9 @@ can compare ranks bit for bit (and with a reference where one is exact):
   subgroups       4 ranks in two data-parallel groups ([0, 1], [2, 3]) made by the script, each
                   rank's optimizer over its own group (built on the members only); then a
                   second optimizer over the same group, which must be refused
+  channels_last   a convolutional model in channels_last memory format (its weights are not
+                  contiguous), different on every rank until the optimizer's broadcast, next
+                  to a copy of rank 0's model averaged by hand (the reference)
   collectives_in_backward
                   a model whose layers allreduce on the default torch.distributed group in
                   forward and backward (as SyncBatchNorm does), under a DistributedOptimizer
@@ -275,6 +278,41 @@ def subgroups(args, rank):
     return steps
 
 
+def channels_last(args, rank):
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+
+    def convnet(seed):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                                  torch.nn.Conv2d(8, 4, 3), torch.nn.Flatten())
+        return net.to(memory_format=torch.channels_last)
+
+    model, reference = convnet(rank), convnet(0)  # the broadcast makes rank 0's everywhere
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression,
+                                  min_compress_elements=0)
+    by_hand = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    steps = []
+    for step in range(args.steps):
+        g = torch.Generator().manual_seed(1009 * rank + step)
+        x = torch.randn(4, 3, 8, 8, generator=g).to(memory_format=torch.channels_last)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        by_hand.zero_grad()
+        reference(x).square().mean().backward()
+        for p in reference.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        by_hand.step()
+        steps.append({"params": common.state_bytes(model),
+                      "reference": common.state_bytes(reference),
+                      "channels_last": model[0].weight.is_contiguous(
+                          memory_format=torch.channels_last)})
+    return steps
+
+
 def collectives_in_backward(args, rank):
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -305,7 +343,7 @@ def main():
     p = common.parser(__doc__)
     p.add_argument("--case", required=True, choices=[
         "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer",
-        "stalled_peer", "collectives_in_backward", "unfreeze", "subgroups"])
+        "stalled_peer", "collectives_in_backward", "unfreeze", "subgroups", "channels_last"])
     p.add_argument("--compression", default="none")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
