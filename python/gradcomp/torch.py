@@ -727,6 +727,7 @@ class CommHook:
         bucket) is raised by a callback at the end of backward, before DDP's own: raised here
         or through the future, DDP would turn it into a RuntimeError, losing its type."""
         try:
+            self._check_state(state)
             return self._exchange(bucket)
         except Exception as e:  # noqa: BLE001 (re-raised at the end of backward, typed)
             error = _gradcomp_error(e)
@@ -734,6 +735,16 @@ class CommHook:
             fut = torch.futures.Future()
             fut.set_exception(error)
             return fut
+
+    def _check_state(self, state):
+        """PyTorch's own hooks take DDP's process group as the state of register_comm_hook;
+        this hook exchanges over its transport, so a group of another size there means DDP
+        averages over other ranks than the hook would (a data-parallel subgroup)."""
+        if isinstance(state, dist.ProcessGroup) and state.size() != self._transport.size:
+            raise Error(f"register_comm_hook's state is a process group of {state.size()} "
+                        f"ranks, but the hook exchanges over {self._transport.size}: pass the "
+                        "hook transport= a group of DDP's ranks (torch.distributed.new_group, "
+                        "made on every rank)")
 
     def _exchange(self, bucket):
         tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()

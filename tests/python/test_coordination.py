@@ -83,6 +83,10 @@ def test_optimizers_over_the_scripts_own_groups(run_workers):
         assert params[0] != params[2], f"step {step}: the groups have other data"
     for r in range(4):
         assert "already carries another gradcomp optimizer's exchange" in steps[r][-1]["second"]
+        assert "state is a process group of 2 ranks, but the hook exchanges over 4" in (
+            steps[r][-1]["hook"])
+    grads = [steps[r][-1]["hook_grads"] for r in range(4)]
+    assert grads[0] == grads[1] and grads[2] == grads[3] and grads[0] != grads[2]
 
 
 def test_gan_loop_runs_and_agrees(run_workers):

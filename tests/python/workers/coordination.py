@@ -17,7 +17,9 @@ can compare ranks bit for bit (and with a reference where one is exact):
                   around the same SGD trains on, the ranks together
   subgroups       4 ranks in two data-parallel groups ([0, 1], [2, 3]) made by the script, each
                   rank's optimizer over its own group (built on the members only); then a
-                  second optimizer over the same group, which must be refused
+                  second optimizer over the same group, which must be refused; DDP over the
+                  group with gradcomp's hook, first without the hook's transport (refused),
+                  then with a twin group
   channels_last   a convolutional model in channels_last memory format (its weights are not
                   contiguous), different on every rank until the optimizer's broadcast, next
                   to a copy of rank 0's model averaged by hand (the reference)
@@ -275,6 +277,21 @@ def subgroups(args, rank):
                                 model.named_parameters(), transport=mine)
     except gc.Error as e:
         steps[-1]["second"] = str(e)
+    # DDP over the group, its hook given the group as state (PyTorch's hooks' convention) but
+    # no transport: it would average over all four ranks; refused at the first bucket.
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ddp = DDP(common.make_model(), process_group=mine)
+    ddp.register_comm_hook(mine, gc.comm_hook("none"))
+    try:
+        common.loss_of(ddp, *common.batch(rank, 0)).backward()
+    except gc.Error as e:
+        steps[-1]["hook"] = str(e)
+    # Given a twin of the group (made on every rank), the hook averages over the group.
+    twins = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    ddp = DDP(common.make_model(), process_group=mine)
+    ddp.register_comm_hook(mine, gc.comm_hook("none", transport=twins[rank // 2]))
+    common.loss_of(ddp, *common.batch(rank, 0)).backward()
+    steps[-1]["hook_grads"] = b"".join(p.grad.numpy().tobytes() for p in ddp.parameters())
     return steps
 
 
