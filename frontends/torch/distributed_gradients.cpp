@@ -130,6 +130,7 @@ struct DistributedGradientsShared {
   void switch_plan(const GradientOptions& options, bool trial = false);
   void end_step();  // step_done: the scheduler's clock and decisions
   void check_left_out() const;
+  std::string frozen_since() const;
 };
 
 namespace {
@@ -450,6 +451,7 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   for (size_t i = 0; i < parameters.size(); ++i) {
     used[i] = handed[i] || parameters[i].grad().defined();
   }
+  const std::string frozen = frozen_since();  // before the zeros below make it a gradient
   for (size_t i = 0; i < dense_count; ++i) {
     if (handed[i]) continue;
     if (fill_nan) {
@@ -473,6 +475,26 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
   narrowed.clear();
   in_flight.clear();
   if (find_unused && !fill_nan) forget_unused();
+  if (!frozen.empty() && !fill_nan) {
+    throw Error(fmt::format(
+        "gradcomp: parameter '{}' requires no gradient now (frozen after the "
+        "DistributedOptimizer was built) and has none, so the exchange gave it zeros, which "
+        "momentum and weight decay would still move it by. Pass find_unused_parameters=True "
+        "(a parameter no rank used then keeps .grad None, agreed by every rank), or build the "
+        "DistributedOptimizer again after freezing (frozen parameters are left out)",
+        frozen));
+  }
+}
+
+// Without find_unused_parameters: the first parameter (in the model's order) frozen since
+// construction that has no gradient in this exchange, or "". Its zeros would become a .grad
+// where PyTorch leaves None; with find_unused_parameters the ranks agree on leaving None.
+std::string DistributedGradientsShared::frozen_since() const {
+  if (find_unused) return {};
+  for (size_t i = dense_count; i-- > 0;) {
+    if (!used[i] && !parameters[i].requires_grad()) return names[i];
+  }
+  return {};
 }
 
 // Parameters no rank produced a gradient for get none (find_unused_parameters). The ranks

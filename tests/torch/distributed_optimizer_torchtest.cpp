@@ -314,6 +314,44 @@ TEST(DistributedOptimizer, AParameterUnfrozenAfterConstructionIsRefused) {
   EXPECT_EQ(bytes_of(values(p)), before) << "step() moved the parameters";
 }
 
+// Frozen after construction (fine-tuning freezes layers as it goes): the exchange would give
+// it a zero .grad where PyTorch leaves None, and momentum would still move it. Without
+// find_unused_parameters that is an error naming it; with it, the parameter keeps None and
+// stays where it was, on every rank.
+TEST(DistributedOptimizer, AParameterFrozenAfterConstructionKeepsNoGradient) {
+  for (const bool find_unused : {false, true}) {
+    Parameters p = make_parameters();
+    const std::string frozen = p.keys().front();
+    ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1).momentum(0.9));
+    GradientOptions options;
+    options.find_unused_parameters = find_unused;
+    DistributedOptimizer opt(sgd, p, world(), options);
+    opt.zero_grad();
+    loss_of(p, batch(world()->rank(), 0)).backward();
+    opt.step();  // momentum now holds a velocity for every parameter
+    p[frozen].requires_grad_(false);
+    p[frozen].mutable_grad() = at::Tensor();  // zero_grad(set_to_none=True)
+    const at::Tensor before = p[frozen].detach().clone();
+    for (const auto& item : p) item.value().mutable_grad() = at::Tensor();
+    if (!find_unused) {
+      try {
+        loss_of(p, batch(world()->rank(), 1)).backward();
+        FAIL() << "a frozen parameter was given a zero gradient";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("parameter '" + frozen + "' requires no gradient"),
+                  std::string::npos)
+            << e.what();
+      }
+      continue;
+    }
+    loss_of(p, batch(world()->rank(), 1)).backward();
+    opt.step();
+    EXPECT_FALSE(p[frozen].grad().defined());
+    EXPECT_TRUE(at::equal(p[frozen], before)) << "momentum moved the frozen parameter";
+    expect_identical_across_ranks(values(p), "parameters");
+  }
+}
+
 // backward_passes_per_step = 2: the first pass leaves the local gradient alone, the second
 // hands the accumulated sum over, and synchronize gives its mean over ranks.
 TEST(DistributedOptimizer, GradientAccumulation) {
