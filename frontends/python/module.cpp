@@ -578,5 +578,6 @@ PYBIND11_MODULE(_C, m) {
              e.engine().set_plan(std::move(plan), trial);
            },
            py::arg("plan_json"), py::arg("trial") = false)
-      .def("set_timeline", [](PyEngine& e, const std::string& p) { e.engine().set_timeline(p); });
+      .def("set_timeline", [](PyEngine& e, const std::string& p) { e.engine().set_timeline(p); })
+      .def("set_loss_scale", [](PyEngine& e, double scale) { e.engine().set_loss_scale(scale); });
 }

@@ -671,7 +671,7 @@ class CommHook:
     """
 
     def __init__(self, compression="none", transport=None, seed=0, min_compress_elements=16384,
-                 timeline=None, codec_threads=1, local_size=0, auto=None):
+                 timeline=None, codec_threads=1, local_size=0, auto=None, loss_scale=None):
         # compression="auto": the scheduler of DistributedOptimizer's "auto" (docs/auto.md),
         # with the options recommended under both SGD and Adam-family optimizers (the hook does
         # not know the optimizer), driven from the end of each backward pass.
@@ -683,6 +683,7 @@ class CommHook:
         _C.parse_option("none" if self._auto_settings else compression)
         self.__name__ = self.__qualname__ = "gradcomp_comm_hook"  # DDP logs a hook's name
         self.compression = compression
+        self._loss_scale = _scale_reader(loss_scale)  # read as each backward's exchange begins
         self.min_compress_elements = int(min_compress_elements)
         self._transport = _exchange_transport(transport)  # not DDP's default group
         self._seed = int(seed)
@@ -776,6 +777,8 @@ class CommHook:
             raise Error(f"DDP bucket {index} holds gradients of shapes {self._current[-1]}; the "
                         f"hook's plan expected {expected} (DDP changed its bucket layout after "
                         "the hook fixed it)")
+        if index == 0 and self._loss_scale is not None:  # DDP hands bucket 0 over first
+            self._engine.set_loss_scale(self._loss_scale())
         fut = torch.futures.Future()
         if tensor.is_sparse:
             # After the engine's buckets (in _finish): collectives issued here, from this
@@ -927,11 +930,12 @@ def _rank_part(states, rank, world_size):
 
 
 def comm_hook(compression="none", transport=None, seed=0, min_compress_elements=16384,
-              timeline=None, codec_threads=1, local_size=0, auto=None):
+              timeline=None, codec_threads=1, local_size=0, auto=None, loss_scale=None):
     """A DDP communication hook: ddp.register_comm_hook(None, comm_hook("fp16")), or
-    comm_hook("auto") (docs/auto.md). Arguments as for DistributedOptimizer; see CommHook."""
+    comm_hook("auto") (docs/auto.md). Arguments as for DistributedOptimizer (loss_scale: a
+    GradScaler, so that feedback memory follows its scale); see CommHook."""
     return CommHook(compression, transport, seed, min_compress_elements, timeline,
-                    codec_threads, local_size, auto)
+                    codec_threads, local_size, auto, loss_scale)
 
 
 from gradcomp.onebit_adam import OneBitAdam  # noqa: E402,F401 (it uses this module's helpers)

@@ -130,3 +130,14 @@ def test_hook_under_join_with_uneven_inputs(job):
     assert lossy[0]["hooked"] != lossy[0]["plain"]
     for r in lossy:
         assert 0 < r["stats"]["bytes_sent"] < r["stats"]["uncompressed_bytes"], r["stats"]
+
+
+def test_hook_feedback_follows_the_loss_scale_when_given_the_scaler(job):
+    """loss_scale= on the hook, as on the optimizer: with a scale that changes every step the
+    hook's compressed (scaled) gradients equal the optimizer's bit for bit; without it the
+    memory carried over is in the last step's units, and they differ."""
+    for rank, results in enumerate(job.loads("grads")):
+        r = results["scaled"]
+        for step, (hook, opt) in enumerate(zip(r["hook"], r["optimizer"])):
+            assert raw(hook) == raw(opt), f"rank {rank}, step {step}: the gradients differ"
+        assert any(raw(h) != raw(o) for h, o in zip(r["hook_without_scale"][1:], r["optimizer"][1:]))
