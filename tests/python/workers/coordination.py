@@ -295,6 +295,14 @@ def subgroups(args, rank):
     return steps
 
 
+def average_by_hand(model):
+    """The reference exchange: each gradient summed over the default group, then divided."""
+    import torch.distributed as dist
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+
+
 def channels_last(args, rank):
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -319,9 +327,7 @@ def channels_last(args, rank):
         opt.step()
         by_hand.zero_grad()
         reference(x).square().mean().backward()
-        for p in reference.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= dist.get_world_size()
+        average_by_hand(reference)
         by_hand.step()
         steps.append({"params": common.state_bytes(model),
                       "reference": common.state_bytes(reference),
@@ -347,9 +353,7 @@ def collectives_in_backward(args, rank):
         opt.step()
         by_hand.zero_grad()
         common.loss_of(reference, x, y).backward()
-        for p in reference.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= dist.get_world_size()
+        average_by_hand(reference)
         by_hand.step()
         steps.append({"params": common.state_bytes(model),
                       "reference": common.state_bytes(reference)})

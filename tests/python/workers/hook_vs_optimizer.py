@@ -151,13 +151,11 @@ def ddp_graph_modes(rank, compression):
     must agree bit for bit (as test_none_hook_equals_plain_ddp); with a lossy codec, the hook
     must have compressed, and the ranks' parameters must agree (checked by the test)."""
     dist._DEFAULT_FIRST_BUCKET_BYTES = 50_000  # several buckets, rebuilt in another layout
-    modes = {"find_unused_parameters": {"find_unused_parameters": True},
-             "static_graph": {"static_graph": True},
-             "static_graph_unused": {"static_graph": True}}
+    modes = {"find_unused_parameters": (WithUnusedHead, {"find_unused_parameters": True}),
+             "static_graph": (common.make_model, {"static_graph": True}),
+             "static_graph_unused": (WithUnusedHead, {"static_graph": True})}
     records = {}
-    for mode, options in modes.items():
-        make = WithUnusedHead if mode.endswith("unused") or mode.startswith("find") else (
-            common.make_model)
+    for mode, (make, options) in modes.items():
         torch.manual_seed(0)
         models = [DDP(make(), bucket_cap_mb=0.05, **options) for _ in range(2)]
         models[1].load_state_dict(models[0].state_dict())
