@@ -98,17 +98,17 @@ class OneBitAdam(TwoStageOptimizer):
         """Whether the variance is frozen for good ("freeze", after the warm-up)."""
         return self.variance == "freeze" and self._steps >= self.warmup_steps
 
-    def _update(self, p, exchanged, group, exact, threads):
+    def _update(self, p, weights, exchanged, group, exact, threads):
         state = self._state(p)
         state["step"] += 1
         hyper = self._hyper(group)
         if exact:  # m and v take the mean gradient
             state["variance_updates"] += 1
             if state["variance_updates"] == state["step"]:  # every step so far was exact
-                _C.adamw_step(p.data, exchanged, state["exp_avg"], state["exp_avg_sq"],
+                _C.adamw_step(weights, exchanged, state["exp_avg"], state["exp_avg_sq"],
                               state["step"], hyper, threads)
                 return
-            _C.zero_one_adam_step(p.data, exchanged, state["exp_avg"], state["exp_avg_sq"],
+            _C.zero_one_adam_step(weights, exchanged, state["exp_avg"], state["exp_avg_sq"],
                                   state["step"], hyper, threads, state["variance_updates"], True)
             return
         self._check_compressed_step(state)
@@ -116,7 +116,7 @@ class OneBitAdam(TwoStageOptimizer):
             fill_unseen(state["exp_avg_sq"])  # it will not learn them any more
             state["filled"] = True
         state["exp_avg"].copy_(exchanged)  # the averaged momentum, the same on every rank
-        _C.frozen_adam_step(p.data, None, state["exp_avg"], state["exp_avg_sq"], state["step"],
+        _C.frozen_adam_step(weights, None, state["exp_avg"], state["exp_avg_sq"], state["step"],
                             hyper, threads, state["variance_updates"])
 
     def _settings(self):

@@ -85,13 +85,13 @@ class OneBitLamb(TwoStageOptimizer):
         # lamb_coeff: the trust ratios' moving average; lamb_factor: the compression stage's
         return {**super()._new_state(p), "lamb_coeff": 0.0, "lamb_factor": 1.0}
 
-    def _update(self, p, exchanged, group, exact, threads):
+    def _update(self, p, weights, exchanged, group, exact, threads):
         state = self._state(p)
         state["step"] += 1
         hyper = self._hyper(group)
         if exact:
             state["variance_updates"] += 1
-            step = _C.lamb_step(p.data, exchanged, state["exp_avg"], state["exp_avg_sq"],
+            step = _C.lamb_step(weights, exchanged, state["exp_avg"], state["exp_avg_sq"],
                                 state["step"], hyper, threads)
             self._average_ratio(state, step.trust_ratio)
             return
@@ -100,7 +100,7 @@ class OneBitLamb(TwoStageOptimizer):
             fill_unseen(state["exp_avg_sq"])  # it will not learn them any more
             state["fresh_exp_avg_sq"] = state["exp_avg_sq"].clone()
         _, state["lamb_factor"] = _C.onebit_lamb_step(
-            p.data, exchanged, state["exp_avg"], state["exp_avg_sq"], state["step"], hyper,
+            weights, exchanged, state["exp_avg"], state["exp_avg_sq"], state["step"], hyper,
             threads, state["fresh_exp_avg_sq"], state["variance_updates"], state["lamb_coeff"],
             state["lamb_factor"], self.lamb_hyper)
 

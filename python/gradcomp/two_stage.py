@@ -10,7 +10,8 @@ two kinds:
   holds the same m.
 
 Two engines on one transport carry the two kinds; a subclass says which steps are exact
-(`exact`) and how a parameter moves after either kind (`_update`).
+(`exact`) and how a parameter moves after either kind (`_update`). Parameters may be
+channels_last: the kernels step a packed copy, written back.
 
 By default step() hands every parameter's input to the exchange, so the exchange starts after
 backward. With overlap=True each parameter's input is handed over as soon as backward has
@@ -40,8 +41,8 @@ CHECKPOINT_VERSION = 2
 
 class TwoStageOptimizer(torch.optim.Optimizer):
     """The base of OneBitAdam and OneBitLamb (see the module's doc). Subclasses define `exact`,
-    `_update(p, exchanged, group, exact, threads)`, `_settings()` (what a checkpoint must agree
-    on) and may extend `_new_state(p)`."""
+    `_update(p, weights, exchanged, group, exact, threads)`, `_settings()` (what a checkpoint
+    must agree on) and may extend `_new_state(p)`."""
 
     def __init__(self, named_parameters, adam, exchange, overlap=False):
         """adam: (lr, betas, eps, weight_decay, bias_correction); exchange: (compression,
@@ -64,7 +65,7 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         gt._number("min_compress_elements", min_compress_elements, 0, (1 << 62))
         gt._number("seed", seed, 0, (1 << 64) - 1)
         gt._number("codec_threads", codec_threads, 1, 1024)
-        named, groups = _named_groups(named_parameters, name)
+        named, groups, self._left_out = _named_groups(named_parameters, name)
         super().__init__(groups, defaults)
         self._params = [p for _, p in named]
         # Each parameter's group, by index: load_state_dict() replaces the group dicts.
@@ -119,6 +120,7 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                 self._hand_over(i, exact)
         self._handed = [False] * len(self._params)
         engine.synchronize()
+        self._check_trainable()  # after the exchange: every rank has taken part in it
         self._steps += 1
         self._last = engine.last_step()
         if not self._last["finite"]:
@@ -128,9 +130,32 @@ class TwoStageOptimizer(torch.optim.Optimizer):
             return loss
         threads, began = torch.get_num_threads(), time.perf_counter()
         for p, group, exchanged in zip(self._params, groups, self._exchanged):
-            self._update(p, exchanged, group, exact, threads)
+            packed = not p.is_contiguous()  # channels_last weights: the kernels take them packed
+            weights = p.data.contiguous() if packed else p.data
+            self._update(p, weights, exchanged, group, exact, threads)
+            if packed:
+                p.data.copy_(weights)
         self._last["update_seconds"] = time.perf_counter() - began
         return loss
+
+    def _check_trainable(self):
+        """Refuses a step that would move a parameter PyTorch's own optimizer leaves alone, or
+        leave one it moves, when requires_grad changed after construction (fine-tuning's
+        freezing and unfreezing). Nothing has moved yet: the script can build the optimizer
+        again."""
+        name = type(self).__name__
+        for pname, p in self._left_out:
+            if p.grad is not None:
+                raise Error(f"{name}: parameter '{pname}' has a gradient, but it required none "
+                            f"when the {name} was built, so it is not exchanged and would never "
+                            f"be updated. Build the {name} again after changing requires_grad")
+        for pname, p in zip(self._names, self._params):
+            if p.grad is None and not p.requires_grad:
+                raise Error(f"{name}: parameter '{pname}' requires no gradient now (frozen "
+                            f"after the {name} was built) and has none, so the exchange gave "
+                            "it zeros, which the momentum and weight decay would still move it "
+                            f"by. Build the {name} again after freezing (frozen parameters are "
+                            "left out)")
 
     def _hook_gradients(self):
         """overlap=True: a hook on each parameter's gradient accumulator, which autograd calls
@@ -180,7 +205,9 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         else:
             torch.lerp(grad, state["exp_avg"], beta1, out=out)  # b1 m + (1 - b1) g
 
-    def _update(self, p, exchanged, group, exact, threads):
+    def _update(self, p, weights, exchanged, group, exact, threads):
+        """Moves parameter p, whose values `weights` holds contiguous (p itself, or a packed
+        copy written back after), by this step's averaged input `exchanged`."""
         raise NotImplementedError
 
     def _hyper(self, group):
@@ -292,21 +319,25 @@ def _without_start(compression, name):
 
 
 def _named_groups(named_parameters, name):
-    """(name, parameter) pairs in exchange order, and torch parameter groups of plain tensors.
+    """(name, parameter) pairs in exchange order, torch parameter groups of plain tensors, and
+    the (name, parameter) pairs left out (requiring no gradient).
     named_parameters: the model, its named_parameters(), plain parameters, or a list of group
     dicts whose "params" hold either (then named param.0, param.1, ... where plain)."""
     if isinstance(named_parameters, torch.nn.Module):
         named_parameters = named_parameters.named_parameters()
     items = list(named_parameters)
     given = items if items and isinstance(items[0], dict) else [{"params": items}]
-    named, groups = [], []
+    named, groups, left_out = [], [], []
     for group in given:
         entries = []
         for item in list(group["params"]):
-            pname, p = item if isinstance(item, tuple) else (f"param.{len(named)}", item)
+            pname, p = (item if isinstance(item, tuple)
+                        else (f"param.{len(named) + len(left_out)}", item))
             if p.requires_grad:
                 entries.append((pname, p))
                 named.append((pname, p))
+            else:
+                left_out.append((pname, p))
         groups.append({**group, "params": [p for _, p in entries]})
     if not named:
         raise Error(f"{name}: no parameters that require gradients")
@@ -318,4 +349,4 @@ def _named_groups(named_parameters, name):
         if p.dtype != torch.float32 or p.device.type != "cpu":
             raise Error(f"{name}: parameter '{n}' is {p.dtype} on {p.device}; float32 CPU "
                         "parameters only (convert the model with .float())")
-    return named, [g for g in groups if g["params"]]
+    return named, [g for g in groups if g["params"]], left_out

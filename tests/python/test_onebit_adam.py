@@ -181,6 +181,69 @@ def test_bad_input_is_refused_by_name():
         gc.OneBitAdam(_model().double().named_parameters())
 
 
+@pytest.mark.parametrize("optimizer", ["OneBitAdam", "OneBitLamb"])
+def test_changing_requires_grad_after_construction_is_refused(optimizer):
+    """Both two-stage optimizers (the check is their shared base's). A layer left out frozen,
+    then unfrozen, would never be updated; a layer frozen after construction would keep moving
+    by its momentum and weight decay. Either step is refused, naming the layer, with nothing
+    moved; built again, the optimizer steps."""
+    build = getattr(gc, optimizer)
+
+    def step(model, opt, step):
+        opt.zero_grad(set_to_none=True)
+        _loss(model, step).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        try:
+            opt.step()
+        except gc.Error as e:
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            return str(e)
+        assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        return None
+
+    model = _model()
+    model[0].weight.requires_grad_(False)
+    opt = build(model.named_parameters(), compression="none", weight_decay=0.01)
+    assert step(model, opt, 0) is None
+    model[0].weight.requires_grad_(True)  # unfrozen: it has a gradient now
+    error = step(model, opt, 1)
+    assert error and f"{optimizer}: parameter '0.weight' has a gradient" in error, error
+    opt = build(model.named_parameters(), compression="none", weight_decay=0.01)
+    assert step(model, opt, 2) is None
+
+    model[2].bias.requires_grad_(False)  # frozen after construction: no gradient
+    error = step(model, opt, 3)
+    assert error and "parameter '2.bias' requires no gradient now" in error, error
+    opt = build(model.named_parameters(), compression="none", weight_decay=0.01)
+    assert step(model, opt, 4) is None
+
+
+@pytest.mark.parametrize("optimizer", ["OneBitAdam", "OneBitLamb"])
+def test_channels_last_parameters_step_as_contiguous_ones(optimizer):
+    """A channels_last convolution (the usual layout of CNN training on GPUs) steps through the
+    warm-up and the compressed stage to the same bits as the same model laid out contiguous,
+    and keeps its layout."""
+    def conv_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Tanh(), torch.nn.Flatten(),
+                                   torch.nn.Linear(8 * 6 * 6, 4))
+
+    models = [conv_model(), conv_model().to(memory_format=torch.channels_last)]
+    opts = [getattr(gc, optimizer)(m.named_parameters(), warmup_steps=2) for m in models]
+    for step in range(5):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(16, 3, 8, 8, generator=g), torch.randn(16, 4, generator=g)
+        for model, opt, layout in zip(models, opts, (torch.contiguous_format,
+                                                     torch.channels_last)):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x.to(memory_format=layout)), y).backward()
+            opt.step()
+        for a, b in zip(*(m.parameters() for m in models)):
+            assert torch.equal(a, b), f"step {step}: the layouts' weights differ"
+    assert models[1][0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert not models[1][0].weight.is_contiguous()
+
+
 def test_wrapping_it_in_distributed_optimizer_is_refused():
     model = _model()
     with pytest.raises(gc.Error, match="averages over the ranks by itself"):
