@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <optional>
+#include <unordered_set>
 
 #include "gradcomp/error.h"
 #include "gradcomp/recommended.h"
@@ -59,6 +60,36 @@ void warn_if_not_recommended(::torch::optim::Optimizer& optimizer, const Plan& p
   }
 }
 
+// Throws Error when the optimizer holds a parameter not in `exchanged` (not among the
+// named_parameters given, or added since by its add_param_group): its gradient is this rank's.
+void check_exchanged(::torch::optim::Optimizer& optimizer,
+                     const std::unordered_set<const c10::TensorImpl*>& exchanged) {
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (exchanged.contains(params[i].unsafeGetTensorImpl())) continue;
+      throw Error(fmt::format(
+          "gradcomp: the wrapped optimizer's parameter {} of group {} (shape [{}]) is not in "
+          "named_parameters, so its gradient is not exchanged: a step would move it by this "
+          "rank's gradient alone and the ranks would drift apart. Pass the named_parameters() "
+          "of the model the optimizer trains, and build the DistributedOptimizer again after "
+          "the optimizer's add_param_group",
+          i, g, fmt::join(params[i].sizes(), ", ")));
+    }
+  }
+}
+
+// named_parameters' tensors, checked to hold every parameter of the optimizer.
+std::unordered_set<const c10::TensorImpl*> exchanged_tensors(
+    ::torch::optim::Optimizer& optimizer,
+    const ::torch::OrderedDict<std::string, at::Tensor>& named) {
+  std::unordered_set<const c10::TensorImpl*> tensors;
+  for (const auto& item : named) tensors.insert(item.value().unsafeGetTensorImpl());
+  check_exchanged(optimizer, tensors);
+  return tensors;
+}
+
 // OneBitAdam and OneBitLamb exchange by themselves: wrapping one would average twice (and its
 // momentum exchange would be lost). Refused before the exchange is built (a collective).
 ::torch::optim::Optimizer& not_self_exchanging(::torch::optim::Optimizer& optimizer) {
@@ -110,6 +141,7 @@ DistributedOptimizer::DistributedOptimizer(
     const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     std::shared_ptr<Transport> transport, GradientOptions&& options, bool default_plan)
     : optimizer_(not_self_exchanging(optimizer)),
+      exchanged_(exchanged_tensors(optimizer, named_parameters)),
       gradients_(to_pairs(named_parameters), std::move(transport),
                  with_auto_candidates(std::move(options), optimizer)) {
   gradients_.set_learning_rate(first_learning_rate(optimizer_));
@@ -126,6 +158,12 @@ void DistributedOptimizer::step() {
   if (auto refusal = gradients_.aborted_step(); !refusal.empty()) {
     gradients_.step_done();
     throw Error(refusal);
+  }
+  try {
+    check_exchanged(optimizer_, exchanged_);
+  } catch (const Error&) {
+    gradients_.step_done();
+    throw;
   }
   if (!gradients_.mean_is_finite()) {
     // Stepping on NaN would ruin the parameters; every rank sees the same mean, so every

@@ -36,6 +36,8 @@ __all__ = ["DistributedOptimizer", "comm_hook", "get_transport", "broadcast_para
            "LAMB", "LANS", "OneBitAdam", "OneBitLamb"]
 
 _own_transports = {}
+# id(wrapped optimizer) -> the live DistributedOptimizer around it (one at a time, see _Replaced)
+_wrapper_of = weakref.WeakValueDictionary()
 _group_transports = {}  # id(process group) -> (group, transport): one queue per group
 
 
@@ -312,12 +314,14 @@ def _sparse_names(named, sparse_parameters, found):
 
 
 def _named_parameters(optimizer, named_parameters):
-    """(name, parameter) pairs of the optimizer's parameters, checked against each other."""
+    """(name, parameter) pairs of the optimizer's parameters, checked against each other, and
+    every given parameter's name by id (to name one added to the optimizer later)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if isinstance(named_parameters, torch.nn.Module):
         named_parameters = named_parameters.named_parameters()
     if named_parameters is None:
-        return [(f"param.{i}", p) for i, p in enumerate(params)]
+        named = [(f"param.{i}", p) for i, p in enumerate(params)]
+        return named, {id(p): n for n, p in named}
     named = list(named_parameters)
     names = [n for n, _ in named]
     if len(set(names)) != len(names):
@@ -329,7 +333,21 @@ def _named_parameters(optimizer, named_parameters):
             raise Error(f"the optimizer's parameter {i} (shape {tuple(p.shape)}) is not in "
                         "named_parameters; pass model.named_parameters() of the same model")
     in_optimizer = {id(p) for p in params}
-    return [(n, p) for n, p in named if id(p) in in_optimizer]
+    return [(n, p) for n, p in named if id(p) in in_optimizer], {id(p): n for n, p in named}
+
+
+class _Replaced:
+    """The exchange of a DistributedOptimizer after another was built around the same optimizer
+    (as gradcomp's errors advise after add_param_group or a change of requires_grad). Dropping
+    the old exchange frees its engine and ends its hooks, even while something the script
+    keeps (an LR scheduler) still holds the old wrapper: else both would exchange every
+    gradient, their engines reading and writing the same .grad at once. Anything but its
+    parameter groups (which schedulers use) then says so."""
+
+    def __getattr__(self, name):
+        raise Error("DistributedOptimizer: another DistributedOptimizer was built around the "
+                    "same optimizer and took this one's place (this one exchanges no more); "
+                    "call the new one")
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -394,11 +412,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         _number("seed", seed, 0, (1 << 64) - 1)
         _number("codec_threads", codec_threads, 1, 1024)
         _number("local_size", local_size, 0, 1 << 20)
+        previous = _wrapper_of.get(id(optimizer))
+        if previous is not None:  # rebuilt, as an error told: the old one must not exchange too
+            previous._gradients = _Replaced()
         self.optimizer = optimizer
         self._loss_scale = _scale_reader(loss_scale)
         found = (_sparse_modules_parameters(named_parameters)
                  if isinstance(named_parameters, torch.nn.Module) else [])
-        named = _named_parameters(optimizer, named_parameters)
+        named, self._names_by_id = _named_parameters(optimizer, named_parameters)
+        self._exchanged_ids = frozenset(id(p) for _, p in named)
         sparse = _sparse_names(named, sparse_parameters, found)
         automatic = _auto_settings(compression, plan, auto, optimizer)
         self._gradients = _C.DistributedGradients(
@@ -418,6 +440,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if broadcast:
             # As DDP does: every rank starts from rank 0's parameters (frozen ones too).
             broadcast_parameters([p for _, p in named], 0, transport)
+        _wrapper_of[id(optimizer)] = self
 
     # The wrapped optimizer's state, seen through this object (schedulers use these).
     @property
@@ -508,7 +531,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise Error("DistributedOptimizer.step() takes no closure: a closure would run "
                         "backward again after the gradients were exchanged")
         self._gradients.synchronize()
-        refusal = self._gradients.aborted_step()
+        refusal = self._gradients.aborted_step() or self._parameter_not_exchanged()
         if refusal:
             self._gradients.step_done()
             raise Error(refusal)
@@ -523,6 +546,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Feedbacks that correct by the learning-rate ratio see the rate of the coming step.
         self._gradients.set_learning_rate(self._lr())
         return loss
+
+    def _parameter_not_exchanged(self):
+        """Why the wrapped optimizer must not step: it holds a parameter it did not hold at
+        construction (the script called its add_param_group, as fine-tuning does to train a
+        layer from some step on), whose gradient is this rank's own; else ""."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in self._exchanged_ids:
+                    name = self._names_by_id.get(id(p))
+                    what = (f"parameter '{name}'" if name
+                            else f"a parameter of shape {tuple(p.shape)}")
+                    return (f"DistributedOptimizer: the wrapped optimizer holds {what}, which it "
+                            "did not hold when the DistributedOptimizer was built (added by its "
+                            "add_param_group?), so its gradient is not exchanged: a step would "
+                            "move it by this rank's gradient alone and the ranks would drift "
+                            "apart. Build the DistributedOptimizer again around the optimizer "
+                            "after adding it (its momenta stay; the compression state starts "
+                            "afresh)")
+        return ""
 
     def zero_grad(self, *args, **kwargs):
         # A step skipped after an overflow (GradScaler) or a backward that raised ends here.

@@ -71,6 +71,27 @@ def test_a_parameter_unfrozen_after_construction_is_refused(run_workers):
     assert steps[0][3]["params"] != steps[0][2]["params"]  # the new optimizer steps the layer
 
 
+def test_a_parameter_group_added_after_construction_is_refused(run_workers):
+    """Fine-tuning's add_param_group on the wrapped optimizer: the layer added would have been
+    stepped on each rank's own gradient. step() refuses, naming it, before anything moves; a
+    DistributedOptimizer built again around the same SGD takes it in and replaces the old one,
+    even while an LR scheduler still holds the old wrapper (both exchanged every gradient,
+    their engines writing the same .grad at once), and the model trains as the same model
+    whose old wrapper is gone."""
+    job = run(run_workers, "add_group", "--compression", "topk:ratio=0.05|ef", "--steps", 5)
+    steps = assert_ranks_agree(job, ["params0", "params1"])
+    for per_rank in steps:
+        for i in (0, 1):
+            errors = [rec.get(f"error{i}") for rec in per_rank]
+            assert errors[:2] == [None, None] and errors[3:] == [None, None], errors
+            assert "holds parameter '0.weight', which it did not hold" in errors[2], errors[2]
+            assert not per_rank[2][f"moved{i}"]
+        for step, rec in enumerate(per_rank):
+            assert rec["params0"] == rec["params1"], f"step {step}: the kept wrapper changed it"
+        assert "took this one's place" in per_rank[-1]["replaced"]
+    assert steps[0][3]["params0"] != steps[0][2]["params0"]  # the new optimizer steps on
+
+
 def test_optimizers_over_the_scripts_own_groups(run_workers):
     """Data-parallel groups made by the script (2 x 2 ranks), each optimizer built by its
     group's members only, over that group as it is (a new group would need every rank of the

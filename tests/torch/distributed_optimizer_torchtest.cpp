@@ -10,6 +10,8 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,8 +19,6 @@
 #include "gradcomp/error.h"
 #include "gradcomp/torch/distributed_optimizer.h"
 #include "gradcomp/torch/layerwise_optimizers.h"
-#include <nlohmann/json.hpp>
-
 #include "optimizer_testing.h"
 #include "support/codec_testing.h"
 #include "support/mp_test.h"
@@ -312,6 +312,43 @@ TEST(DistributedOptimizer, AParameterUnfrozenAfterConstructionIsRefused) {
         << e.what();
   }
   EXPECT_EQ(bytes_of(values(p)), before) << "step() moved the parameters";
+}
+
+// A parameter the wrapped optimizer holds but named_parameters does not (given so, or added
+// later by its add_param_group, as fine-tuning does) is not exchanged: stepping it on each
+// rank's own gradient would move the ranks apart silently. Refused at construction, and by
+// step() before the wrapped optimizer runs.
+TEST(DistributedOptimizer, AParameterTheOptimizerHoldsButIsNotExchangedIsRefused) {
+  Parameters p = make_parameters();
+  const std::string head = p.keys().back();
+  Parameters named;  // every parameter but the head
+  for (const auto& item : p) {
+    if (item.key() != head) named.insert(item.key(), item.value());
+  }
+  const auto expect_refusal = [](const std::function<void()>& call) {
+    try {
+      call();
+      FAIL() << "a parameter that is not exchanged was accepted";
+    } catch (const gradcomp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not in named_parameters"), std::string::npos)
+          << e.what();
+    }
+  };
+  ::torch::optim::SGD all(p.values(), ::torch::optim::SGDOptions(0.1));
+  expect_refusal([&] { DistributedOptimizer refused(all, named, world()); });
+
+  ::torch::optim::SGD sgd(named.values(), ::torch::optim::SGDOptions(0.1));
+  DistributedOptimizer opt(sgd, named, world());
+  opt.zero_grad();
+  loss_of(p, batch(world()->rank(), 0)).backward();
+  opt.step();
+  sgd.add_param_group(::torch::optim::OptimizerParamGroup({p[head]}));
+  opt.zero_grad();
+  loss_of(p, batch(world()->rank(), 1)).backward();
+  const auto before = bytes_of(values(p));
+  expect_refusal([&] { opt.step(); });
+  EXPECT_EQ(bytes_of(values(p)), before) << "step() moved the parameters";
+  expect_identical_across_ranks(values(p), "parameters");
 }
 
 // Frozen after construction (fine-tuning freezes layers as it goes): the exchange would give

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <unordered_set>
 
 #include "gradcomp/torch/distributed_gradients.h"
 
@@ -30,8 +31,9 @@ class DistributedOptimizer {
 
   // Steps the wrapped optimizer on the mean (exchanging first what backward left pending, see
   // DistributedGradients::synchronize). Throws Error, without stepping, after a backward pass
-  // that raised on this rank. Skips the step, with a warning (TORCH_WARN), when the mean is not
-  // finite: every rank sees the same mean, so every rank skips alike.
+  // that raised on this rank, and when the optimizer holds a parameter not in named_parameters
+  // (one its add_param_group added). Skips the step, with a warning (TORCH_WARN), when the mean is
+  // not finite: every rank sees the same mean, so every rank skips alike.
   void step();
   // Makes the gradients hold the mean now (see DistributedGradients::synchronize).
   void synchronize();
@@ -49,6 +51,8 @@ class DistributedOptimizer {
                        bool default_plan);
 
   ::torch::optim::Optimizer& optimizer_;
+  // named_parameters' tensors: the ones exchanged, so the only ones the optimizer may step.
+  std::unordered_set<const c10::TensorImpl*> exchanged_;
   DistributedGradients gradients_;
 };
 

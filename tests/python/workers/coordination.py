@@ -15,6 +15,10 @@ can compare ranks bit for bit (and with a reference where one is exact):
   unfreeze        fine-tuning: the first layer frozen when the optimizer is built, unfrozen at
                   step 2; step() must refuse, then a DistributedOptimizer built again
                   around the same SGD trains on, the ranks together
+  add_group       fine-tuning: the first layer added to the wrapped SGD (add_param_group) at
+                  step 2; step() must refuse, then a DistributedOptimizer built again around it
+                  trains on, twice side by side: one model whose LR scheduler still holds the
+                  old wrapper, one whose scheduler holds the SGD (the old wrapper dropped)
   subgroups       4 ranks in two data-parallel groups ([0, 1], [2, 3]) made by the script, each
                   rank's optimizer over its own group (built on the members only); then a
                   second optimizer over the same group, which must be refused; DDP over the
@@ -257,6 +261,42 @@ def unfreeze(args, rank):
     return steps
 
 
+def add_group(args, rank):
+    models = [common.make_model(), common.make_model()]
+
+    def build(model, sgd):
+        return gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression)
+
+    sgds = [torch.optim.SGD(m[1:].parameters(), lr=0.05, momentum=0.9) for m in models]
+    opts = [build(m, sgd) for m, sgd in zip(models, sgds)]
+    # Model 0's scheduler holds its first wrapper through the rebuild, model 1's only the SGD.
+    schedulers = [torch.optim.lr_scheduler.StepLR(opts[0], 3, 0.5),
+                  torch.optim.lr_scheduler.StepLR(sgds[1], 3, 0.5)]
+    steps = []
+    for step in range(args.steps):
+        record = {}
+        for i, model in enumerate(models):
+            if step == 2:
+                sgds[i].add_param_group({"params": list(model[0].parameters())})
+            opts[i].zero_grad()
+            common.loss_of(model, *common.batch(rank, step)).backward()
+            before = common.state_bytes(model)
+            try:
+                opts[i].step()
+            except gc.Error as e:
+                record[f"error{i}"] = str(e)
+                record[f"moved{i}"] = common.state_bytes(model) != before
+                opts[i] = build(model, sgds[i])  # as the error says: the same SGD
+            schedulers[i].step()
+            record[f"params{i}"] = common.state_bytes(model)
+        steps.append(record)
+    try:
+        schedulers[0].optimizer.step()  # the replaced wrapper
+    except gc.Error as e:
+        steps[-1]["replaced"] = str(e)
+    return steps
+
+
 def subgroups(args, rank):
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -364,7 +404,8 @@ def main():
     p = common.parser(__doc__)
     p.add_argument("--case", required=True, choices=[
         "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer",
-        "stalled_peer", "collectives_in_backward", "unfreeze", "subgroups", "channels_last"])
+        "stalled_peer", "collectives_in_backward", "unfreeze", "add_group", "subgroups",
+        "channels_last"])
     p.add_argument("--compression", default="none")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
