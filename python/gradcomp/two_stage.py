@@ -94,6 +94,8 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         self._last = None
         self._names = [n for n, _ in named]
         self._handed = [False] * len(self._params)  # this step's inputs already handed over
+        # overlap=True: each .grad handed over during backward, and its version then
+        self._handed_grads = [None] * len(self._params)
         if not isinstance(overlap, bool):
             raise ValueError(f"{name}: overlap is {overlap!r}; allowed: True or False")
         self.overlap = overlap
@@ -120,7 +122,10 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                 self._hand_over(i, exact)
         self._handed = [False] * len(self._params)
         engine.synchronize()
-        self._check_trainable()  # after the exchange: every rank has taken part in it
+        handed_grads, self._handed_grads = self._handed_grads, [None] * len(self._params)
+        # After the exchange, so that every rank has taken part in it; before anything moves.
+        self._check_trainable()
+        self._check_unchanged(handed_grads)
         self._steps += 1
         self._last = engine.last_step()
         if not self._last["finite"]:
@@ -157,6 +162,19 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                             f"by. Build the {name} again after freezing (frozen parameters are "
                             "left out)")
 
+    def _check_unchanged(self, handed_grads):
+        """overlap=True: refuses a step whose gradients the script changed after backward had
+        handed them over (clipping, unscaling or zeroing .grad between backward and step()):
+        the exchange took them as they were, so the change would be lost without a word."""
+        for i, handed in enumerate(handed_grads):
+            grad = self._params[i].grad
+            if handed is not None and (grad is not handed[0] or grad._version != handed[1]):
+                raise Error(f"{type(self).__name__}: parameter '{self._names[i]}': its .grad "
+                            "changed after backward had handed it to the exchange (with "
+                            "overlap=True each gradient leaves as soon as backward has it, so "
+                            "clipping, unscaling or zeroing it afterwards would be lost); use "
+                            "overlap=False to change gradients before step()")
+
     def _hook_gradients(self):
         """overlap=True: a hook on each parameter's gradient accumulator, which autograd calls
         once the parameter's .grad holds this backward's gradient. The accumulators are kept:
@@ -176,6 +194,8 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                         "gradient accumulation, or several backward passes per step, use "
                         "overlap=False)")
         self._hand_over(i, self.exact)
+        grad = self._params[i].grad
+        self._handed_grads[i] = (grad, grad._version)
 
     def _hand_over(self, i, exact):
         """Forms parameter i's input for this step's kind and hands it to that kind's engine."""

@@ -219,6 +219,33 @@ def test_changing_requires_grad_after_construction_is_refused(optimizer):
 
 
 @pytest.mark.parametrize("optimizer", ["OneBitAdam", "OneBitLamb"])
+def test_a_gradient_changed_after_it_left_is_refused(optimizer):
+    """overlap=True hands each gradient over during backward: clipping it after backward (as
+    most scripts do) would be lost. step() refuses, naming it, with nothing moved; with
+    overlap=False the clipped gradient is the one exchanged."""
+    steps = {}
+    for overlap in (True, False):
+        model = _model()
+        opt = getattr(gc, optimizer)(model.named_parameters(), compression="none",
+                                     warmup_steps=2, overlap=overlap)
+        _loss(model, 0).backward()
+        opt.step()  # untouched gradients: a step
+        opt.zero_grad()
+        _loss(model, 1).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        before = [p.detach().clone() for p in model.parameters()]
+        try:
+            opt.step()
+        except gc.Error as e:
+            steps[overlap] = str(e)
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            continue
+        steps[overlap] = [p.detach().clone() for p in model.parameters()]
+    assert "parameter '0.weight': its .grad changed after backward" in steps[True], steps[True]
+    assert not any(torch.equal(a, b) for a, b in zip(before, steps[False]))
+
+
+@pytest.mark.parametrize("optimizer", ["OneBitAdam", "OneBitLamb"])
 def test_channels_last_parameters_step_as_contiguous_ones(optimizer):
     """A channels_last convolution (the usual layout of CNN training on GPUs) steps through the
     warm-up and the compressed stage to the same bits as the same model laid out contiguous,
