@@ -262,10 +262,16 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         after a skipped step)."""
         return self._last
 
-    def state_dict(self):
+    def state_dict(self, all_ranks=False):
+        """The moments (the same on every rank) and gradcomp's state: the error feedback of
+        this rank (every rank saves its own file), or with all_ranks=True of every rank,
+        gathered (a collective: every rank calls it), so that rank 0 alone may save one file
+        that every rank resumes from."""
         state = super().state_dict()
+        engine = ({"engines": self._engine.save_all_states()} if all_ranks
+                  else {"engine": self._engine.save_state()})
         state["gradcomp"] = {"version": CHECKPOINT_VERSION, "steps": self._steps,
-                             **self._settings(), "engine": self._engine.save_state()}
+                             **self._settings(), **engine}
         return state
 
     def load_state_dict(self, state_dict):
@@ -284,8 +290,16 @@ class TwoStageOptimizer(torch.optim.Optimizer):
             if ours[key] != value:
                 raise Error(f"{name}.load_state_dict: the state was saved with {key}="
                             f"{ours[key]!r}, this optimizer has {value!r}")
+        if "engines" in ours:  # every rank's (state_dict(all_ranks=True)): this rank's part
+            from gradcomp import torch as gt
+            mine = gt._rank_part(ours["engines"], self._transport.rank, self._transport.size)
+        elif "engine" in ours:
+            mine = ours["engine"]
+        else:
+            raise Error(f"{name}.load_state_dict: the state has no engine state (was it saved by "
+                        f"{name}.state_dict()?)")
         before = self._engine.save_state(undo=True)
-        self._engine.load_state(ours["engine"])
+        self._engine.load_state(mine)
         try:
             super().load_state_dict(state_dict)
         except Exception:

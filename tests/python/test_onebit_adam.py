@@ -312,15 +312,17 @@ KINDS = {"freeze": [True] * WARMUP + [False] * (STEPS - WARMUP),
 @pytest.fixture(scope="module", params=sorted(POLICIES))
 def runs(request, module_runner, tmp_path_factory):
     """2 ranks: STEPS steps straight, saving checkpoints as it goes after 2 steps (exact ones)
-    and after 5 (a compressed one); each resumed in new processes."""
+    and after 5 (a compressed one), each rank its own file and rank 0 one file of both ranks'
+    state; each resumed in new processes, after 5 also from rank 0's single file ("5-one")."""
     policy = POLICIES[request.param]
     ckpt = tmp_path_factory.mktemp("onebit") / "ckpt"
     straight = module_runner("onebit_adam.py", "--end", STEPS, *policy, "--save", ckpt,
-                             "--save-at", 2, "--save-at", 5).check()
+                             "--save-at", 2, "--save-at", 5, "--save-one-file").check()
     resumed = {}
-    for at in (2, 5):
-        resumed[at] = module_runner("onebit_adam.py", "--begin", at, "--end", STEPS, *policy,
-                                    "--load", f"{ckpt}-at{at}").check()
+    for at, load in ((2, "--load"), (5, "--load"), ("5-one", "--load-one-file")):
+        begin = int(str(at).split("-")[0])
+        resumed[at] = module_runner("onebit_adam.py", "--begin", begin, "--end", STEPS, *policy,
+                                    load, f"{ckpt}-at{begin}").check()
     return request.param, straight, resumed
 
 
@@ -338,8 +340,10 @@ def test_ranks_stay_bit_identical_and_bytes_drop_on_compressed_steps(runs):
             assert s["bytes_sent"] * 5 < s["uncompressed_bytes"], s
 
 
-@pytest.mark.parametrize("at", [2, 5])
+@pytest.mark.parametrize("at", [2, 5, "5-one"])
 def test_resume_after_either_kind_of_step_is_bit_exact(runs, at):
+    """From each rank's own file, or ("5-one") from the one file rank 0 saved of every rank's
+    state (state_dict(all_ranks=True)): every rank resumes its own error feedback."""
     _, straight, resumed = runs
     for rank, final in enumerate(resumed[at].loads("final")):
         assert final == straight.load("final", rank), \
