@@ -205,6 +205,9 @@ TwoStageOptimizer::TwoStageOptimizer(
       transport_(std::move(transport)) {
   if (!transport_) throw Error(fmt::format("{}: no transport", name_));
   const NamedTensors named = trainable(named_parameters, name_);
+  for (const auto& item : named_parameters) {
+    if (!item.value().requires_grad()) left_out_.emplace_back(item.key(), item.value());
+  }
   for (const auto& [key, p] : named) {
     names_.push_back(key);
     params_.push_back(p);
@@ -335,6 +338,7 @@ at::Tensor TwoStageOptimizer::step(LossClosure closure) {
     engine.ready(names_[i], float_span(exchanged_[i]));
   }
   engine.synchronize();
+  check_trainable();  // after the exchange (every rank took part), before anything moves
   ++steps_;
   last_ = engine.last_step();
   // The engine checks every mean (the same bits on every rank): every rank decides alike.
@@ -347,6 +351,25 @@ at::Tensor TwoStageOptimizer::step(LossClosure closure) {
   const int threads = at::get_num_threads();
   for (size_t i = 0; i < params_.size(); ++i) update(i, is_exact, threads);
   return loss;
+}
+
+void TwoStageOptimizer::check_trainable() const {
+  for (const auto& [name, p] : left_out_) {
+    if (!p.grad().defined()) continue;
+    throw Error(fmt::format(
+        "{0}: parameter '{1}' has a gradient, but it required none when the {0} was built, so "
+        "it is not exchanged and would never be updated. Build the {0} again after changing "
+        "requires_grad",
+        name_, name));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].requires_grad() || params_[i].grad().defined()) continue;
+    throw Error(fmt::format(
+        "{0}: parameter '{1}' requires no gradient now (frozen after the {0} was built) and has "
+        "none, so the exchange gave it zeros, which the momentum and weight decay would still "
+        "move it by. Build the {0} again after freezing (frozen parameters are left out)",
+        name_, names_[i]));
+  }
 }
 
 // What this rank hands over for parameter i: its gradient (zeros when it has none) on an exact

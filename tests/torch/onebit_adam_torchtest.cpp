@@ -282,6 +282,40 @@ TEST(OneBitAdam, DoublingScheduleAndFreezeWarmup) {
   EXPECT_EQ(OneBitAdam(p, world(), freeze).warmup_steps(), 1000);
 }
 
+// requires_grad changed after construction (fine-tuning): a parameter left out then, with a
+// gradient now, would never be updated; one frozen since, without a gradient, would keep moving
+// by its momentum. Each step is refused naming it, before anything moves.
+TEST(OneBitAdam, ChangingRequiresGradAfterConstructionIsRefused) {
+  const int rank = world()->rank();
+  const auto refused = [](OneBitAdam& opt, const Parameters& p, const std::string& expected) {
+    const auto before = bytes_of(p);
+    try {
+      opt.step();
+      ADD_FAILURE() << "step() took it";
+    } catch (const Error& e) {
+      EXPECT_TRUE(contains(e.what(), expected)) << e.what();
+    }
+    EXPECT_EQ(bytes_of(p), before) << "step() moved the parameters";
+  };
+  Parameters p = make_parameters();
+  p["w1"].requires_grad_(false);
+  OneBitAdam unfrozen(p, world(), compressed("freeze"));
+  train(p, unfrozen, 0, 1);  // w1 has no gradient yet
+  p["w1"].requires_grad_(true);
+  unfrozen.zero_grad();
+  loss_of(p, rank, 1).backward();
+  refused(unfrozen, p, "parameter 'w1' has a gradient, but it required none");
+
+  Parameters q = make_parameters();
+  OneBitAdam frozen(q, world(), compressed("freeze"));
+  train(q, frozen, 0, 1);
+  q["b2"].requires_grad_(false);
+  frozen.zero_grad();
+  q["b2"].mutable_grad() = at::Tensor();  // as zero_grad(set_to_none) leaves it
+  loss_of(q, rank, 1).backward();
+  refused(frozen, q, "parameter 'b2' requires no gradient now");
+}
+
 TEST(OneBitAdam, BadInputIsAClearError) {
   Parameters p = make_parameters();
   auto refusal = [&](const OneBitAdamOptions& options) {

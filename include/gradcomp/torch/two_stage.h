@@ -253,10 +253,16 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
 
  private:
   void local_input(size_t i, bool exact);
+  // Throws Error naming a parameter whose requires_grad changed since construction in a way
+  // the step would get wrong: left out then and with a gradient now (never updated), or
+  // exchanged and now frozen without a gradient (moved by its momentum and weight decay).
+  void check_trainable() const;
 
   std::string name_;
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;     // exchange order
+  // Required no gradient at construction, so not exchanged (check_trainable).
+  std::vector<std::pair<std::string, at::Tensor>> left_out_;
   std::vector<size_t> group_index_;    // each parameter's group
   std::vector<at::Tensor> exchanged_;  // what each step hands to the engine, then its mean
   std::shared_ptr<Transport> transport_;
