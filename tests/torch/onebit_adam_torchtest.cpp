@@ -4,8 +4,8 @@
 // variance policies (and "freeze" fills the variances of coordinates the warm-up never saw);
 // a checkpoint after an exact or a compressed step resumes bit-exactly; a non-finite average
 // is skipped on every rank, on either kind of step; each kind of step has its own trace; the
-// doubling schedule; bad input, foreign states and wrapping in DistributedOptimizer are clear
-// errors.
+// doubling schedule; bad input, foreign states, wrapping in DistributedOptimizer and changing
+// requires_grad after construction are clear errors.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
