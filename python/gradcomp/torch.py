@@ -313,6 +313,29 @@ def _sparse_names(named, sparse_parameters, found):
     return names
 
 
+_DDP_TWICE = ("DistributedDataParallel averages every gradient itself (uncompressed) during "
+              "backward, and DistributedOptimizer would average them again: register "
+              "gradcomp's hook on the DDP model instead (model.register_comm_hook(None, "
+              "gradcomp.torch.comm_hook(...))), or give DistributedOptimizer the model without "
+              "DDP")
+
+
+def _refuse_ddp(named_parameters):
+    """A DDP model's parameters are averaged by DDP already: gradcomp on top would pay for a
+    full uncompressed allreduce and then its own, silently slower than either."""
+    if isinstance(named_parameters, torch.nn.parallel.DistributedDataParallel):
+        raise Error(f"named_parameters is a DistributedDataParallel model: {_DDP_TWICE}")
+
+
+def _warn_if_ddp_names(named):
+    """DDP's parameter names all begin with "module." (its wrapped model's attribute): if the
+    script passed a DDP model's named_parameters(), say what that costs."""
+    if named and all(n.startswith("module.") for n, _ in named):
+        warnings.warn(f"gradcomp: every parameter name begins with 'module.', as a "
+                      f"DistributedDataParallel model's do; if it is one, {_DDP_TWICE}",
+                      stacklevel=3)
+
+
 def _named_parameters(optimizer, named_parameters):
     """(name, parameter) pairs of the optimizer's parameters, checked against each other, and
     every given parameter's name by id (to name one added to the optimizer later)."""
@@ -406,6 +429,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise Error(f"{type(optimizer).__name__} averages over the ranks by itself: use it "
                         "instead of DistributedOptimizer, not inside it (its compression= "
                         "argument sets the exchange)")
+        _refuse_ddp(named_parameters)
         _number("bucket_mb", bucket_mb, 1 / (1 << 20), 1 << 20, integer=False)
         _number("min_compress_elements", min_compress_elements, 0, (1 << 62))
         _number("backward_passes_per_step", backward_passes_per_step, 1, (1 << 31) - 1)
@@ -420,6 +444,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         found = (_sparse_modules_parameters(named_parameters)
                  if isinstance(named_parameters, torch.nn.Module) else [])
         named, self._names_by_id = _named_parameters(optimizer, named_parameters)
+        _warn_if_ddp_names(named)
         self._exchanged_ids = frozenset(id(p) for _, p in named)
         sparse = _sparse_names(named, sparse_parameters, found)
         automatic = _auto_settings(compression, plan, auto, optimizer)

@@ -92,6 +92,19 @@ def test_a_parameter_group_added_after_construction_is_refused(run_workers):
     assert steps[0][3]["params0"] != steps[0][2]["params0"]  # the new optimizer steps on
 
 
+def test_a_ddp_model_is_not_averaged_twice(run_workers):
+    """DDP averages every gradient itself, uncompressed: DistributedOptimizer on top would pay
+    for that allreduce and its own. The DDP model itself is refused; its named_parameters()
+    ("module." names) warn, pointing at the script's line."""
+    job = run(run_workers, "ddp_twice")
+    for (record,) in job.loads("steps"):
+        assert "named_parameters is a DistributedDataParallel model" in record["error"]
+        assert "register_comm_hook" in record["error"]
+        ddp = [w for w in record["warnings"] if "begins with 'module.'" in w]
+        assert len(ddp) == 1, record["warnings"]
+        assert record["warned_at"][record["warnings"].index(ddp[0])].endswith("coordination.py")
+
+
 def test_optimizers_over_the_scripts_own_groups(run_workers):
     """Data-parallel groups made by the script (2 x 2 ranks), each optimizer built by its
     group's members only, over that group as it is (a new group would need every rank of the

@@ -19,6 +19,8 @@ can compare ranks bit for bit (and with a reference where one is exact):
                   step 2; step() must refuse, then a DistributedOptimizer built again around it
                   trains on, twice side by side: one model whose LR scheduler still holds the
                   old wrapper, one whose scheduler holds the SGD (the old wrapper dropped)
+  ddp_twice       a model wrapped in DistributedDataParallel given to DistributedOptimizer: the
+                  DDP model itself (refused), then its named_parameters() (a warning)
   subgroups       4 ranks in two data-parallel groups ([0, 1], [2, 3]) made by the script, each
                   rank's optimizer over its own group (built on the members only); then a
                   second optimizer over the same group, which must be refused; DDP over the
@@ -297,6 +299,25 @@ def add_group(args, rank):
     return steps
 
 
+def ddp_twice(args, rank):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    model = DDP(common.make_model())
+    record = {}
+    try:
+        gc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model)
+    except gc.Error as e:
+        record["error"] = str(e)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                model.named_parameters())
+    record["warnings"] = [str(w.message) for w in caught]
+    record["warned_at"] = [w.filename for w in caught]
+    return [record]
+
+
 def subgroups(args, rank):
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -404,8 +425,8 @@ def main():
     p = common.parser(__doc__)
     p.add_argument("--case", required=True, choices=[
         "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer",
-        "stalled_peer", "collectives_in_backward", "unfreeze", "add_group", "subgroups",
-        "channels_last"])
+        "stalled_peer", "collectives_in_backward", "unfreeze", "add_group", "ddp_twice",
+        "subgroups", "channels_last"])
     p.add_argument("--compression", default="none")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
