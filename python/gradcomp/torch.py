@@ -992,7 +992,9 @@ def _rank_part(states, rank, world_size):
     """This rank's part of a state saved with all_ranks=True (one per rank)."""
     if len(states) != world_size:
         raise Error(f"the state_dict holds the compression state of {len(states)} ranks; "
-                    f"this job has {world_size}: resume with the same world size")
+                    f"this job has {world_size}: resume with the same world size, or go on "
+                    "without the compression state (it starts afresh; a DistributedOptimizer "
+                    "loads a state_dict without its 'gradcomp' entry so)")
     return states[rank]
 
 

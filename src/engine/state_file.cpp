@@ -108,11 +108,15 @@ EngineState read_engine_state(std::span<const std::byte> bytes, const StateOwner
   const auto rank = in.get<uint32_t>("rank");
   const auto world = in.get<uint32_t>("world size");
   if (rank != owner.rank || world != owner.world_size) {
-    throw Error(fmt::format("engine state was saved by rank {} of {}; this is rank {} of {}: "
-                            "every rank loads the state it saved itself (for one file that "
-                            "every rank resumes from, save the state of every rank: in Python "
-                            "state_dict(all_ranks=True), called on every rank)",
-                            rank, world, owner.rank, owner.world_size));
+    throw Error(fmt::format(
+        "engine state was saved by rank {} of {}; this is rank {} of {}: "
+        "every rank loads the state it saved itself (for one file that "
+        "every rank resumes from, save the state of every rank: in Python "
+        "state_dict(all_ranks=True), called on every rank){}",
+        rank, world, owner.rank, owner.world_size,
+        world == owner.world_size ? ""
+                                  : "; to go on with another number of ranks, resume without "
+                                    "the compression state (it starts afresh)"));
   }
   EngineState state;
   state.step_state.step = in.get<uint64_t>("step");

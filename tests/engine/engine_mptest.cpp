@@ -317,6 +317,14 @@ TEST(Engine, CheckpointsAreRefusedElsewhere) {
   const std::span<const std::byte> theirs(all.data() + next * state.size(), state.size());
   const std::string text = testing::error_text([&] { engine.load_state(theirs); });
   EXPECT_NE(text.find("saved by rank " + std::to_string(next)), std::string::npos) << text;
+  EXPECT_EQ(text.find("another number of ranks"), std::string::npos) << text;
+  // A state of a job of another size says how to go on with this one.
+  std::shared_ptr<Transport> alone = world()->split(world()->rank(), 0);  // a world of 1
+  Engine single(alone, plan, EngineOptions{.seed = 3});
+  run_step(single, 0, backward_order(model_tensors().size()));
+  const std::string resized = testing::error_text([&] { engine.load_state(single.save_state()); });
+  EXPECT_NE(resized.find("saved by rank 0 of 1"), std::string::npos) << resized;
+  EXPECT_NE(resized.find("another number of ranks"), std::string::npos) << resized;
 }
 
 TEST(Engine, WritesATimelinePerRank) {
