@@ -436,9 +436,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         _number("seed", seed, 0, (1 << 64) - 1)
         _number("codec_threads", codec_threads, 1, 1024)
         _number("local_size", local_size, 0, 1 << 20)
-        previous = _wrapper_of.get(id(optimizer))
-        if previous is not None:  # rebuilt, as an error told: the old one must not exchange too
-            previous._gradients = _Replaced()
         self.optimizer = optimizer
         self._loss_scale = _scale_reader(loss_scale)
         found = (_sparse_modules_parameters(named_parameters)
@@ -448,6 +445,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._exchanged_ids = frozenset(id(p) for _, p in named)
         sparse = _sparse_names(named, sparse_parameters, found)
         automatic = _auto_settings(compression, plan, auto, optimizer)
+        # Rebuilt, as an error told: the old one must not exchange too. Its exchange ends
+        # before this one's begins (a group the script passed is free for one at a time).
+        previous = _wrapper_of.get(id(optimizer))
+        if previous is not None:
+            previous._gradients = _Replaced()
         self._gradients = _C.DistributedGradients(
             named, _exchange_transport(transport), "none" if automatic else compression,
             _plan_json(plan), int(bucket_mb * (1 << 20)), int(min_compress_elements),
