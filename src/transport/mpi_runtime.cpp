@@ -164,12 +164,8 @@ void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout
   // Then sleep, doubling up to a cap that rises once the wait is long, so a rank waiting on a
   // slow peer costs a few percent of a core. Open MPI only advances a non-blocking collective
   // inside MPI calls, so the cap also bounds how long a busy transfer stalls between polls.
-  constexpr microseconds kSpin{250};
-  constexpr microseconds kShortCap{200};
-  constexpr microseconds kLongCap{500};
-  constexpr auto kLongWait = std::chrono::milliseconds(20);
   const auto start = Clock::now();
-  const auto spin_until = start + kSpin;
+  const auto spin_until = start + kPollSpin;
   microseconds sleep{1};
   for (;;) {
     int flag = 0;
@@ -186,18 +182,31 @@ void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout
     const auto now = Clock::now();
     if (now >= deadline) {
       note_abandoned();
-      throw TimeoutError(
-          fmt::format("mpi: {} did not finish within {} s; a peer may have died or "
-                      "stopped (GRADCOMP_TIMEOUT)",
-                      what.text(), seconds_text(timeout)));
+      std::rethrow_exception(timeout_error(what, timeout));
     }
     if (now < spin_until) {
       std::this_thread::yield();  // other ranks may share this core (oversubscribed jobs)
       continue;
     }
     std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, now - start < kLongWait ? kShortCap : kLongCap);
+    sleep = std::min(sleep * 2, now - start < kPollLongWait ? kPollShortCap : kPollLongCap);
   }
+}
+
+std::exception_ptr comm_error(int rc, const WaitLabel& what) {
+  try {
+    check(rc, what.text().c_str());
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+std::exception_ptr timeout_error(const WaitLabel& what, Milliseconds timeout) {
+  return std::make_exception_ptr(
+      TimeoutError(fmt::format("mpi: {} did not finish within {} s; a peer may have died or "
+                               "stopped (GRADCOMP_TIMEOUT)",
+                               what.text(), seconds_text(timeout))));
 }
 
 void note_abandoned() { g_abandoned = true; }

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <mutex>
 #include <string_view>
 
@@ -26,7 +27,8 @@ using Clock = std::chrono::steady_clock;
 void ensure_initialized();
 
 // Held around every MPI call. With MPI_THREAD_MULTIPLE it holds nothing; with SERIALIZED it
-// serialises the threads of all our transports (each split has its own thread).
+// serialises our threads (each family of communicators has its driver thread, and a split makes
+// its blocking call on the caller's).
 std::unique_lock<std::mutex> lock();
 
 // Throws CommError "mpi: <what> failed: <MPI's message>" when rc is not MPI_SUCCESS.
@@ -47,6 +49,14 @@ struct WaitLabel {
   std::string text() const;
 };
 
+// How waits poll (wait() and the Driver's loop): spin for kPollSpin, yielding the core between
+// polls (small collectives finish there), then sleep, doubling up to kPollShortCap, or
+// kPollLongCap once the wait is older than kPollLongWait.
+inline constexpr std::chrono::microseconds kPollSpin{250};
+inline constexpr std::chrono::microseconds kPollShortCap{200};
+inline constexpr std::chrono::microseconds kPollLongCap{500};
+inline constexpr std::chrono::milliseconds kPollLongWait{20};
+
 // Polls `request` until it completes: spins for a few microseconds (small collectives finish
 // there), then sleeps a growing interval up to a cap, so a rank waiting on a slow peer costs
 // little CPU. Throws TimeoutError naming `what` (the operation, its bytes and this rank) at
@@ -54,6 +64,10 @@ struct WaitLabel {
 // collective request cannot be cancelled), which note_abandoned() records.
 void wait(MPI_Request& request, Clock::time_point deadline, Milliseconds timeout,
           const WaitLabel& what);
+
+// The error of a collective that MPI failed with `rc`, or that outlived `timeout`.
+std::exception_ptr comm_error(int rc, const WaitLabel& what);
+std::exception_ptr timeout_error(const WaitLabel& what, Milliseconds timeout);
 
 // Once a request was abandoned, MPI_Finalize at exit could wait forever for a dead peer, so
 // it is skipped (the job is failing anyway).

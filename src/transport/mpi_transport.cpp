@@ -1,6 +1,7 @@
 // The Open MPI backend: a private duplicate of MPI_COMM_WORLD (our traffic never matches the
-// application's own MPI calls), collectives started non-blocking on the transport's OpQueue
-// thread and polled to completion against the transport's timeout (mpi_runtime.h).
+// application's own MPI calls). Each transport is a channel of the Driver it shares with the
+// transports split from it (mpi_driver.h): its collectives are started non-blocking, in issue
+// order, by the driver's one thread, and polled to completion against the timeout.
 #include <fmt/format.h>
 
 #include <atomic>
@@ -13,8 +14,8 @@
 
 #include "gradcomp/error.h"
 #include "transport/backends.h"
+#include "transport/mpi_driver.h"
 #include "transport/mpi_runtime.h"
-#include "gradcomp/op_queue.h"
 
 namespace gradcomp {
 namespace {
@@ -43,6 +44,34 @@ int to_int(size_t value, const char* op, const char* what) {
                     op, what, value, kMaxCount));
   }
   return static_cast<int>(value);
+}
+
+// The start function (DriverWork::start) of a collective of one MPI call: `call(request)`
+// makes it and returns MPI's code.
+template <typename Call>
+auto one_call(Call call) {
+  return [call = std::move(call), called = false](MPI_Request* request, int* rc) mutable {
+    if (called) return false;
+    called = true;
+    *rc = call(request);
+    return true;
+  };
+}
+
+// The start function of a collective over `total` elements in calls of at most INT_MAX each
+// (reduction and broadcast are element-wise, so splitting is exact): `call(offset, count,
+// request)`. Every rank has the same total, so the same calls.
+template <typename Call>
+auto chunked_calls(size_t total, Call call) {
+  return [call = std::move(call), total, next = size_t{0}, called = false](MPI_Request* request,
+                                                                           int* rc) mutable {
+    if (called && next >= total) return false;
+    called = true;
+    const size_t count = std::min(total - next, kMaxCount);
+    *rc = call(next, static_cast<int>(count), request);
+    next += count;
+    return true;
+  };
 }
 
 // Counts and displacements of a v-collective, as MPI's int arrays.
@@ -93,7 +122,7 @@ class LayoutPool {
   std::vector<std::unique_ptr<Layout>> free_;
 };
 
-// Owns the communicator; outlives the OpQueue thread that uses it (declared before it).
+// Owns the communicator; outlives the channel that uses it (declared before it).
 class Comm {
  public:
   explicit Comm(MPI_Comm comm) : comm_(comm) {}
@@ -127,11 +156,16 @@ int comm_query(int (*query)(MPI_Comm, int*), MPI_Comm comm, const char* what) {
 
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, Milliseconds timeout)
+  MpiTransport(MPI_Comm comm, Milliseconds timeout, std::shared_ptr<mpi::Driver> driver)
       : comm_(comm),
         rank_(comm_query(MPI_Comm_rank, comm, "MPI_Comm_rank")),
         size_(comm_query(MPI_Comm_size, comm, "MPI_Comm_size")),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        channel_(std::move(driver), rank_, size_) {}
+  ~MpiTransport() override {
+    channel_.close();
+    if (channel_.failed()) comm_.abandon();
+  }
 
   std::string name() const override { return "mpi"; }
   int rank() const override { return rank_; }
@@ -139,7 +173,7 @@ class MpiTransport final : public Transport {
   Milliseconds timeout() const override { return timeout_; }
 
   std::unique_ptr<Transport> split(int color, int key) override;
-  bool drain(Milliseconds timeout) override { return queue_.drain(timeout); }
+  bool drain(Milliseconds timeout) override { return channel_.drain(timeout); }
 
  protected:
   WorkPtr start_allreduce(std::span<std::byte> buffer, DType type, ReduceOp op) override;
@@ -153,97 +187,59 @@ class MpiTransport final : public Transport {
   WorkPtr start_barrier() override;
 
  private:
-  // Starts one non-blocking MPI call (under the MPI lock) and waits for it until `deadline`,
-  // which is `timeout` (the transport's unless given) after the collective started.
+  // Queues a collective of `bytes` (named `op` in errors), bounded by the transport's timeout.
   template <typename Start>
-  void run(const char* op, size_t bytes, Clock::time_point deadline, Start start) {
-    run(op, bytes, deadline, timeout_, start);
-  }
-  template <typename Start>
-  void run(const char* op, size_t bytes, Clock::time_point deadline, Milliseconds timeout,
-           Start start) {
-    MPI_Request request = MPI_REQUEST_NULL;
-    {
-      auto guard = mpi::lock();
-      mpi::check(start(&request), op);
-    }
-    try {
-      mpi::wait(request, deadline, timeout,
-                {.op = op, .bytes = bytes, .rank = rank_, .size = size_});
-    } catch (...) {
-      comm_.abandon();
-      throw;
-    }
-  }
-  // Queues `body(deadline)`; the deadline starts when the collective starts, not when queued.
-  template <typename Body>
-  WorkPtr submit(Body body) {
-    return submit(timeout_, std::move(body));
-  }
-  template <typename Body>
-  WorkPtr submit(Milliseconds timeout, Body body) {
-    return queue_.submit(
-        [timeout, body = std::move(body)]() mutable { body(Clock::now() + timeout); });
+  WorkPtr submit(const char* op, size_t bytes, Start start) {
+    return channel_.submit(op, bytes, timeout_, std::move(start));
   }
   MPI_Comm comm() const { return comm_.get(); }
 
   Comm comm_;
   int rank_, size_;
   Milliseconds timeout_;
-  LayoutPool layouts_;    // before the queue: its operations give their layouts back to it
-  OpQueue queue_{"mpi"};  // last: its thread stops before the communicator is freed
+  LayoutPool layouts_;    // before the channel: its collectives give their layouts back to it
+  mpi::Channel channel_;  // last: closed before the communicator is freed
 };
 
 WorkPtr MpiTransport::start_allreduce(std::span<std::byte> buffer, DType type, ReduceOp op) {
   const MPI_Datatype element = mpi::element_type(type);
   const MPI_Op mpi_op = mpi::reduce_op(type, op);
   const size_t width = dtype_size(type);
-  return submit([this, buffer, element, mpi_op, width](Clock::time_point deadline) {
-    // Chunks of at most INT_MAX elements: reduction is element-wise, so splitting is exact.
-    const size_t total = buffer.size() / width;
-    size_t done = 0;
-    do {
-      const size_t count = std::min(total - done, kMaxCount);
-      run("allreduce", buffer.size(), deadline, [&](MPI_Request* r) {
-        return MPI_Iallreduce(MPI_IN_PLACE, mpi_address(buffer.subspan(done * width)),
-                              static_cast<int>(count), element, mpi_op, comm(), r);
-      });
-      done += count;
-    } while (done < total);
-  });
+  return submit("allreduce", buffer.size(),
+                chunked_calls(buffer.size() / width, [this, buffer, element, mpi_op, width](
+                                                         size_t offset, int count, MPI_Request* r) {
+                  return MPI_Iallreduce(MPI_IN_PLACE, mpi_address(buffer.subspan(offset * width)),
+                                        count, element, mpi_op, comm(), r);
+                }));
 }
 
 WorkPtr MpiTransport::start_allgather(std::span<const std::byte> in, std::span<std::byte> out) {
   const int n = to_int(in.size(), "allgather", "input");
   to_int(out.size(), "allgather", "output");  // displacements are ints too
-  return submit([this, in, out, n](Clock::time_point deadline) {
-    run("allgather", out.size(), deadline, [&](MPI_Request* r) {
-      return MPI_Iallgather(mpi_address(in), n, MPI_BYTE, mpi_address(out), n, MPI_BYTE, comm(), r);
-    });
-  });
+  return submit("allgather", out.size(), one_call([this, in, out, n](MPI_Request* r) {
+                  return MPI_Iallgather(mpi_address(in), n, MPI_BYTE, mpi_address(out), n, MPI_BYTE,
+                                        comm(), r);
+                }));
 }
 
 WorkPtr MpiTransport::start_allgatherv(std::span<const std::byte> in, std::span<std::byte> out,
                                        std::span<const size_t> counts) {
   auto l = layouts_.make(counts, "allgatherv", "count");
-  return submit([this, in, out, l = std::move(l)](Clock::time_point deadline) {
-    run("allgatherv", out.size(), deadline, [&](MPI_Request* r) {
-      return MPI_Iallgatherv(mpi_address(in), static_cast<int>(in.size()), MPI_BYTE,
-                             mpi_address(out), l->counts.data(), l->displs.data(), MPI_BYTE, comm(),
-                             r);
-    });
-  });
+  return submit("allgatherv", out.size(),
+                one_call([this, in, out, l = std::move(l)](MPI_Request* r) {
+                  return MPI_Iallgatherv(mpi_address(in), static_cast<int>(in.size()), MPI_BYTE,
+                                         mpi_address(out), l->counts.data(), l->displs.data(),
+                                         MPI_BYTE, comm(), r);
+                }));
 }
 
 WorkPtr MpiTransport::start_alltoall(std::span<const std::byte> in, std::span<std::byte> out) {
   const int block = to_int(in.size() / static_cast<size_t>(size_), "alltoall", "block");
   to_int(in.size(), "alltoall", "input");
-  return submit([this, in, out, block](Clock::time_point deadline) {
-    run("alltoall", in.size(), deadline, [&](MPI_Request* r) {
-      return MPI_Ialltoall(mpi_address(in), block, MPI_BYTE, mpi_address(out), block, MPI_BYTE,
-                           comm(), r);
-    });
-  });
+  return submit("alltoall", in.size(), one_call([this, in, out, block](MPI_Request* r) {
+                  return MPI_Ialltoall(mpi_address(in), block, MPI_BYTE, mpi_address(out), block,
+                                       MPI_BYTE, comm(), r);
+                }));
 }
 
 WorkPtr MpiTransport::start_alltoallv(std::span<const std::byte> in,
@@ -252,52 +248,44 @@ WorkPtr MpiTransport::start_alltoallv(std::span<const std::byte> in,
   auto send = layouts_.make(in_counts, "alltoallv", "in_counts entry");
   auto recv = layouts_.make(out_counts, "alltoallv", "out_counts entry");
   return submit(
-      [this, in, out, send = std::move(send), recv = std::move(recv)](Clock::time_point deadline) {
-        run("alltoallv", in.size() + out.size(), deadline, [&](MPI_Request* r) {
-          return MPI_Ialltoallv(mpi_address(in), send->counts.data(), send->displs.data(), MPI_BYTE,
-                                mpi_address(out), recv->counts.data(), recv->displs.data(),
-                                MPI_BYTE, comm(), r);
-        });
-      });
+      "alltoallv", in.size() + out.size(),
+      one_call([this, in, out, send = std::move(send), recv = std::move(recv)](MPI_Request* r) {
+        return MPI_Ialltoallv(mpi_address(in), send->counts.data(), send->displs.data(), MPI_BYTE,
+                              mpi_address(out), recv->counts.data(), recv->displs.data(), MPI_BYTE,
+                              comm(), r);
+      }));
 }
 
 WorkPtr MpiTransport::start_broadcast(std::span<std::byte> buffer, int root, Milliseconds timeout) {
-  return submit(timeout, [this, buffer, root, timeout](Clock::time_point deadline) {
-    size_t done = 0;
-    do {  // chunks of at most INT_MAX bytes; every rank has the same size, so the same chunks
-      const size_t count = std::min(buffer.size() - done, kMaxCount);
-      run("broadcast", buffer.size(), deadline, timeout, [&](MPI_Request* r) {
-        return MPI_Ibcast(mpi_address(buffer.subspan(done)), static_cast<int>(count), MPI_BYTE,
-                          root, comm(), r);
-      });
-      done += count;
-    } while (done < buffer.size());
-  });
+  return channel_.submit(
+      "broadcast", buffer.size(), timeout,
+      chunked_calls(buffer.size(), [this, buffer, root](size_t offset, int count, MPI_Request* r) {
+        return MPI_Ibcast(mpi_address(buffer.subspan(offset)), count, MPI_BYTE, root, comm(), r);
+      }));
 }
 
 WorkPtr MpiTransport::start_barrier() {
-  return submit([this](Clock::time_point deadline) {
-    run("barrier", 0, deadline, [&](MPI_Request* r) { return MPI_Ibarrier(comm(), r); });
-  });
+  return submit("barrier", 0, one_call([this](MPI_Request* r) { return MPI_Ibarrier(comm(), r); }));
 }
 
 std::unique_ptr<Transport> MpiTransport::split(int color, int key) {
-  // Shared with the queued op, which may outlive this call if the wait below times out.
-  auto result = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
-  queue_.call(
-      [this, color, key, result] {
-        const auto deadline = Clock::now() + timeout_;
-        // MPI_Comm_split blocks without a timeout; a barrier first turns a dead peer into a
-        // TimeoutError instead of a hang.
-        run("split", 0, deadline, [&](MPI_Request* r) { return MPI_Ibarrier(comm(), r); });
-        auto guard = mpi::lock();
-        mpi::check(MPI_Comm_split(comm(), color < 0 ? MPI_UNDEFINED : color, key, result.get()),
-                   "MPI_Comm_split");
-        if (*result != MPI_COMM_NULL) MPI_Comm_set_errhandler(*result, MPI_ERRORS_RETURN);
-      },
-      2 * timeout_);  // the barrier's own deadline comes first; this only bounds the queue
-  if (*result == MPI_COMM_NULL) return nullptr;
-  return std::make_unique<MpiTransport>(*result, timeout_);
+  MPI_Comm result = MPI_COMM_NULL;
+  // MPI_Comm_split blocks without a timeout: a barrier first (in order with the channel's
+  // collectives) turns a dead peer into a TimeoutError instead of a hang. The split itself runs
+  // on this thread while the channel starts nothing else: on the driver's it would stall every
+  // other communicator's collectives, and two splits issued in different orders on different
+  // ranks would wait for each other for ever.
+  channel_.exclusive("split", timeout_, 2 * timeout_,  // the barrier's own deadline comes first
+                     one_call([this](MPI_Request* r) { return MPI_Ibarrier(comm(), r); }), [&] {
+                       auto guard = mpi::lock();
+                       mpi::check(
+                           MPI_Comm_split(comm(), color < 0 ? MPI_UNDEFINED : color, key, &result),
+                           "MPI_Comm_split");
+                       if (result != MPI_COMM_NULL)
+                         MPI_Comm_set_errhandler(result, MPI_ERRORS_RETURN);
+                     });
+  if (result == MPI_COMM_NULL) return nullptr;
+  return std::make_unique<MpiTransport>(result, timeout_, channel_.driver());
 }
 
 // MPI_Comm_dup is collective and blocking; its non-blocking twin lets a missing peer surface
@@ -329,8 +317,8 @@ void check_expected(const char* what, int expected, int actual, const char* sour
 
 std::unique_ptr<Transport> make_mpi_transport(const TransportOptions& options, const LaunchInfo&) {
   mpi::ensure_initialized();
-  auto transport =
-      std::make_unique<MpiTransport>(duplicate_world(options.timeout), options.timeout);
+  auto transport = std::make_unique<MpiTransport>(duplicate_world(options.timeout), options.timeout,
+                                                  std::make_shared<mpi::Driver>());
   check_expected("rank", options.rank, transport->rank(), "MPI_Comm_rank");
   check_expected("world size", options.world_size, transport->size(), "MPI_Comm_size");
   return transport;

@@ -9,7 +9,7 @@
 
 namespace gradcomp {
 
-void QueuedWork::wait(Milliseconds timeout) {
+void SignalledWork::wait(Milliseconds timeout) {
   // A deadline far in the future (Milliseconds::max()) would overflow the clock: cap it at a
   // year, which is "forever" for a collective.
   timeout = std::min(timeout, Milliseconds(365LL * 24 * 3600 * 1000));
@@ -21,12 +21,12 @@ void QueuedWork::wait(Milliseconds timeout) {
   if (error_) std::rethrow_exception(error_);
 }
 
-bool QueuedWork::done() const {
+bool SignalledWork::done() const {
   std::lock_guard lock(mutex_);
   return done_;
 }
 
-void QueuedWork::finish(std::exception_ptr error) {
+void SignalledWork::finish(std::exception_ptr error) {
   {
     std::lock_guard lock(mutex_);
     done_ = true;
@@ -47,41 +47,10 @@ OpQueue::~OpQueue() {
   thread_.join();
 }
 
-void QueuedWork::renew() {
+void SignalledWork::renew() {
   std::lock_guard lock(mutex_);
   done_ = false;
   error_ = nullptr;
-}
-
-std::shared_ptr<QueuedWork> OpQueue::idle_work() {
-  // use_count 1: only works_ holds it (the queue, the thread and every caller let go), and
-  // only this function, under mutex_, hands it out again.
-  for (const auto& work : works_) {
-    if (work.use_count() == 1) {
-      work->renew();
-      return work;
-    }
-  }
-  works_.push_back(std::make_shared<QueuedWork>());
-  return works_.back();
-}
-
-void OpQueue::push(std::shared_ptr<QueuedWork> work) {
-  if (count_ == ring_.size()) {  // full: unroll into a ring twice the size
-    std::vector<std::shared_ptr<QueuedWork>> bigger(std::max<size_t>(16, 2 * ring_.size()));
-    for (size_t i = 0; i < count_; ++i) bigger[i] = std::move(ring_[(head_ + i) % ring_.size()]);
-    ring_ = std::move(bigger);
-    head_ = 0;
-  }
-  ring_[(head_ + count_) % ring_.size()] = std::move(work);
-  ++count_;
-}
-
-std::shared_ptr<QueuedWork> OpQueue::pop() {
-  std::shared_ptr<QueuedWork> work = std::move(ring_[head_]);
-  head_ = (head_ + 1) % ring_.size();
-  --count_;
-  return work;
 }
 
 void OpQueue::call(std::function<void()> op, Milliseconds timeout) {
@@ -103,9 +72,9 @@ void OpQueue::loop() {
     std::shared_ptr<QueuedWork> work;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || count_ > 0; });
-      if (count_ == 0) return;  // stopping, nothing left
-      work = pop();
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      work = queue_.pop();
       if (stopping_ && !broken_) {
         broken_ = std::make_exception_ptr(CommError(name_ + ": transport is shut down"));
       }
