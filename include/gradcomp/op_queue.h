@@ -90,6 +90,11 @@ class SignalledWork : public Work {
   std::exception_ptr error_;
 };
 
+// Waits for `marker`, a no-op queued behind everything to drain (Transport::drain): true once it
+// ran or failed (a broken transport fails it, everything before it having finished), false when
+// `timeout` passed first.
+bool wait_drained(Work& marker, Milliseconds timeout);
+
 // A Work completed by an OpQueue's thread.
 class QueuedWork : public SignalledWork {
  public:
@@ -102,7 +107,6 @@ template <class T>
 class WorkRing {
  public:
   bool empty() const { return count_ == 0; }
-  size_t size() const { return count_; }
   void push(std::shared_ptr<T> work) {
     if (count_ == ring_.size()) {  // full: unroll into a ring twice the size
       std::vector<std::shared_ptr<T>> bigger(std::max<size_t>(16, 2 * ring_.size()));
@@ -190,7 +194,7 @@ class OpQueue {
   WorkRing<QueuedWork> queue_;  // under mutex_
   bool stopping_ = false;
   std::exception_ptr broken_;  // the first failure; later ops fail with it
-  KeptThread thread_;  // declared last: it starts once the members it reads exist
+  KeptThread thread_;          // declared last: it starts once the members it reads exist
 };
 
 }  // namespace gradcomp

@@ -178,14 +178,9 @@ Channel::Channel(std::shared_ptr<Driver> driver, int rank, int size)
 }
 
 bool Channel::drain(Milliseconds timeout) {
-  try {
-    // Runs (or fails, when broken) after all queued before it, and makes no MPI call.
-    submit("drain", 0, timeout, [](MPI_Request*, int*) { return false; })->wait(timeout);
-  } catch (const TimeoutError&) {
-    return false;
-  } catch (const Error&) {  // the transport is broken: still, everything before has finished
-  }
-  return true;
+  // Runs (or fails, when broken) after all queued before it, and makes no MPI call.
+  return wait_drained(*submit("drain", 0, timeout, [](MPI_Request*, int*) { return false; }),
+                      timeout);
 }
 
 void Channel::close() {

@@ -57,14 +57,19 @@ void OpQueue::call(std::function<void()> op, Milliseconds timeout) {
   submit(std::move(op))->wait(timeout);
 }
 
-bool OpQueue::drain(Milliseconds timeout) {
+bool wait_drained(Work& marker, Milliseconds timeout) {
   try {
-    submit([] {})->wait(timeout);  // runs (or fails, when broken) after all queued before it
+    marker.wait(timeout);
   } catch (const TimeoutError&) {
     return false;
   } catch (const Error&) {  // the transport is broken: still, everything before has finished
   }
   return true;
+}
+
+bool OpQueue::drain(Milliseconds timeout) {
+  // Runs (or fails, when broken) after all queued before it.
+  return wait_drained(*submit([] {}), timeout);
 }
 
 void OpQueue::loop() {
