@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -16,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+
 #include "support/run_cli.h"
 
 namespace {
@@ -55,6 +57,37 @@ TEST(Launch, DefaultsAndInheritedVariables) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("127.0.0.1:29500 " + std::string(getenv("HOME"))), std::string::npos)
       << r.output;
+}
+
+// Ranks sharing the machine get one OpenMP/BLAS thread each, as under torchrun, unless the
+// user chose a count; a single rank keeps the machine's default. The notice says so once.
+TEST(Launch, OneOpenMpThreadPerRankUnlessTheUserChose) {
+  const char* inherited = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = inherited ? inherited : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  const Result two = run_cli("launch -n 2 -- sh -c 'echo threads=$OMP_NUM_THREADS.'");
+  const Result one = run_cli("launch -n 1 -- sh -c 'echo threads=$OMP_NUM_THREADS.'");
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  const Result chosen = run_cli("launch -n 2 -- sh -c 'echo threads=$OMP_NUM_THREADS.'");
+  if (inherited)
+    ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else
+    ::unsetenv("OMP_NUM_THREADS");
+
+  const auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(count(two.output, "threads=1."), 2u) << two.output;
+  EXPECT_EQ(count(two.output, "OMP_NUM_THREADS=1 for each of the 2 ranks"), 1u) << two.output;
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(count(one.output, "threads=."), 1u) << one.output;
+  EXPECT_EQ(count(one.output, "OMP_NUM_THREADS=1 for each"), 0u) << one.output;
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_EQ(count(chosen.output, "threads=3."), 2u) << chosen.output;
+  EXPECT_EQ(count(chosen.output, "OMP_NUM_THREADS=1 for each"), 0u) << chosen.output;
 }
 
 TEST(Launch, FailingRankStopsTheOthersAndItsCodeIsReturned) {

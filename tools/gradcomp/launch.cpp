@@ -1,7 +1,5 @@
 #include "launch.h"
 
-#include "cli_checks.h"
-
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -11,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -18,6 +17,7 @@
 #include <optional>
 #include <string_view>
 
+#include "cli_checks.h"
 #include "gradcomp/error.h"
 
 extern char** environ;
@@ -45,6 +45,14 @@ std::string server_store(const LaunchOptions& o) {
   return fmt::format("tcp://{}:{}", o.master_addr, server_port(o));
 }
 
+// Several ranks share this machine's cores: like torchrun, one thread each for OpenMP and for
+// the BLAS, unless the user chose. torch.set_num_threads(1) does not reach an OpenBLAS that
+// runs its own threads (Debian's torch), whose idle threads spin on sched_yield after every
+// matrix product and take the cores the other ranks compute on (docs/python.md).
+bool sets_omp_threads(const LaunchOptions& o) {
+  return o.ranks > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
+}
+
 // The variables torchrun sets (one node, so GROUP_RANK is 0 and local equals global).
 std::vector<std::pair<std::string, std::string>> rank_variables(const LaunchOptions& o, int rank) {
   std::vector<std::pair<std::string, std::string>> vars{
@@ -56,6 +64,7 @@ std::vector<std::pair<std::string, std::string>> rank_variables(const LaunchOpti
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
   };
+  if (sets_omp_threads(o)) vars.emplace_back("OMP_NUM_THREADS", "1");
   if (o.timeout_seconds > 0)
     vars.emplace_back("GRADCOMP_TIMEOUT", fmt::format("{}", o.timeout_seconds));
   if (o.servers > 0) {
@@ -304,6 +313,13 @@ int launch(const LaunchOptions& options) {
   // Orphans of the ranks (a shell's background job) become our children, so we can reap
   // them instead of leaving zombies to an init that may not.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  if (sets_omp_threads(options)) {
+    fmt::print(stderr,
+               "gradcomp launch: OMP_NUM_THREADS=1 for each of the {} ranks (as torchrun sets "
+               "it), so that they do not overload the cores; set OMP_NUM_THREADS to choose "
+               "another count\n",
+               options.ranks);
+  }
   std::vector<Child> children;
   try {
     for (int s = 0; s < options.servers; ++s) {
