@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -121,7 +122,19 @@ def _warn_if_blas_outnumbers_torch():
                       "spin between matrix products and take the cores the exchange (and other "
                       "ranks on this machine) need; start the ranks with OMP_NUM_THREADS="
                       f"{threads} (gradcomp launch and torchrun set 1 for several ranks)",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=_script_level())
+
+
+def _script_level():
+    """warnings.warn's stacklevel, for its caller's caller, of the first frame outside this
+    package: the script's line, through however many of gradcomp's constructors."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 _blas_checked = False
