@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -236,6 +237,43 @@ TwoStageOptimizer::TwoStageOptimizer(
       transport_->broadcast(bytes, 0)->wait(transport_->timeout());
     }
   }
+  find_unused_ = e.find_unused;
+  agree_on_find_unused();
+}
+
+// Every rank must take the same collectives a step: a rank agreeing on the unused parameters
+// while another does not would pair the agreement with the next step's exchange.
+void TwoStageOptimizer::agree_on_find_unused() const {
+  std::array<float, 1> flag{find_unused_ ? 1.0f : 0.0f};
+  transport_->allreduce(std::span<float>(flag))->wait(transport_->timeout());
+  if (flag[0] != 0.0f && flag[0] != static_cast<float>(transport_->size())) {
+    throw Error(fmt::format(
+        "{}: the ranks use different find_unused_parameters ({} of {} ranks true, this rank's "
+        "{}); pass the same on every rank",
+        name_, static_cast<int>(flag[0]), transport_->size(), find_unused_));
+  }
+}
+
+// After the exchange: the engines are idle, so the agreement cannot pair with their
+// collectives.
+std::vector<uint8_t> TwoStageOptimizer::unused_everywhere() const {
+  std::vector<uint8_t> unused(params_.size(), 0);
+  if (!find_unused_) return unused;
+  std::vector<float> used(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) used[i] = params_[i].grad().defined() ? 1.0f : 0.0f;
+  transport_->allreduce(std::span<float>(used))->wait(transport_->timeout());
+  for (size_t i = 0; i < params_.size(); ++i) unused[i] = used[i] == 0.0f ? 1 : 0;
+  return unused;
+}
+
+// On an exact step every rank handed over zeros: the mean is 0. On a compressed step every rank
+// handed over b1 m, and the mean differs from it by what error feedback delivered (the codes'
+// earlier errors), which the momentum keeps: m <- m + (mean - b1 m), so the momentum and the
+// feedback memories still hold all that was handed over.
+void TwoStageOptimizer::leave(size_t i, bool is_exact) {
+  if (is_exact) return;
+  at::Tensor& m = param_state(i).exp_avg();
+  m.add_(exchanged_[i] - at::mul(m, hyper_of(i).beta1));
 }
 
 TwoStageOptimizer::~TwoStageOptimizer() {
@@ -338,7 +376,8 @@ at::Tensor TwoStageOptimizer::step(LossClosure closure) {
     engine.ready(names_[i], float_span(exchanged_[i]));
   }
   engine.synchronize();
-  check_trainable();  // after the exchange (every rank took part), before anything moves
+  const std::vector<uint8_t> unused = unused_everywhere();
+  check_trainable(unused);  // after the exchange (every rank took part), before anything moves
   ++steps_;
   last_ = engine.last_step();
   // The engine checks every mean (the same bits on every rank): every rank decides alike.
@@ -349,11 +388,17 @@ at::Tensor TwoStageOptimizer::step(LossClosure closure) {
     return loss;
   }
   const int threads = at::get_num_threads();
-  for (size_t i = 0; i < params_.size(); ++i) update(i, is_exact, threads);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (unused[i]) {
+      leave(i, is_exact);
+    } else {
+      update(i, is_exact, threads);
+    }
+  }
   return loss;
 }
 
-void TwoStageOptimizer::check_trainable() const {
+void TwoStageOptimizer::check_trainable(const std::vector<uint8_t>& unused) const {
   for (const auto& [name, p] : left_out_) {
     if (!p.grad().defined()) continue;
     throw Error(fmt::format(
@@ -363,11 +408,12 @@ void TwoStageOptimizer::check_trainable() const {
         name_, name));
   }
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (params_[i].requires_grad() || params_[i].grad().defined()) continue;
+    if (params_[i].requires_grad() || params_[i].grad().defined() || unused[i]) continue;
     throw Error(fmt::format(
         "{0}: parameter '{1}' requires no gradient now (frozen after the {0} was built) and has "
         "none, so the exchange gave it zeros, which the momentum and weight decay would still "
-        "move it by. Build the {0} again after freezing (frozen parameters are left out)",
+        "move it by. Build the {0} again after freezing (frozen parameters are left out), or "
+        "pass find_unused_parameters(true)",
         name_, names_[i]));
   }
 }

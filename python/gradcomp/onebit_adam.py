@@ -67,6 +67,10 @@ class OneBitAdam(TwoStageOptimizer):
         so the exchange overlaps the rest of backward (False: all of them in step()). For one
         backward pass per step(); a second gradient before step() is an error
         (python/gradcomp/two_stage.py).
+    find_unused_parameters: as DDP's: a parameter whose .grad is None on every rank in a step
+        keeps its value, variance and step count, as torch's Adam leaves it (False: it moves by
+        its momentum and weight decay, as if its gradient were 0); one small collective a step,
+        the same on every rank.
 
     state_dict() holds the moments, the step and gradcomp's state (both sides' error feedback):
     load_state_dict() resumes bit-exactly after a step of either kind."""
@@ -76,7 +80,7 @@ class OneBitAdam(TwoStageOptimizer):
                  variance_interval=DEFAULT_VARIANCE_INTERVAL, warmup_steps=None, total_steps=None,
                  compression=DEFAULT_COMPRESSION, transport=None, seed=0, bucket_mb=25.0,
                  min_compress_elements=16384, timeline=None, codec_threads=1, broadcast=True,
-                 overlap=False):
+                 overlap=False, find_unused_parameters=False):
         self.variance = _variance_policy(variance, variance_interval, warmup_steps)
         self.variance_interval = variance_interval
         # None under "doubling" (total_steps then sets nothing)
@@ -84,7 +88,8 @@ class OneBitAdam(TwoStageOptimizer):
                              if variance == "freeze" else None)
         super().__init__(named_parameters, (lr, betas, eps, weight_decay, bias_correction),
                          (compression, transport, seed, bucket_mb, min_compress_elements,
-                          timeline, codec_threads, broadcast), overlap)
+                          timeline, codec_threads, broadcast), overlap,
+                         find_unused_parameters)
 
     @property
     def exact(self):

@@ -43,7 +43,7 @@ class OneBitLamb(TwoStageOptimizer):
     factor_max (4), factor_min (0.5), factor_threshold (0.1): the compression stage's factor's
         bounds, and the largest share by which it changes from one step to the next.
     compression, transport, seed, bucket_mb, min_compress_elements, timeline, codec_threads,
-        broadcast, overlap: as OneBitAdam's.
+        broadcast, overlap, find_unused_parameters: as OneBitAdam's.
 
     state_dict() holds the moments, the fresh variance, each layer's coefficient and factor, the
     step and gradcomp's state: load_state_dict() resumes bit-exactly in either stage."""
@@ -53,7 +53,8 @@ class OneBitLamb(TwoStageOptimizer):
                  coeff_beta=0.9, max_coeff=10.0, min_coeff=0.01, factor_max=4.0, factor_min=0.5,
                  factor_threshold=0.1, compression=DEFAULT_COMPRESSION, transport=None, seed=0,
                  bucket_mb=25.0, min_compress_elements=16384, timeline=None, codec_threads=1,
-                 broadcast=True, overlap=False):
+                 broadcast=True, overlap=False,
+                 find_unused_parameters=False):
         self.warmup_steps = warmup_steps_of(warmup_steps, total_steps, "OneBitLamb")
         knobs = dict(coeff_beta=coeff_beta, max_coeff=max_coeff, min_coeff=min_coeff,
                      factor_max=factor_max, factor_min=factor_min,
@@ -69,7 +70,8 @@ class OneBitLamb(TwoStageOptimizer):
         self._knobs = {k: float(v) for k, v in knobs.items()}
         super().__init__(named_parameters, (lr, betas, eps, weight_decay, bias_correction),
                          (compression, transport, seed, bucket_mb, min_compress_elements,
-                          timeline, codec_threads, broadcast), overlap)
+                          timeline, codec_threads, broadcast), overlap,
+                         find_unused_parameters)
 
     @property
     def exact(self):

@@ -44,10 +44,12 @@ class TwoStageOptimizer(torch.optim.Optimizer):
     `_update(p, weights, exchanged, group, exact, threads)`, `_settings()` (what a checkpoint
     must agree on) and may extend `_new_state(p)`."""
 
-    def __init__(self, named_parameters, adam, exchange, overlap=False):
+    def __init__(self, named_parameters, adam, exchange, overlap=False,
+                 find_unused_parameters=False):
         """adam: (lr, betas, eps, weight_decay, bias_correction); exchange: (compression,
         transport, seed, bucket_mb, min_compress_elements, timeline, codec_threads,
-        broadcast); overlap: hand each input over during backward (see the module's doc)."""
+        broadcast); overlap: hand each input over during backward (see the module's doc);
+        find_unused_parameters: leave alone a parameter no rank has a gradient for (_leave)."""
         from gradcomp import torch as gt  # the transports and checks DistributedOptimizer uses
         name = type(self).__name__
         lr, betas, eps, weight_decay, bias_correction = adam
@@ -100,6 +102,11 @@ class TwoStageOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{name}: overlap is {overlap!r}; allowed: True or False")
         self.overlap = overlap
         self._accumulators = self._hook_gradients() if overlap else []
+        if not isinstance(find_unused_parameters, bool):
+            raise ValueError(f"{name}: find_unused_parameters is {find_unused_parameters!r}; "
+                             "allowed: True or False")
+        self.find_unused_parameters = find_unused_parameters
+        self._agree_on_find_unused()
 
     @property
     def exact(self):
@@ -123,8 +130,9 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         self._handed = [False] * len(self._params)
         engine.synchronize()
         handed_grads, self._handed_grads = self._handed_grads, [None] * len(self._params)
+        unused = self._unused_everywhere()
         # After the exchange, so that every rank has taken part in it; before anything moves.
-        self._check_trainable()
+        self._check_trainable(unused)
         self._check_unchanged(handed_grads)
         self._steps += 1
         self._last = engine.last_step()
@@ -134,7 +142,10 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                           RuntimeWarning, stacklevel=2)
             return loss
         threads, began = torch.get_num_threads(), time.perf_counter()
-        for p, group, exchanged in zip(self._params, groups, self._exchanged):
+        for i, (p, group, exchanged) in enumerate(zip(self._params, groups, self._exchanged)):
+            if i in unused:
+                self._leave(p, group, exchanged, exact)
+                continue
             packed = not p.is_contiguous()  # channels_last weights: the kernels take them packed
             weights = p.data.contiguous() if packed else p.data
             self._update(p, weights, exchanged, group, exact, threads)
@@ -143,24 +154,61 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         self._last["update_seconds"] = time.perf_counter() - began
         return loss
 
-    def _check_trainable(self):
+    def _agree_on_find_unused(self):
+        """Every rank must take the same number of collectives a step: a rank agreeing on the
+        unused parameters while another does not would pair the agreement with the next
+        step's exchange. A collective at construction, like the engines'."""
+        flag = torch.tensor([float(self.find_unused_parameters)])
+        self._transport.allreduce_(flag)
+        if flag.item() not in (0.0, float(self._transport.size)):
+            raise Error(f"{type(self).__name__}: the ranks use different "
+                        f"find_unused_parameters ({int(flag.item())} of "
+                        f"{self._transport.size} ranks True, this rank's "
+                        f"{self.find_unused_parameters}); pass the same on every rank")
+
+    def _unused_everywhere(self):
+        """find_unused_parameters: the parameters no rank had a gradient for this step, agreed
+        by a sum over the ranks (one small collective, after the exchange: the engines are
+        idle, and with overlap=True the next backward has not begun)."""
+        if not self.find_unused_parameters:
+            return set()
+        used = torch.tensor([float(p.grad is not None) for p in self._params])
+        self._transport.allreduce_(used)
+        return {i for i, n in enumerate(used.tolist()) if n == 0}
+
+    def _leave(self, p, group, exchanged, exact):
+        """A parameter no rank used this step keeps its value, its variance and its step count,
+        as PyTorch's Adam leaves a parameter without a gradient. What the exchange gave it is
+        not dropped: on an exact step every rank handed over zeros, so the mean is 0; on a
+        compressed step every rank handed over b1 m, and the mean differs from it by what error
+        feedback delivered (the codes' earlier errors), which the momentum keeps:
+        m <- m + (mean - b1 m), so the momentum plus the memories still hold all that was
+        handed over."""
+        if exact:
+            return
+        beta1 = group["betas"][0]
+        m = self._state(p)["exp_avg"]
+        m.add_(exchanged - torch.mul(m, beta1))
+
+    def _check_trainable(self, unused):
         """Refuses a step that would move a parameter PyTorch's own optimizer leaves alone, or
         leave one it moves, when requires_grad changed after construction (fine-tuning's
         freezing and unfreezing). Nothing has moved yet: the script can build the optimizer
-        again."""
+        again. With find_unused_parameters a frozen parameter that no rank has a gradient for
+        is left alone (`unused`), as DDP's option does."""
         name = type(self).__name__
         for pname, p in self._left_out:
             if p.grad is not None:
                 raise Error(f"{name}: parameter '{pname}' has a gradient, but it required none "
                             f"when the {name} was built, so it is not exchanged and would never "
                             f"be updated. Build the {name} again after changing requires_grad")
-        for pname, p in zip(self._names, self._params):
-            if p.grad is None and not p.requires_grad:
+        for i, (pname, p) in enumerate(zip(self._names, self._params)):
+            if p.grad is None and not p.requires_grad and i not in unused:
                 raise Error(f"{name}: parameter '{pname}' requires no gradient now (frozen "
                             f"after the {name} was built) and has none, so the exchange gave "
                             "it zeros, which the momentum and weight decay would still move it "
                             f"by. Build the {name} again after freezing (frozen parameters are "
-                            "left out)")
+                            "left out), or pass find_unused_parameters=True")
 
     def _check_unchanged(self, handed_grads):
         """overlap=True: refuses a step whose gradients the script changed after backward had

@@ -359,3 +359,33 @@ def test_overlap_on_two_ranks_gives_the_same_bits(runs, module_runner):
     finals = overlapped.loads("final")
     assert finals[0] == finals[1], "the ranks' parameters differ"
     assert finals[0] == straight.load("final", 0), "overlap changed the result"
+
+
+@pytest.mark.parametrize("optimizer,overlap", [("OneBitAdam", False), ("OneBitLamb", False),
+                                                ("OneBitAdam", True)])
+def test_find_unused_parameters_leaves_a_layer_no_rank_used(optimizer, overlap, module_runner):
+    """2 ranks, 3 exact steps then 5 compressed: a layer no rank uses keeps its value and step
+    count; a layer rank 1 alone uses on odd steps is updated alike on both ranks; without the
+    option the unused layer moves (its momentum and weight decay), as documented."""
+    job = module_runner("onebit_unused.py", "--optimizer", optimizer,
+                        *(["--overlap"] if overlap else [])).check()
+    reports = job.reports()
+    finals = job.loads("final")
+    for name in finals[0]:
+        assert torch.equal(finals[0][name], finals[1][name]), f"ranks differ on {name}"
+    for r in reports:
+        assert sorted(r["unchanged"]) == ["never.bias", "never.weight"], r
+        assert r["steps"]["never.weight"] == 0 and r["steps"]["sometimes.weight"] == 4, r
+        assert r["steps"]["body.0.weight"] == 8, r
+    plain = module_runner("onebit_unused.py", "--optimizer", optimizer,
+                          "--find-unused", "False").check()
+    for r in plain.reports():
+        assert r["unchanged"] == [], r  # stepped on zeros: weight decay moved them
+
+
+def test_find_unused_parameters_must_agree_over_the_ranks(module_runner):
+    job = module_runner("onebit_unused.py", "--optimizer", "OneBitAdam",
+                        "--flag-of-rank", "0=True", "--flag-of-rank", "1=False").check()
+    for rank, r in enumerate(job.reports()):
+        assert "the ranks use different find_unused_parameters" in r["refused"], r
+        assert f"this rank's {rank == 0}" in r["refused"], r

@@ -316,6 +316,30 @@ TEST(OneBitAdam, ChangingRequiresGradAfterConstructionIsRefused) {
   refused(frozen, q, "parameter 'b2' requires no gradient now");
 }
 
+// find_unused_parameters: a parameter no rank has a gradient for ("side") keeps its value and
+// step count through exact and compressed steps, the others train alike on every rank; without
+// the option it moves (weight decay on a zero gradient). Ranks that differ on it are refused.
+TEST(OneBitAdam, FindUnusedParametersLeavesAParameterNoRankUsed) {
+  for (const bool find_unused : {true, false}) {
+    Parameters p = make_parameters();
+    p.insert("side", at::ones({8}).requires_grad_());
+    OneBitAdam opt(p, world(), compressed("freeze").find_unused_parameters(find_unused));
+    const at::Tensor before = p["side"].detach().clone();
+    train(p, opt, 0, 8);
+    expect_identical_across_ranks(p, find_unused ? "find_unused" : "plain");
+    EXPECT_EQ(at::equal(p["side"], before), find_unused) << find_unused;
+    EXPECT_EQ(state_of(opt, p["side"]).step(), find_unused ? 0 : 8);
+    EXPECT_EQ(state_of(opt, p["w1"]).step(), 8);
+  }
+  Parameters q = make_parameters();
+  try {
+    OneBitAdam mixed(q, world(), compressed("freeze").find_unused_parameters(world()->rank() == 0));
+    ADD_FAILURE() << "ranks with different find_unused_parameters were accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "the ranks use different find_unused_parameters")) << e.what();
+  }
+}
+
 TEST(OneBitAdam, BadInputIsAClearError) {
   Parameters p = make_parameters();
   auto refusal = [&](const OneBitAdamOptions& options) {

@@ -49,6 +49,7 @@ struct TwoStageExchange {
   int64_t codec_threads = 1;
   std::string timeline;   // the compressed steps' trace; the exact steps' is "<stem>-exact<ext>"
   bool broadcast = true;  // rank 0's parameters to every rank, at the start
+  bool find_unused = false;  // TwoStageOptions::find_unused_parameters
 };
 
 // The warm-up's length (>= 1): warmup_steps, else 15% of total_steps, else
@@ -108,6 +109,10 @@ class TwoStageOptions : public TwoStageGroupOptions {
   // beside it ("trace.json" -> "trace-exact.json"), each per rank as usual.
   GRADCOMP_TWO_STAGE_ARG(std::string, timeline) = "";
   GRADCOMP_TWO_STAGE_ARG(bool, broadcast) = true;
+  // As DDP's: a parameter no rank has a gradient for in a step keeps its value, variance and
+  // step count, as torch's Adam leaves it (false: it moves by its momentum and weight decay,
+  // as if its gradient were 0); one small collective a step. The same on every rank.
+  GRADCOMP_TWO_STAGE_ARG(bool, find_unused_parameters) = false;
 
  public:
   std::unique_ptr<::torch::optim::OptimizerOptions> clone() const override {
@@ -130,7 +135,8 @@ class TwoStageOptions : public TwoStageGroupOptions {
             .min_compress_elements = min_compress_elements_,
             .codec_threads = codec_threads_,
             .timeline = timeline_,
-            .broadcast = broadcast_};
+            .broadcast = broadcast_,
+            .find_unused = find_unused_parameters_};
   }
   // Only the per-group hyper-parameters travel with a group (torch's macros name `torch::`,
   // which means gradcomp::torch here: the entries are written out).
@@ -256,7 +262,14 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   // Throws Error naming a parameter whose requires_grad changed since construction in a way
   // the step would get wrong: left out then and with a gradient now (never updated), or
   // exchanged and now frozen without a gradient (moved by its momentum and weight decay).
-  void check_trainable() const;
+  void check_trainable(const std::vector<uint8_t>& unused) const;
+  // find_unused_parameters: 1 for each parameter no rank had a gradient for (a collective);
+  // all 0 without the option.
+  std::vector<uint8_t> unused_everywhere() const;
+  // A parameter no rank used keeps its value, variance and step count; what the exchange gave
+  // it is kept in its momentum (two_stage.cpp).
+  void leave(size_t i, bool exact);
+  void agree_on_find_unused() const;
 
   std::string name_;
   std::vector<std::string> names_;
@@ -268,6 +281,7 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   std::shared_ptr<Transport> transport_;
   std::unique_ptr<Engine> engine_;        // the compressed plan
   std::unique_ptr<Engine> exact_engine_;  // the "none" plan
+  bool find_unused_ = false;
   int64_t steps_ = 0;
   StepStats last_{};
 };
