@@ -100,7 +100,6 @@ void OneBitAdam::update(size_t i, bool is_exact, int threads) {
     }
     return;
   }
-  check_compressed_step(state);
   if (frozen() && !state.filled()) {
     fill_unseen(state.exp_avg_sq());  // it will not learn them any more
     state.filled(true);

@@ -81,7 +81,6 @@ void OneBitLamb::update(size_t i, bool is_exact, int threads) {
     average_ratio(state, lamb_step(slot, state.step(), hyper, threads).trust_ratio);
     return;
   }
-  check_compressed_step(state);
   if (!state.fresh_exp_avg_sq().defined()) {  // the first step after the freeze
     fill_unseen(state.exp_avg_sq());          // it will not learn them any more
     state.fresh_exp_avg_sq(state.exp_avg_sq().clone(at::MemoryFormat::Contiguous));

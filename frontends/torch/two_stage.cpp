@@ -345,12 +345,16 @@ LayerSlot TwoStageOptimizer::layer(size_t i) {
           float_span(state.exp_avg_sq())};
 }
 
-void TwoStageOptimizer::check_compressed_step(const TwoStageParamState& state) const {
-  if (state.variance_updates() < 1) {
+void TwoStageOptimizer::check_compressed_step(const std::vector<uint8_t>& unused) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (unused[i] || param_state(i).variance_updates() >= 1) continue;
     throw Error(fmt::format(
-        "{}: a compressed step came before any exact step updated the variance (every exact "
-        "step so far was skipped: non-finite averages)",
-        name_));
+        "{}: a compressed step came before any exact step updated the variance of parameter "
+        "'{}' (the exact steps so far were skipped, their averages not finite, or, with "
+        "find_unused_parameters, no rank used it on any of them); every parameter needs one "
+        "exact step on its gradient first: lengthen the warm-up so that it sees every "
+        "parameter used, or leave find_unused_parameters off",
+        name_, names_[i]));
   }
 }
 
@@ -387,6 +391,7 @@ at::Tensor TwoStageOptimizer::step(LossClosure closure) {
                "skipped on every rank");
     return loss;
   }
+  if (!is_exact) check_compressed_step(unused);
   const int threads = at::get_num_threads();
   for (size_t i = 0; i < params_.size(); ++i) {
     if (unused[i]) {

@@ -116,7 +116,6 @@ class OneBitAdam(TwoStageOptimizer):
             _C.zero_one_adam_step(weights, exchanged, state["exp_avg"], state["exp_avg_sq"],
                                   state["step"], hyper, threads, state["variance_updates"], True)
             return
-        self._check_compressed_step(state)
         if self.frozen and not state.get("filled"):
             fill_unseen(state["exp_avg_sq"])  # it will not learn them any more
             state["filled"] = True

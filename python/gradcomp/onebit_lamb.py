@@ -97,7 +97,6 @@ class OneBitLamb(TwoStageOptimizer):
                                 state["step"], hyper, threads)
             self._average_ratio(state, step.trust_ratio)
             return
-        self._check_compressed_step(state)
         if "fresh_exp_avg_sq" not in state:  # the first step after the freeze
             fill_unseen(state["exp_avg_sq"])  # it will not learn them any more
             state["fresh_exp_avg_sq"] = state["exp_avg_sq"].clone()

@@ -141,6 +141,8 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                           "(an overflow on some rank): the step is skipped on every rank",
                           RuntimeWarning, stacklevel=2)
             return loss
+        if not exact:
+            self._check_compressed_step(unused)
         threads, began = torch.get_num_threads(), time.perf_counter()
         for i, (p, group, exchanged) in enumerate(zip(self._params, groups, self._exchanged)):
             if i in unused:
@@ -294,11 +296,19 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                 "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
                 "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format)}
 
-    def _check_compressed_step(self, state):
-        if state["variance_updates"] < 1:
+    def _check_compressed_step(self, unused):
+        """Before anything moves: a compressed step steps by the variance, which an exact step
+        must have updated for every parameter it moves."""
+        for i, (pname, p) in enumerate(zip(self._names, self._params)):
+            if i in unused or self._state(p)["variance_updates"] >= 1:
+                continue
             raise Error(f"{type(self).__name__}: a compressed step came before any exact step "
-                        "updated the variance (every exact step so far was skipped: non-finite "
-                        "averages)")
+                        f"updated the variance of parameter '{pname}' (the exact steps so far "
+                        "were skipped, their averages not finite, or, with "
+                        "find_unused_parameters, no rank used it on any of them); every "
+                        "parameter needs one exact step on its gradient first: lengthen the "
+                        "warm-up so that it sees every parameter used, or leave "
+                        "find_unused_parameters off")
 
     def _settings(self):
         """What a checkpoint holds and a resumed optimizer must agree with."""

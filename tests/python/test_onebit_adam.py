@@ -389,3 +389,26 @@ def test_find_unused_parameters_must_agree_over_the_ranks(module_runner):
     for rank, r in enumerate(job.reports()):
         assert "the ranks use different find_unused_parameters" in r["refused"], r
         assert f"this rank's {rank == 0}" in r["refused"], r
+
+
+def test_a_parameter_first_used_after_the_warmup_is_named():
+    """With find_unused_parameters, a layer no rank used in the warm-up has no variance: its
+    first compressed step is refused, naming it, before anything moves (its step would divide
+    by a variance of 0)."""
+    torch.manual_seed(0)
+    body, late = torch.nn.Linear(32, 4), torch.nn.Linear(4, 4)
+    named = [("body." + n, p) for n, p in body.named_parameters()] + \
+        [("late." + n, p) for n, p in late.named_parameters()]
+    opt = gc.OneBitAdam(named, warmup_steps=WARMUP, find_unused_parameters=True)
+    for step in range(WARMUP + 2):
+        opt.zero_grad(set_to_none=True)
+        x, y = _batch(step)
+        out = body(x)
+        torch.nn.functional.mse_loss(late(out) if step > WARMUP else out, y).backward()
+        if step <= WARMUP:
+            opt.step()
+            continue
+        before = [p.detach().clone() for _, p in named]
+        with pytest.raises(gc.Error, match="updated the variance of parameter 'late.weight'"):
+            opt.step()
+        assert all(torch.equal(a, p) for a, (_, p) in zip(before, named))

@@ -247,8 +247,6 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   AdamHyper hyper_of(size_t i) const;  // parameter i's group's
   // {param, exchanged, exp_avg, exp_avg_sq} of parameter i, as float spans.
   LayerSlot layer(size_t i);
-  // Throws unless an exact step has updated the variance (all of them skipped otherwise).
-  void check_compressed_step(const TwoStageParamState& state) const;
 
   static std::span<float> float_span(const at::Tensor& t);
   // Coordinates whose gradient was always 0 before the variance froze (an embedding row not
@@ -270,6 +268,10 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   // it is kept in its momentum (two_stage.cpp).
   void leave(size_t i, bool exact);
   void agree_on_find_unused() const;
+  // Before a compressed step moves anything: throws, naming the parameter, unless an exact step
+  // has updated the variance of every parameter it moves (all of them skipped, or with
+  // find_unused_parameters none used it).
+  void check_compressed_step(const std::vector<uint8_t>& unused);
 
   std::string name_;
   std::vector<std::string> names_;
