@@ -1,8 +1,8 @@
 """Two-stage optimizers with find_unused_parameters: the common model plus two side layers,
 `sometimes` (used by rank 1 on odd steps only) and `never` (used by no rank), trained for
---steps steps (--warmup exact ones, then compressed). Records each parameter's bytes before and
-after, the side layers' step counts, and whether the ranks' flags (--flag-of-rank R=True|False)
-were refused."""
+--steps steps (--warmup exact ones, then compressed). Records the final parameters, the names
+of those left unchanged, each parameter's step count, or the error that refused the ranks'
+flags (--flag-of-rank R=True|False)."""
 import torch
 
 import common
