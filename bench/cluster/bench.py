@@ -26,6 +26,7 @@ gloo's reductions on 2 cores). Dilation hides K-fold any CPU cost of encoding, s
 and the simulator see codec costs divided by K too, and the report marks those rows.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -34,6 +35,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -152,6 +154,10 @@ def parse_args(argv=None):
     p.add_argument("--train-epochs", type=float, default=2.0)
     p.add_argument("--train-rate", default="1gbit")
     p.add_argument("--train-workers", type=int, default=4)
+    p.add_argument("--train-rate-change", default=None, metavar="RATE@SECONDS",
+                   help="training: every link changes to RATE this many seconds after each "
+                        "contender's processes start (e.g. 1gbit@60): a link that gets faster "
+                        "or slower during training")
     p.add_argument("--train-optimizer", choices=["sgd", "adamw"], default="sgd",
                    help="the training runs' optimizer: SGD with momentum (the main job's "
                         "default) or AdamW; auto then takes the options recommended for it")
@@ -204,6 +210,8 @@ def parse_args(argv=None):
                 f"{', '.join(TRAIN_CONTENDERS)}, or gradcomp:SPEC")
     if args.train and args.optimizers:
         p.error("--optimizers replays profiles only; drop --train")
+    if args.train_rate_change is not None:
+        args.train_rate_change = parse_rate_change(p, args.train_rate_change)
     args.auto = dict(AUTO)
     if args.auto_candidates is not None:
         candidates = [c.strip() for c in args.auto_candidates.split(";") if c.strip()]
@@ -215,6 +223,19 @@ def parse_args(argv=None):
     if min(args.workers) < 2:
         p.error("--workers: every count must be at least 2")
     return args
+
+
+def parse_rate_change(p, text):
+    """--train-rate-change RATE@SECONDS -> (text of RATE, bits/s, seconds)."""
+    rate, at, seconds = text.partition("@")
+    try:
+        bps, after = netns.parse_rate(rate), float(seconds)
+    except (netns.ClusterError, ValueError) as e:
+        p.error(f"--train-rate-change: {e}; give RATE@SECONDS, e.g. 1gbit@60")
+    if not at or not 0 < after < 1e5:
+        p.error(f"--train-rate-change: '{text}' is not RATE@SECONDS with SECONDS in (0, 1e5), "
+                "e.g. 1gbit@60")
+    return rate, bps, after
 
 
 def contenders(args):
@@ -693,9 +714,13 @@ def train_config(args, out, port):
     config = {"rate": args.train_rate, "workers": workers, "dilation": 1,
               "epochs": args.train_epochs, "target_accuracy": args.target_accuracy,
               "optimizer": args.train_optimizer, "runs": []}
+    change = args.train_rate_change
+    if change:
+        config["rate_change"] = {"rate": change[0], "after_seconds": change[2]}
     out_dir = out / "runs" / f"train-{args.train_rate}-w{workers}"
-    say(f"\n== Fashion-MNIST training: {workers} hosts at {args.train_rate}, "
-        f"{args.train_epochs:g} epochs each, {args.train_optimizer}")
+    say(f"\n== Fashion-MNIST training: {workers} hosts at {args.train_rate}"
+        + (f" ({change[0]} after {change[2]:g} s)" if change else "")
+        + f", {args.train_epochs:g} epochs each, {args.train_optimizer}")
     with netns.Cluster(workers, rate_bps, run_id=f"{os.getpid()}") as cluster:
         runner = Runner(cluster, out_dir, port)
         for name in split(args.train_contenders):
@@ -705,10 +730,11 @@ def train_config(args, out, port):
             try:
                 settings = (["--train-auto", json.dumps(args.train_auto)]
                             if name == "auto" and args.train_auto else [])
-                ranks, seconds = runner.run(name, ["--workload", "train", "--contender", name,
-                                                   "--epochs", str(args.train_epochs),
-                                                   "--train-optimizer", args.train_optimizer,
-                                                   *settings], 1800)
+                with rate_changed(cluster, rate_bps, change):
+                    ranks, seconds = runner.run(name, ["--workload", "train", "--contender", name,
+                                                       "--epochs", str(args.train_epochs),
+                                                       "--train-optimizer", args.train_optimizer,
+                                                       *settings], 1800)
             except netns.ClusterError as e:
                 config["runs"].append({**row, **failed_row(name, e)})
                 continue
@@ -724,6 +750,23 @@ def train_config(args, out, port):
                 f"{r0['epoch_seconds'][-1]:.1f} s of training ({seconds:.0f} s)")
             config["runs"].append(row)
     return config
+
+
+@contextlib.contextmanager
+def rate_changed(cluster, rate_bps, change):
+    """Runs the body at rate_bps, every link changed to change's rate after its seconds (a
+    timer); back at rate_bps afterwards, so every contender sees the same links."""
+    cluster.set_rate(rate_bps)
+    timer = threading.Timer(change[2], cluster.set_rate, [change[1]]) if change else None
+    if timer:
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer:
+            timer.cancel()
+            timer.join()
+        cluster.set_rate(rate_bps)
 
 
 def optimizer_config(args, profile, rate, workers, names, out, port):

@@ -311,6 +311,20 @@ class Cluster:
         _run(["tc", "-n", ns, "qdisc", "add", "dev", self.ifname, "root"] + tbf)  # host -> switch
         _run(["tc", "-n", sw, "qdisc", "add", "dev", port, "root"] + tbf)  # switch -> host
 
+    def set_rate(self, rate_bps):
+        """Changes every link's rate, both ways, while the cluster runs (a link getting faster
+        or slower under a job): the tbf of each host and of its switch port is replaced in
+        place, so connections stay up and queued bytes drain at the new rate."""
+        if isinstance(rate_bps, str):
+            rate_bps = parse_rate(rate_bps)
+        if not rate_bps > 0:
+            raise ClusterError(f"rate must be positive, got {rate_bps!r} bits/s")
+        tbf = _tbf_args(rate_bps)
+        for i, ns in enumerate(self.namespaces):
+            _run(["tc", "-n", ns, "qdisc", "replace", "dev", self.ifname, "root"] + tbf)
+            _run(["tc", "-n", self.switch, "qdisc", "replace", "dev", f"gcv{i}", "root"] + tbf)
+        self.rate_bps = float(rate_bps)
+
     # ---- cleanup
 
     def _register_cleanup(self):

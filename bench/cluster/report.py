@@ -648,7 +648,10 @@ def _train_section(results, image_names):
         target_text = "?" if target is None else f"{target:.1%}"
         k = dilation(entry)
         optimizer = {"sgd": "SGD with momentum", "adamw": "AdamW"}.get(entry.get("optimizer"))
-        lines += [f"### {entry.get('rate', '?')}, {entry.get('workers', '?')} workers, "
+        change = entry.get("rate_change")
+        rate = entry.get("rate", "?") + (f" -> {change['rate']} after {change['after_seconds']:g} s"
+                                          if change else "")
+        lines += [f"### {rate}, {entry.get('workers', '?')} workers, "
                   f"{entry.get('epochs', '?')} epochs, "
                   + (f"{optimizer}, " if optimizer else "") + f"target {target_text}"
                   + (f" {dilation_note(k)}" if k > 1 else ""), ""]
@@ -672,8 +675,10 @@ def _train_auto_line(run):
                           if c.get("measured_ms"))
         plan = next((c.get("summary") for c in d["candidates"] if c["name"] == d["kept"]), None)
         plan = f" (`{plan}`)" if plan else ""
-        parts.append(f"at step {d['step']} kept **{d['kept']}**{plan} ({d['why']}; measured: "
-                     f"{tried})")
+        reason = d.get("reason")
+        reason = f" ({reason})" if reason and not reason.startswith("first decision") else ""
+        parts.append(f"at step {d['step']}{reason} kept **{d['kept']}**{plan} ({d['why']}; "
+                     f"measured: {tried})")
     return f"gradcomp auto (compression=\"auto\", default settings): {'; then '.join(parts)}.\n"
 
 

@@ -399,6 +399,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("drift", &AutoSettings::drift)
       .def_readwrite("check_every", &AutoSettings::check_every)
       .def_readwrite("drift_checks", &AutoSettings::drift_checks)
+      .def_readwrite("link_check_every", &AutoSettings::link_check_every)
+      .def_readwrite("link_change", &AutoSettings::link_change)
       .def_readwrite("residual_growth", &AutoSettings::residual_growth)
       .def_readwrite("residual_checks", &AutoSettings::residual_checks)
       .def_readwrite("verbose", &AutoSettings::verbose)

@@ -22,7 +22,8 @@
 //              uncompressed plan of the same run first) is within the trials' noise or 3% of
 //              it (do no harm); a larger gain that only the noise hides is measured again;
 //   watch      when the step time drifts by more than `drift` for several checks in a row (a link
-//              got slower, another job arrived), it calibrates and decides again; when the
+//              got slower, another job arrived), or a compressed plan's probe of the link finds
+//              it much faster, it calibrates and decides again; when the
 //              error feedback's residual keeps growing against the mean (compression costs
 //              the model more and more), it backs off to a gentler plan (more bits per
 //              element) and leaves that codec out of later searches.
@@ -83,6 +84,15 @@ struct AutoSettings {
   double drift = 0.2;           // a relative change of the step time that counts as drift
   uint64_t check_every = 25;    // steps between drift checks, after a decision
   uint64_t drift_checks = 3;    // consecutive checks that must see drift before deciding again
+  // The link watch, while a compressed plan is kept: its step may not show a link that got
+  // faster (it sends little), where uncompressed or a gentler codec may now win. Every
+  // `link_check_every` steps (0: never; more where the probe would cost over 2% of the steps
+  // between) one allreduce of a size the last calibration probed (the largest that took at
+  // most 100 ms then) is timed again; when it runs `link_change` times faster than then at 2
+  // checks in a row, the scheduler calibrates and decides again. A slower link needs no
+  // probe: it slows the kept plan's step, which the drift watch sees.
+  uint64_t link_check_every = 100;
+  double link_change = 2;
   // The convergence guard's watch, at every check: per compressed bucket, the norm of the
   // residual error feedback holds over the norm of the mean (the largest over ranks). A bucket
   // whose ratio rose at `residual_checks` checks in a row, to more than `residual_growth`

@@ -277,7 +277,8 @@ _NON_FINITE_STEP = (
 
 _AUTO_KEYS = ("candidates", "warmup_steps", "profile_steps", "trial_steps", "stop_after",
               "stop_margin", "max_proposals", "refine_proposals", "runoff", "drift", "check_every",
-              "drift_checks", "residual_growth", "residual_checks", "verbose")
+              "drift_checks", "link_check_every", "link_change", "residual_growth",
+              "residual_checks", "verbose")
 
 
 def _auto_settings(compression, plan, auto, optimizer):
@@ -442,7 +443,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     auto: compression="auto"'s settings, a dict: candidates (options the plans may use;
         default: those recommended for this optimizer's kind), warmup_steps, profile_steps,
         trial_steps, stop_after, stop_margin, max_proposals, refine_proposals, runoff, drift,
-        check_every, drift_checks, residual_growth, residual_checks, verbose.
+        check_every, drift_checks, link_check_every, link_change, residual_growth,
+        residual_checks, verbose.
     named_parameters: model.named_parameters(), or the model itself (then the weights of its
         nn.Embedding and nn.EmbeddingBag with sparse=True are exchanged as sparse rows).
     plan: a gradcomp plan (dict, JSON string or file) instead; its tensors are the parameter

@@ -46,6 +46,20 @@ constexpr double kLosslessStopMargin = 1.0;
 constexpr int kSaveVersion = 1;
 // The drift's backoff doubles the drifting checks a search needs at most this many times.
 constexpr uint64_t kMaxDriftBackoff = 5;
+// The link watch's probe: the largest size the calibration probed within this time (else the
+// smallest). Large enough that its time is the link's rate, not its latency or a token
+// bucket's burst (an emulated 100 Mbit/s link passed a 64 KiB probe in its 64 KB burst, so the
+// probe ran 2.5x faster at 1 Gbit/s, where 1 MiB runs 10x faster).
+constexpr double kLinkProbeBudget = 0.1;
+// Once: the machine's noise only slows a probe, so one that ran link_change times faster than
+// the calibration's fastest is evidence enough (and two checks in a row must find it).
+constexpr int kLinkProbeRepeats = 1;
+// The watch's share of the run's time at most: its probes are spaced at least so far apart.
+constexpr double kLinkWatchShare = 0.02;
+// Link checks in a row that must find the link faster before deciding again (times the drift's
+// backoff): the calibration's own probe may have run at a busy moment of the machine, and one
+// probe at a quiet one.
+constexpr uint64_t kLinkChecks = 2;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -76,6 +90,19 @@ std::string summarize(const Plan& plan) {
   for (const auto& [key, n] : count) parts.push_back(fmt::format("{} {}", n, key));
   return fmt::format("{} bucket{}: {}", plan.buckets.size(), plan.buckets.size() == 1 ? "" : "s",
                      fmt::join(parts, ", "));
+}
+
+// The probe the link watch repeats: the largest the calibration timed within kLinkProbeBudget,
+// else the smallest; none when the link was not probed (given, or one rank).
+std::optional<schedule::LinkProbe> watched_probe(const std::vector<schedule::LinkProbe>& probes) {
+  if (probes.empty()) return std::nullopt;
+  std::optional<schedule::LinkProbe> best;
+  for (const auto& p : probes) {
+    if (p.seconds <= kLinkProbeBudget && (!best || p.bytes > best->bytes)) best = p;
+  }
+  if (best) return best;
+  return *std::min_element(probes.begin(), probes.end(),
+                           [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
 }
 
 // "41.2 ± 0.8 ms"
@@ -147,6 +174,12 @@ void AutoSettings::validate() const {
   if (check_every < 1 || drift_checks < 1 || residual_checks < 1) {
     throw SpecError("auto: check_every, drift_checks and residual_checks must be at least 1");
   }
+  if (!(link_change > 1 && link_change < 1e6)) {
+    throw SpecError(
+        fmt::format("auto: link_change is {}; a factor above 1 (how many times faster "
+                    "the link's probe must run to decide again)",
+                    link_change));
+  }
   if (local_size < 0 || local_size > (1 << 20)) {
     throw SpecError(fmt::format("auto: local_size is {}; ranks per node, or 0 for the "
                                 "launcher's",
@@ -186,6 +219,8 @@ struct AutoScheduler::Impl {
   bool clearly_slower();    // the trial, after stop_after steps (a collective)
   void count_search_cost();  // decide(): search_seconds, search_cost_seconds, payback_steps
   std::optional<Plan> watch(double step_s);
+  std::optional<Plan> watch_link();
+  void restore_link_reference(const json& saved);  // restore(): optional in older states
   std::optional<Plan> watch_residuals();
   void prepare_health_if_due();
   std::optional<Plan> back_off(size_t bucket, double growth);
@@ -250,6 +285,15 @@ struct AutoScheduler::Impl {
   bool drift_search = false;  // the search under way was started by the drift
   Plan searched_from;         // the plan in force when it started
   uint64_t drift_checks_needed() const { return settings.drift_checks << drift_backoff; }
+  // The link watch (settings.link_check_every): the probe it repeats, as the last calibration
+  // timed it (none when the link was given), the last time it took, and the checks in a row
+  // that found the link faster by link_change.
+  std::optional<schedule::LinkProbe> link_reference;
+  int link_per_node = 1;  // > 1: probed between the node leaders
+  double link_last_s = 0;
+  uint64_t link_faster = 0;
+  uint64_t link_checks_needed() const { return kLinkChecks << drift_backoff; }
+  uint64_t link_check_every() const;          // settings.link_check_every, or more to cost little
   void note_drift_outcome(const Plan& kept);  // decide(): drift_backoff and search.why
   AutoScheduler::HealthSource health;
   AutoScheduler::EventSink events;
@@ -344,6 +388,7 @@ std::optional<Plan> AutoScheduler::Impl::on_step_end(const StepTimes& t) {
         search_on_resume = false;
         return start_search("resumed from a state saved during a search: searching again");
       }
+      if (auto plan = watch_link()) return plan;
       return watch(step_s);
   }
   return std::nullopt;
@@ -467,6 +512,9 @@ void AutoScheduler::Impl::calibrate() {
   codec_costs = settings.codec_costs ? *settings.codec_costs
                                      : schedule::calibrate_codecs(*transport, allowed_candidates());
   cluster.servers = agreed_servers();
+  link_reference = watched_probe(link.probes);
+  link_per_node = cluster.per_node;
+  link_faster = 0;
 }
 
 // The job's dedicated parameter servers (GRADCOMP_SERVERS with GRADCOMP_SERVER_STORE, as
@@ -838,7 +886,67 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
                                   100 * change, ms, reference_ms, drifting));
 }
 
-// A search the drift started that ends with the plan it started from found nothing to change:
+// The link watch: a kept compressed plan's step may not show a link that got faster (little
+// travels), though uncompressed or a gentler codec may now be faster. Every link_check_every
+// steps of the plan, the calibration's probe is timed again (the slowest rank's, so every rank
+// judges the same time); link_checks_needed() times in a row link_change times faster than at
+// the calibration start a new search. Searches it starts back off as the drift's do.
+std::optional<Plan> AutoScheduler::Impl::watch_link() {
+  if (settings.link_check_every == 0 || !link_reference || !current.compressed() ||
+      transport->size() < 2) {
+    return std::nullopt;
+  }
+  const uint64_t every = link_check_every();
+  if (steps < watch_from || (steps - watch_from + 1) % every != 0) return std::nullopt;
+  if (link_per_node > 1 && node_size() != link_per_node) {  // resumed in another world
+    link_reference.reset();
+    return std::nullopt;
+  }
+  const NodeGroups* groups = link_per_node > 1 ? nodes.get() : nullptr;
+  link_last_s =
+      schedule::time_link_probe(*transport, groups, link_reference->bytes, kLinkProbeRepeats);
+  const double faster = link_reference->seconds / std::max(link_last_s, 1e-9);
+  link_faster = faster >= settings.link_change ? link_faster + 1 : 0;
+  if (link_faster < link_checks_needed()) return std::nullopt;
+  drift_search = true;
+  return start_search(
+      fmt::format("the link got faster: a probe of {} KiB took {:.2f} ms against "
+                  "{:.2f} ms at the last calibration ({:.1f}x) at {} checks in a "
+                  "row",
+                  link_reference->bytes / 1024, 1e3 * link_last_s, 1e3 * link_reference->seconds,
+                  faster, link_faster));
+}
+
+// Steps between the link watch's probes: as set, or more where the probe would take more than
+// kLinkWatchShare of the time of the kept plan's steps between them (a slow link, short steps).
+uint64_t AutoScheduler::Impl::link_check_every() const {
+  const double probe_s = kLinkProbeRepeats * (link_reference ? link_reference->seconds : 0);
+  const double step_s = std::max(reference_ms / 1e3, 1e-6);
+  const double needed = std::ceil(probe_s / (kLinkWatchShare * step_s));
+  return std::max<uint64_t>(settings.link_check_every,
+                            static_cast<uint64_t>(std::min(needed, 1e12)));
+}
+
+void AutoScheduler::Impl::restore_link_reference(const json& saved) {
+  link_reference.reset();
+  link_faster = 0;
+  const auto it = saved.find("link_reference");
+  if (it == saved.end() || it->is_null()) return;
+  const auto bytes = it->at("bytes").get<double>();
+  const auto seconds = it->at("seconds").get<double>();
+  const auto per_node = it->at("per_node").get<int>();
+  if (!(bytes >= 4 && bytes <= (1u << 30) && seconds > 0 && seconds < 1e4 && per_node >= 1)) {
+    throw Error(
+        fmt::format("link_reference is {}: a probe of 4 bytes to 1 GiB, its seconds "
+                    "above 0, per_node at least 1",
+                    it->dump()));
+  }
+  link_reference = schedule::LinkProbe{bytes, seconds};
+  link_per_node = per_node;
+}
+
+// A search the drift or the link watch started that ends with the plan it started from found
+// nothing to change:
 // on a shared machine the step time swings by more than the threshold and back, and each
 // search costs its trials' steps (and the feedback a trial holds back). So the next search
 // then needs twice as many drifting checks in a row; a decision that changes the plan, or a
@@ -972,6 +1080,7 @@ std::optional<Plan> AutoScheduler::Impl::back_off(size_t bucket, double growth) 
   reference_ms = d.candidates[d.kept].measured_ms;
   window.clear();
   drifting = 0;
+  link_faster = 0;
   first_ratio.clear();
   watch_from = d.step;
   mark("auto: backed off", Clock::now(), d);
@@ -1042,6 +1151,13 @@ json AutoScheduler::report() const {
           {"plan", summarize(s.current)},
           {"reference_ms", s.reference_ms},
           {"drift_checks", s.drift_checks_needed()},
+          {"link_watch", s.link_reference ? json{{"probe_bytes", s.link_reference->bytes},
+                                                 {"calibrated_ms", 1e3 * s.link_reference->seconds},
+                                                 {"last_ms", 1e3 * s.link_last_s},
+                                                 {"faster_checks", s.link_faster},
+                                                 {"every_steps", s.link_check_every()},
+                                                 {"checks_needed", s.link_checks_needed()}}
+                                          : json(nullptr)},
           {"decisions", decisions},
           {"model_correction", s.correction.to_json()},
           {"link_probes", probes},
@@ -1062,6 +1178,11 @@ json AutoScheduler::save() const {
           {"reference_ms", s.reference_ms},
           {"drift_backoff", s.drift_backoff},
           {"watch_from", s.watch_from},
+          // The link watch's probe as calibrated: a run resumed on a faster link decides again.
+          {"link_reference", s.link_reference ? json{{"bytes", s.link_reference->bytes},
+                                                     {"seconds", s.link_reference->seconds},
+                                                     {"per_node", s.link_per_node}}
+                                              : json(nullptr)},
           {"profile", s.measured_profile ? s.measured_profile->to_json() : json(nullptr)},
           // What the trials taught the model: the next search after a resume predicts with it.
           {"correction", s.correction.to_json()}};
@@ -1097,6 +1218,7 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
       s.window.clear();
       s.drifting = 0;
       s.watch_from = std::min(saved.value("watch_from", steps), steps);
+      s.restore_link_reference(saved);
       return s.resume_in(plan, false);
     }
     if (phase == "trial" && profile) {

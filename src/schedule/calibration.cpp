@@ -149,6 +149,17 @@ NodeLinkFit calibrate_node_links(Transport& world, const NodeGroups& nodes, int 
   return fit;
 }
 
+double time_link_probe(Transport& world, const NodeGroups* nodes, double bytes, int repeats) {
+  Transport* on = nodes ? nodes->leaders() : &world;
+  double mine = 0;  // ranks that do not probe (not a node's leader) add nothing to the maximum
+  if (on) {
+    std::vector<float> buffer(static_cast<size_t>(bytes / 4), 1.0f);
+    on->barrier()->wait(on->timeout());  // every prober starts together
+    mine = fastest(repeats, [&] { on->allreduce(buffer)->wait(on->timeout()); });
+  }
+  return max_over_ranks(world, {mine})[0];
+}
+
 model::Link fit_ring_link(const std::vector<LinkProbe>& probes, int world) {
   if (probes.empty() || world < 2) return {model::kMaxBytesPerS, 0};  // nothing to fit
   std::vector<double> x, y;

@@ -44,6 +44,12 @@ NodeLinkFit calibrate_node_links(Transport& world, const NodeGroups& nodes, int 
 // an infinitely fast one.
 model::Link fit_ring_link(const std::vector<LinkProbe>& probes, int world);
 
+// The watch's probe of the link a calibration fitted, between searches: the time of one
+// allreduce of `bytes` (the fastest of `repeats`, the slowest rank's) where that calibration
+// probed, on `world` itself or, with `nodes`, between the node leaders (one stream per node).
+// A collective over `world`; every rank returns the same time.
+double time_link_probe(Transport& world, const NodeGroups* nodes, double bytes, int repeats = 2);
+
 // Encode (with and without a residual) and decode-accumulate costs, a + b n, of each codec the
 // options name and of "none" (the plain passes routes make), timed here at two sizes. A
 // collective: the slowest rank's costs.

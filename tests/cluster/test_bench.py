@@ -269,3 +269,30 @@ def test_train_contenders_are_checked_and_train_only_needs_training(tmp_path):
     done = subprocess.run(bench_argv(tmp_path, "--train-only", "--no-train"),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--train-only runs the training workload alone" in done.stderr
+
+
+def test_train_rate_change_is_checked(tmp_path):
+    for bad in ("1gbit", "fast@10", "1gbit@0", "1gbit@x"):
+        done = subprocess.run(bench_argv(tmp_path, "--train-rate-change", bad),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "--train-rate-change" in done.stderr, (bad, done.stderr)
+        assert "RATE@SECONDS" in done.stderr
+
+
+def test_a_rate_change_comes_after_its_seconds_and_is_undone(tmp_path):
+    """Each training contender runs at the configured rate, the links changed by a timer during
+    the run and set back afterwards, so that every contender sees the same links."""
+    def rate_of(cluster):
+        shown = subprocess.run(["tc", "-n", cluster.namespaces[1], "qdisc", "show", "dev",
+                                cluster.ifname], capture_output=True, text=True).stdout
+        return shown.split(" rate ")[1].split()[0]
+
+    with netns.Cluster(2, "100mbit", run_id=f"{os.getpid()}rc") as cluster:
+        cluster.set_rate("300mbit")  # what a contender before left: set back first
+        with bench.rate_changed(cluster, 1e8, ("1gbit", 1e9, 0.5)):
+            assert rate_of(cluster) == "100Mbit"
+            time.sleep(1.5)
+            assert rate_of(cluster) == "1Gbit"
+        assert rate_of(cluster) == "100Mbit"
+        with bench.rate_changed(cluster, 1e8, None):  # no change asked: the rate holds
+            assert rate_of(cluster) == "100Mbit"

@@ -174,6 +174,21 @@ def test_switch_port_limits_incoming_traffic(run_id):
     assert 0.5 * rate < together <= 1.1 * rate
 
 
+@needs_root
+def test_set_rate_changes_every_link_both_ways_while_it_runs(run_id):
+    with netns.Cluster(2, 1e8, run_id=run_id) as c:
+        slow = c.measure_rate(0.5)
+        c.set_rate("400mbit")
+        for i in range(2):
+            assert "rate 400Mbit" in tc_show(c.namespaces[i], "eth0")
+            assert "rate 400Mbit" in tc_show(c.switch, f"gcv{i}")
+        fast = c.measure_rate(0.5)
+        assert c.rate_bps == 4e8
+        assert 2 * slow < fast <= 1.1 * 4e8, (slow, fast)
+        with pytest.raises(netns.ClusterError, match="rate must be positive"):
+            c.set_rate(0)
+
+
 def tc_show(ns, dev):
     return subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
                           capture_output=True, text=True, timeout=10).stdout

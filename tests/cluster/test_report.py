@@ -428,6 +428,19 @@ def test_train_table_time_to_accuracy(tmp_path):
             "fp16|none alone 21.5 ms).") in md
 
 
+def test_a_rate_change_during_training_is_in_the_heading_and_auto_says_why_it_searched(tmp_path):
+    entry = train_entry()
+    entry["rate_change"] = {"rate": "1gbit", "after_seconds": 60}
+    entry["rate"] = "100mbit"
+    auto = entry["runs"][-1]["auto"]
+    auto["decisions"].append({**auto["decisions"][0], "step": 475,
+                              "reason": "the link got faster: a probe of 1024 KiB took 8.60 ms"})
+    md = render(passing_results(train=[entry]), tmp_path)
+    assert table_after(md, "### 100mbit -> 1gbit after 60 s, 4 workers, 3 epochs")
+    assert "; then at step 475 (the link got faster: a probe of 1024 KiB took 8.60 ms) kept" in md
+    assert "at step 62 kept" in md  # the first decision's reason goes without saying
+
+
 def test_analysis_is_included_verbatim_or_its_absence_said(tmp_path):
     text = "We measured *this* | and that.\n\n- a list item\n"
     path = tmp_path / "analysis.md"

@@ -80,6 +80,11 @@ def test_a_checkpoint_after_the_decision_resumes_bit_exactly(runs):
             f"rank {rank}: resumed training differs"
         report = resumed.report(rank)["report"]
         assert report["phase"] == "decided" and not report["decisions"], "searched again"
+        # The link watch's probe, as calibrated, is resumed with the decision.
+        watch = report["link_watch"]
+        assert watch is not None and watch["calibrated_ms"] > 0, report
+        assert watch == {**straight.report(rank)["report"]["link_watch"], "last_ms": 0,
+                         "faster_checks": 0}
 
 
 def test_bad_arguments_are_clear_errors(runs):
@@ -89,6 +94,7 @@ def test_bad_arguments_are_clear_errors(runs):
     assert "unknown settings ['warmup']" in errors["unknown_key"]
     assert "nosuch" in errors["bad_candidate"]
     assert "trial_steps" in errors["bad_steps"]
+    assert "link_change is 0.5" in errors["bad_link_change"]
 
 
 def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):
@@ -209,6 +215,11 @@ def test_the_ddp_hook_resumes_its_decision(ddp_runs):
     for rank in range(straight.world):
         report = resumed.report(rank)["report"]
         assert report["phase"] == "decided" and not report["decisions"], "searched again"
+        # The link watch's probe, as calibrated, is resumed with the decision.
+        watch = report["link_watch"]
+        assert watch is not None and watch["calibrated_ms"] > 0, report
+        assert watch == {**straight.report(rank)["report"]["link_watch"], "last_ms": 0,
+                         "faster_checks": 0}
         assert resumed.report(rank)["plans"][-1] == kept
 
 

@@ -906,6 +906,82 @@ TEST(AutoScheduler, AStateSavedDuringATrialResumesInItsPlanAndSearchesAgain) {
   expect_same_on_every_rank(resumed->current_plan().to_json().dump());
 }
 
+// A kept compressed plan's step may not show a link that got faster (it sends little): the
+// link watch times the calibration's probe again. Resumed from a state whose 4 KiB probe took
+// as long as the largest probe here (calibrated on a far slower link), it finds the link faster
+// at two checks in a row and decides again. From one whose probe ran a thousand times faster
+// (this link is slower) it probes and does not: a slower link slows the step, which the drift
+// watch sees. A probe that took a second is spaced so that watching costs at most 2% of the
+// steps. Over nodes (4 ranks, nodes of 2) the link between them is watched, probed by the node
+// leaders alone.
+void expect_link_watch_decides_on_a_faster_link(const AutoSettings& s) {
+  AutoScheduler first(world(), model_tensors(), s);
+  drive(first, 45, false);
+  ASSERT_EQ(first.phase(), "decided");
+  ASSERT_TRUE(first.current_plan().compressed());
+  const auto saved = first.save();
+  ASSERT_TRUE(saved["link_reference"].is_object()) << saved.dump();
+  const int per_node = s.local_size == 2 && nodes_of_two() ? 2 : 1;
+  EXPECT_EQ(saved["link_reference"]["per_node"].get<int>(), per_node);
+  const double calibrated = saved["link_reference"]["seconds"].get<double>();
+  const double largest = first.report()["link_probes"].back()["seconds"].get<double>();
+  const auto resumed_with = [&](double bytes, double seconds) {
+    auto state = saved;
+    state["link_reference"]["bytes"] = bytes;
+    state["link_reference"]["seconds"] = seconds;
+    auto resumed = std::make_unique<AutoScheduler>(world(), model_tensors(), s);
+    resumed->restore(state);
+    return resumed;
+  };
+  auto slower = resumed_with(saved["link_reference"]["bytes"].get<double>(), calibrated * 1e-3);
+  drive(*slower, 60, false);
+  auto report = slower->report();
+  EXPECT_GT(report["link_watch"]["last_ms"].get<double>(), 0) << "no probe: " << report.dump();
+  EXPECT_EQ(report["decisions"].size(), 0u) << report["decisions"].dump();
+
+  auto costly = resumed_with(4096, 1.0);
+  drive(*costly, 60, false);
+  report = costly->report();
+  EXPECT_GE(report["link_watch"]["every_steps"].get<uint64_t>(), 500u) << report.dump();
+  EXPECT_EQ(report["link_watch"]["last_ms"].get<double>(), 0) << "probed: " << report.dump();
+
+  auto faster = resumed_with(4096, largest);
+  drive(*faster, 300, false);
+  report = faster->report();
+  ASSERT_GE(report["decisions"].size(), 1u) << report["link_watch"].dump();
+  EXPECT_NE(report["decisions"][0]["reason"].get<std::string>().find("the link got faster"),
+            std::string::npos)
+      << report["decisions"][0]["reason"];
+  expect_same_on_every_rank(faster->current_plan().to_json().dump());
+}
+
+TEST(AutoScheduler, ALinkFoundFasterThanAtItsCalibrationStartsASearch) {
+  for (const int local_size : {1, 2}) {
+    AutoSettings s = settings();
+    s.link_check_every = 4;
+    s.local_size = local_size;
+    expect_link_watch_decides_on_a_faster_link(s);
+  }
+}
+
+// Uncompressed (kept here: every compressed plan is slower), a faster link shows in the step
+// time itself: nothing is probed. A bad saved probe is an error naming it.
+TEST(AutoScheduler, TheLinkWatchProbesOnlyUnderACompressedPlan) {
+  AutoSettings s = settings();
+  s.link_check_every = 4;
+  AutoScheduler scheduler(world(), model_tensors(), s);
+  drive(scheduler, 45, true);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  ASSERT_FALSE(scheduler.current_plan().compressed());
+  drive(scheduler, 40, true);
+  EXPECT_EQ(scheduler.report()["link_watch"]["last_ms"].get<double>(), 0);
+  auto state = scheduler.save();
+  state["link_reference"]["seconds"] = -1;
+  AutoScheduler resumed(world(), model_tensors(), s);
+  EXPECT_NE(testing::error_text([&] { resumed.restore(state); }).find("link_reference"),
+            std::string::npos);
+}
+
 TEST(AutoScheduler, BadSettingsAreSpecErrors) {
   AutoSettings s = settings();
   s.trial_steps = 1;
@@ -922,6 +998,12 @@ TEST(AutoScheduler, BadSettingsAreSpecErrors) {
   EXPECT_NE(testing::error_text([&] {
               AutoScheduler a(world(), model_tensors(), s);
             }).find("stop_margin is -0.1"),
+            std::string::npos);
+  s = settings();
+  s.link_change = 1;
+  EXPECT_NE(testing::error_text([&] {
+              AutoScheduler a(world(), model_tensors(), s);
+            }).find("link_change is 1"),
             std::string::npos);
   s = settings();
   s.local_size = -2;

@@ -37,6 +37,8 @@ def refusals(model):
             sgd, model.named_parameters(), compression="auto", auto={"candidates": ["nosuch"]}),
         "bad_steps": lambda: gc.DistributedOptimizer(
             sgd, model.named_parameters(), compression="auto", auto={"trial_steps": 1}),
+        "bad_link_change": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="auto", auto={"link_change": 0.5}),
     }
     out = {}
     for name, make in cases.items():
