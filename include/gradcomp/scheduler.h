@@ -172,8 +172,9 @@ struct AutoDecision {
   // The same for the round-2 plans, predicted by the model that round 1 corrected before they
   // ran (out of sample); -1 when no plan was refined.
   double model_error_refined = -1;
-  // The candidates measured twice before the decision (AutoSettings::runoff, and a lossless
-  // plan whose loss to the fastest the noise may hide), in the order they ran again.
+  // The candidates measured again before the decision (AutoSettings::runoff, and a lossless
+  // plan whose loss to the fastest the noise may hide), in the order they ran again; the
+  // fastest appears twice when a lossless plan came within its noise only after the runoff.
   std::vector<size_t> remeasured;
 };
 

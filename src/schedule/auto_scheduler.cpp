@@ -213,6 +213,10 @@ struct AutoScheduler::Impl {
   bool noise_hides_gain(size_t c, size_t fastest) const;
   std::vector<size_t> close_to(size_t fastest) const;  // decide(): the runoff's candidates
   std::optional<Plan> run_off(std::vector<size_t> runoff, bool hidden_gain);
+  bool remeasured(size_t c) const {  // decide(): candidate c ran again in this search
+    return std::find(search.remeasured.begin(), search.remeasured.end(), c) !=
+           search.remeasured.end();
+  }
   std::optional<Plan> end_trial(uint64_t steps_run);
   std::optional<Plan> next_candidate();
   void take_trial_times();  // the trial's agreed steps so far into its candidate's measurement
@@ -761,7 +765,7 @@ std::optional<Plan> AutoScheduler::Impl::run_off(std::vector<size_t> runoff, boo
                   hidden_gain ? fmt::format("a gain above {:.0f}% that the trials' noise hides",
                                             100 * kMinGain)
                               : std::string("within the trials' noise of each other")));
-  search.remeasured = runoff;
+  search.remeasured.insert(search.remeasured.end(), runoff.begin(), runoff.end());
   again = std::move(runoff);
   return next_trial();
 }
@@ -797,6 +801,11 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
       }
     }
     if (runoff.size() >= 2) return run_off(std::move(runoff), hidden_gain);
+  } else if (best != fastest && noise_hides_gain(best, fastest) && !remeasured(best)) {
+    // The runoff's steps widened the fastest's noise until a lossless plan it had beaten
+    // clearly came within it; that plan has not run again: now both do (each lossless plan
+    // at most once more, so this ends).
+    return run_off({fastest, best}, true);
   }
   const AutoCandidate& plain = cs.front();
   const auto ms = measured_text;
@@ -823,7 +832,11 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   }
   if (!search.remeasured.empty()) {
     std::vector<std::string> names;
-    for (size_t c : search.remeasured) names.push_back(cs[c].name);
+    for (size_t c : search.remeasured) {
+      if (std::find(names.begin(), names.end(), cs[c].name) == names.end()) {
+        names.push_back(cs[c].name);
+      }
+    }
     search.why += fmt::format("; measured twice, as the trials' noise could not tell them apart: "
                               "{}",
                               fmt::join(names, ", "));
