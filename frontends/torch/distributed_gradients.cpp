@@ -4,24 +4,23 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-
-#include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
 #include "gradcomp/error.h"
+#include "gradcomp/torch/blas_threads.h"
 #include "gradcomp/torch/sparse_rows.h"
 
 namespace gradcomp::torch {
@@ -553,6 +552,7 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
                                            GradientOptions options)
     : shared_(std::make_shared<Shared>()) {
   if (!transport) throw Error("DistributedGradients: the transport is null");
+  warn_if_blas_outnumbers_torch();
   if (options.backward_passes_per_step < 1) {
     throw Error(fmt::format("backward_passes_per_step is {}; it must be at least 1",
                             options.backward_passes_per_step));

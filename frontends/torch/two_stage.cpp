@@ -17,6 +17,7 @@
 
 #include "gradcomp/error.h"
 #include "gradcomp/plan.h"
+#include "gradcomp/torch/blas_threads.h"
 #include "optimizer_closure.h"
 
 namespace gradcomp::torch {
@@ -225,6 +226,7 @@ TwoStageOptimizer::TwoStageOptimizer(
     const char* env = std::getenv("GRADCOMP_TIMELINE");
     if (env != nullptr) engine.timeline = env;
   }
+  warn_if_blas_outnumbers_torch();
   engine_ = std::make_unique<Engine>(
       transport_, plan_of(named, compressed_option(e.compression, name_, schedule), e), engine);
   engine.timeline = exact_trace(engine.timeline);
