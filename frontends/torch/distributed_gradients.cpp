@@ -29,19 +29,22 @@ struct EndOfBackward::Pass {
   bool ended = false;  // its end-of-backward callback ran
 };
 
-// Transports an engine of a live DistributedGradients issues collectives on. Two engines on one
-// transport would issue from two threads in an order that differs between ranks.
-class TransportClaims {
+// What live DistributedGradients of this process hold, one holder each: the transports their
+// engines issue collectives on (two engines on one transport would issue from two threads in an
+// order that differs between ranks), and the parameters whose gradients they exchange (two
+// exchanges of one gradient would each write their mean into it).
+template <typename T>
+class Claims {
  public:
-  static bool claim(const Transport* t) {
+  static bool claim(const T* t) {
     std::lock_guard lock(mutex());
     return claimed().insert(t).second;
   }
-  static bool claimed(const Transport* t) {
+  static bool claimed(const T* t) {
     std::lock_guard lock(mutex());
     return claimed().contains(t);
   }
-  static void release(const Transport* t) {
+  static void release(const T* t) {
     std::lock_guard lock(mutex());
     claimed().erase(t);
   }
@@ -51,11 +54,13 @@ class TransportClaims {
     static std::mutex m;
     return m;
   }
-  static std::set<const Transport*>& claimed() {
-    static std::set<const Transport*> s;
+  static std::set<const T*>& claimed() {
+    static std::set<const T*> s;
     return s;
   }
 };
+using TransportClaims = Claims<Transport>;
+using ParameterClaims = Claims<c10::TensorImpl>;
 
 // The transport this exchange issues its collectives on: `given`, unless another live exchange
 // of this process uses it; then a communicator of its own split from it (a collective: every
@@ -80,7 +85,37 @@ struct DistributedGradientsShared {
   ~DistributedGradientsShared() {
     engine.reset();  // its threads end before the transport is free for another engine
     if (transport) TransportClaims::release(transport.get());
+    for (const auto* p : claimed_parameters) ParameterClaims::release(p);
   }
+
+  // Claims the gradients of `params` for this exchange, or throws naming the first that a live
+  // exchange of this process holds (claiming none of them).
+  void claim_parameters(const std::vector<std::string>& param_names,
+                        const std::vector<at::Tensor>& params) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const c10::TensorImpl* impl = params[i].unsafeGetTensorImpl();
+      if (std::find(claimed_parameters.begin(), claimed_parameters.end(), impl) !=
+          claimed_parameters.end()) {
+        throw Error(
+            fmt::format("parameter '{}' is given twice (the same tensor under another "
+                        "name); give each parameter once",
+                        param_names[i]));
+      }
+      if (ParameterClaims::claim(impl)) {
+        claimed_parameters.push_back(impl);
+        continue;
+      }
+      for (const auto* p : claimed_parameters) ParameterClaims::release(p);
+      claimed_parameters.clear();
+      throw Error(fmt::format(
+          "parameter '{}' is exchanged by another live DistributedOptimizer (or "
+          "DistributedGradients) of this process: a gradient is exchanged by one at a time; "
+          "destroy that one before building another over the same parameters",
+          param_names[i]));
+    }
+  }
+
+  std::vector<const c10::TensorImpl*> claimed_parameters;  // released when this exchange ends
 
   std::shared_ptr<Transport> transport;  // this exchange's own (see claim_transport)
   std::vector<std::string> names;        // plan order, then the sparse ones
@@ -558,7 +593,6 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
                             options.backward_passes_per_step));
   }
   Shared& s = *shared_;
-  s.transport = claim_transport(transport);
   s.passes_per_step = options.backward_passes_per_step;
   s.queue_end_of_backward = std::move(options.queue_end_of_backward);
   // Backward order: the last registered parameters get their gradients first.
@@ -586,6 +620,9 @@ DistributedGradients::DistributedGradients(NamedParameters parameters,
   if (s.names.empty() && sparse.empty()) {
     throw Error("DistributedGradients: no parameter requires a gradient");
   }
+  s.claim_parameters(s.names, s.parameters);
+  s.claim_parameters(sparse, sparse_params);
+  s.transport = claim_transport(transport);
   if (options.auto_settings && (options.plan || options.compression.codec != "none")) {
     throw Error("compression=\"auto\" chooses the plan itself: give neither a plan nor a "
                 "compression with it");

@@ -465,6 +465,37 @@ TEST(DistributedOptimizer, TwoOptimizersThroughOneBackward) {
   }
 }
 
+// A parameter's gradient is exchanged by one live optimizer at a time: a second one over any of
+// the same parameters is refused by name, before it claims a transport or touches a hook (the
+// first goes on alone, as before), and once the first is gone the parameters are free again.
+// The same tensor under two names is refused as given twice.
+TEST(DistributedOptimizer, TwoLiveOptimizersOverOneParameterAreRefused) {
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  auto first = std::make_unique<DistributedOptimizer>(sgd, p, world());
+  Parameters overlapping;
+  overlapping.insert("other.w2", p["w2"]);
+  overlapping.insert("other.bias", at::zeros({4}).requires_grad_());
+  ::torch::optim::SGD other(overlapping.values(), ::torch::optim::SGDOptions(0.1));
+  const std::string message =
+      testing::error_text([&] { DistributedOptimizer second(other, overlapping, world()); });
+  EXPECT_NE(message.find("parameter 'other.w2' is exchanged by another live "
+                         "DistributedOptimizer"),
+            std::string::npos)
+      << message;
+  train(p, *first, 0, 2);
+  expect_identical_across_ranks(values(p), "the first optimizer's parameters");
+  first.reset();
+  DistributedOptimizer again(other, overlapping, world());   // free once the first is gone
+  EXPECT_EQ(&again.gradients().transport(), world().get());  // and so is the transport
+  Parameters twice = make_parameters(0.5f);
+  twice.insert("alias.w1", twice["w1"]);
+  ::torch::optim::SGD sgd_twice(twice.values(), ::torch::optim::SGDOptions(0.1));
+  const std::string given_twice =
+      testing::error_text([&] { DistributedOptimizer opt(sgd_twice, twice, world()); });
+  EXPECT_NE(given_twice.find("is given twice"), std::string::npos) << given_twice;
+}
+
 // A backward pass that raises on rank 0 after some gradients were handed over: the exchange
 // is completed with NaN, every rank sees a non-finite mean, step() refuses on rank 0; the
 // next steps go on with every rank identical.
