@@ -448,13 +448,47 @@ void TwoStageOptimizer::local_input(size_t i, bool is_exact) {
 }
 
 void TwoStageOptimizer::save(::torch::serialize::OutputArchive& archive) const {
+  write_state(archive, {engine_->save_state()}, false);
+}
+
+void TwoStageOptimizer::save_all_ranks(::torch::serialize::OutputArchive& archive) {
+  write_state(archive, engine_->save_all_states(), true);
+}
+
+void TwoStageOptimizer::write_state(::torch::serialize::OutputArchive& archive,
+                                    const std::vector<std::vector<std::byte>>& engine_states,
+                                    bool all) const {
   save_states(archive);
   ::torch::serialize::OutputArchive ours;
   ours.write("version", c10::IValue(kStateVersion));
   ours.write("steps", c10::IValue(steps_));
   for (const Setting& s : settings()) ours.write(s.key, s.value);
-  ours.write("engine", bytes_tensor(engine_->save_state()));
+  if (!all) {
+    ours.write("engine", bytes_tensor(engine_states.front()));
+  } else {
+    ours.write("engine_ranks", c10::IValue(static_cast<int64_t>(engine_states.size())));
+    for (size_t r = 0; r < engine_states.size(); ++r) {
+      ours.write(fmt::format("engine.{}", r), bytes_tensor(engine_states[r]));
+    }
+  }
   archive.write("gradcomp", ours);
+}
+
+// This rank's engine state: "engine" (save()), or its part of every rank's (save_all_ranks(),
+// which must come from a world of this size). An undefined tensor when there is neither.
+at::Tensor TwoStageOptimizer::engine_state_of(::torch::serialize::InputArchive& ours) const {
+  at::Tensor state;
+  if (ours.try_read("engine", state)) return state;
+  c10::IValue ranks;
+  if (!ours.try_read("engine_ranks", ranks) || !ranks.isInt()) return {};
+  if (ranks.toInt() != transport_->size()) {
+    throw Error(
+        fmt::format("{}::load: the state holds the error feedback of {} ranks; this job "
+                    "has {}: resume with the same world size",
+                    name_, ranks.toInt(), transport_->size()));
+  }
+  ours.try_read(fmt::format("engine.{}", transport_->rank()), state);
+  return state;
 }
 
 void TwoStageOptimizer::load(::torch::serialize::InputArchive& archive) {
@@ -479,8 +513,8 @@ void TwoStageOptimizer::load(::torch::serialize::InputArchive& archive) {
   std::vector<c10::IValue> saved(expected.size());
   c10::IValue steps;
   at::Tensor engine_state;
-  bool complete =
-      ours.try_read("steps", steps) && steps.isInt() && ours.try_read("engine", engine_state);
+  bool complete = ours.try_read("steps", steps) && steps.isInt() &&
+                  (engine_state = engine_state_of(ours)).defined();
   for (size_t k = 0; complete && k < expected.size(); ++k) {
     complete = ours.try_read(expected[k].key, saved[k]) && same_kind(saved[k], expected[k].value);
   }

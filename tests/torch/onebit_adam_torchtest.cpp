@@ -6,6 +6,7 @@
 // is skipped on every rank, on either kind of step; each kind of step has its own trace; the
 // doubling schedule; bad input, foreign states, wrapping in DistributedOptimizer and changing
 // requires_grad after construction are clear errors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -171,6 +173,62 @@ TEST(OneBitAdam, CheckpointsResumeBitExactly) {
     train(unloaded, fresh, 5, 3);
     EXPECT_NE(bytes_of(unloaded), bytes_of(p)) << variance;
   }
+}
+
+// Rank 0's `mine`, on every rank (as one file rank 0 wrote would be read by all).
+std::string from_rank0(const std::string& mine) {
+  uint64_t size = mine.size();
+  const auto sizes = gather_bytes(std::as_bytes(std::span(&size, 1)));
+  uint64_t longest = 0, first = 0;
+  for (int r = 0; r < world()->size(); ++r) {
+    uint64_t s_r = 0;
+    std::memcpy(&s_r, sizes.data() + r * sizeof s_r, sizeof s_r);
+    longest = std::max(longest, s_r);
+    if (r == 0) first = s_r;
+  }
+  std::string padded = mine;
+  padded.resize(longest);
+  const auto all = gather_bytes(std::as_bytes(std::span(padded.data(), padded.size())));
+  return std::string(reinterpret_cast<const char*>(all.data()), first);
+}
+
+// save_all_ranks() gathers every rank's error feedback, so the archive rank 0 writes alone
+// resumes every rank bit-exactly (each takes its own part; rank 0's own save() is refused on
+// the other ranks). A world of another size (the ranks split into
+// groups of one) is refused, changing nothing.
+TEST(OneBitAdam, ACheckpointOfEveryRankResumesEachRankFromOneFile) {
+  Parameters p = make_parameters();
+  OneBitAdam opt(p, world(), compressed("freeze"));
+  train(p, opt, 0, 5);
+  ASSERT_FALSE(opt.exact());  // error feedback holds something
+  ::torch::serialize::OutputArchive archive;
+  opt.save_all_ranks(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  const std::string file = from_rank0(out.str());
+  const std::string rank0_only = from_rank0(saved(opt));
+  const Parameters saved_at = copy_of(p);
+  train(p, opt, 5, 3);
+  Parameters resumed = copy_of(saved_at);
+  OneBitAdam again(resumed, world(), compressed("freeze"));
+  load(again, file);
+  train(resumed, again, 5, 3);
+  EXPECT_EQ(bytes_of(resumed), bytes_of(p));
+  Parameters wrong = copy_of(saved_at);
+  OneBitAdam with_rank0s(wrong, world(), compressed("freeze"));  // a collective: every rank
+  if (world()->rank() != 0) {  // rank 0's own save() is refused elsewhere, naming the rank
+    EXPECT_TRUE(contains(error_text([&] { load(with_rank0s, rank0_only); }), "saved by rank 0"));
+  }
+
+  const std::shared_ptr<Transport> alone = world()->split(world()->rank(), 0);
+  Parameters elsewhere = copy_of(saved_at);
+  OneBitAdam other(elsewhere, alone, compressed("freeze"));
+  const std::string before = saved(other);
+  EXPECT_TRUE(contains(error_text([&] { load(other, file); }),
+                       fmt::format("the state holds the error feedback of {} ranks; this job "
+                                   "has 1",
+                                   world()->size())));
+  EXPECT_EQ(saved(other), before);
 }
 
 TEST(OneBitAdam, LoadRefusesAnotherPolicyOrAForeignStateChangingNothing) {

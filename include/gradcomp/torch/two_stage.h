@@ -194,9 +194,16 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   // Averages over the ranks (a collective), then updates. A step whose average is not finite
   // is skipped on every rank, with a TORCH_WARN; the step clock advances all the same.
   at::Tensor step(LossClosure closure = nullptr) override;
+  // The moments (the same on every rank) and this rank's error feedback: every rank saves its
+  // own file (torch::save(opt, path)).
   void save(::torch::serialize::OutputArchive& archive) const override;
+  // The same with every rank's error feedback, gathered: a collective (every rank calls it),
+  // after which rank 0 alone may write the one file every rank resumes from; load() takes
+  // this rank's part.
+  void save_all_ranks(::torch::serialize::OutputArchive& archive);
   // All or nothing: a state of other settings, saved by another optimizer (or from another
-  // model), is an Error and leaves this optimizer as it was.
+  // model, or by all the ranks of a world of another size), is an Error and leaves this
+  // optimizer as it was.
   void load(::torch::serialize::InputArchive& archive) override;
 
   // Whether the next step exchanges the gradient exactly and updates the variance.
@@ -272,6 +279,12 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   // has updated the variance of every parameter it moves (all of them skipped, or with
   // find_unused_parameters none used it).
   void check_compressed_step(const std::vector<uint8_t>& unused);
+  // save() and save_all_ranks(): the gradcomp part with these engine states (one: this rank's,
+  // written as "engine"; else every rank's, as "engine.<rank>").
+  void write_state(::torch::serialize::OutputArchive& archive,
+                   const std::vector<std::vector<std::byte>>& engine_states, bool all) const;
+  // load(): this rank's engine state of the gradcomp part, either form.
+  at::Tensor engine_state_of(::torch::serialize::InputArchive& ours) const;
 
   std::string name_;
   std::vector<std::string> names_;
