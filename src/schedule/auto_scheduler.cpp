@@ -48,8 +48,8 @@ constexpr int kSaveVersion = 1;
 constexpr uint64_t kMaxDriftBackoff = 5;
 // The link watch's probe: the largest size the calibration probed within this time (else the
 // smallest). Large enough that its time is the link's rate, not its latency or a token
-// bucket's burst (an emulated 100 Mbit/s link passed a 64 KiB probe in its 64 KB burst, so the
-// probe ran 2.5x faster at 1 Gbit/s, where 1 MiB runs 10x faster).
+// bucket's burst (an emulated link of bench/cluster passes 64 KB at once: a 64 KiB probe
+// hardly sees its rate).
 constexpr double kLinkProbeBudget = 0.1;
 // Once: the machine's noise only slows a probe, so one that ran link_change times faster than
 // the calibration's fastest is evidence enough (and two checks in a row must find it).
