@@ -154,9 +154,10 @@ def test_train_reports_accuracy_over_time(tmp_path, contender):
 
 
 def test_train_with_auto_decides_as_a_user_would_run_it(tmp_path):
-    """compression="auto" with its defaults in the training workload: it decides within 0.1
-    epoch (94 steps), every rank alike, and says what it kept."""
-    ranks = run_workers(tmp_path, "auto", extra=("--workload", "train", "--epochs", "0.1"))
+    """compression="auto" with its defaults in the training workload: it decides within 0.15
+    epoch (141 steps: the warm-up, up to 7 trials, a runoff of 3 and a lossless plan measured
+    again with the fastest, 6 steps each), every rank alike, and says what it kept."""
+    ranks = run_workers(tmp_path, "auto", extra=("--workload", "train", "--epochs", "0.15"))
     auto = ranks[0]["auto"]
     assert auto["phase"] == "decided", auto
     decision = auto["decisions"][0]
