@@ -1,27 +1,28 @@
 // gradcomp._C: thin bindings of the C++ core for the Python package (python/gradcomp/). The
 // logic lives in C++ (the engine, DistributedGradients); the Python side adds the optimizer
 // wrapper and the DDP hook. Every blocking call releases the GIL.
-#include <nlohmann/json.hpp>
 #include <pybind11/functional.h>
 #include <torch/extension.h>
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 
 #include "gradcomp/codec.h"
 #include "gradcomp/engine.h"
-#include "gradcomp/scheduler.h"
 #include "gradcomp/error.h"
 #include "gradcomp/feedback.h"
 #include "gradcomp/optimizer.h"
+#include "gradcomp/option.h"
 #include "gradcomp/plan.h"
 #include "gradcomp/recommended.h"
+#include "gradcomp/scheduler.h"
 #include "gradcomp/server.h"
+#include "gradcomp/torch/blas_threads.h"
 #include "gradcomp/torch/distributed_gradients.h"
 #include "gradcomp/torch/process_group_transport.h"
 #include "gradcomp/torch/sparse_rows.h"
 #include "gradcomp/transport.h"
-#include "gradcomp/option.h"
 
 namespace py = pybind11;
 using namespace gradcomp;
@@ -384,6 +385,11 @@ PYBIND11_MODULE(_C, m) {
                                 "Finishes one backward pass: autograd calls it when the pass ends")
       .def("__call__", &gt::EndOfBackward::operator(), py::call_guard<py::gil_scoped_release>());
   m.def("transport_in_use", [](const Transport& t) { return gt::transport_in_use(t); });
+  m.def("openblas_threads", &gt::openblas_threads,
+        "The threads of the OpenBLAS loaded in this process; None for another BLAS or none");
+  m.def("take_blas_threads_warning", &gt::take_blas_threads_warning,
+        "The BLAS-thread warning at the first call of this process (empty if none), empty "
+        "at every later one");
 
   py::class_<AutoSettings>(m, "AutoSettings", "compression=\"auto\": the scheduler's settings")
       .def(py::init<>())

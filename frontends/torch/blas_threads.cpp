@@ -43,12 +43,18 @@ std::string blas_threads_warning(std::optional<int> blas, int torch_threads) {
       torch_threads, *blas, torch_threads, torch_threads);
 }
 
-void warn_if_blas_outnumbers_torch() {
+std::string take_blas_threads_warning() {
   static std::once_flag once;
-  std::call_once(once, [] {
-    const std::string warning = blas_threads_warning(openblas_threads(), at::get_num_threads());
-    if (!warning.empty()) TORCH_WARN(warning);
+  std::string warning;
+  std::call_once(once, [&warning] {
+    warning = blas_threads_warning(openblas_threads(), at::get_num_threads());
   });
+  return warning;
+}
+
+void warn_if_blas_outnumbers_torch() {
+  const std::string warning = take_blas_threads_warning();
+  if (!warning.empty()) TORCH_WARN(warning);
 }
 
 }  // namespace gradcomp::torch

@@ -15,7 +15,6 @@ initialized, else gradcomp's own (MPI under mpirun, else Gloo with torchrun's en
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 """
 import atexit
-import ctypes
 import json
 import math
 import os
@@ -93,36 +92,15 @@ def _default_store():
         return None
 
 
-def _blas_threads():
-    """The threads of an OpenBLAS loaded in this process, or None (another BLAS, or unknown).
-    Debian's torch does its matrix products there, outside torch.set_num_threads."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libopenblas" in line}
-        for path in sorted(paths):
-            get = getattr(ctypes.CDLL(path), "openblas_get_num_threads", None)
-            if get is not None:
-                return int(get())
-    except OSError:
-        pass
-    return None
-
-
 def _warn_if_blas_outnumbers_torch():
     """OpenBLAS's idle threads spin on sched_yield between products: more of them than torch
     was told to use take cores from the exchange and from ranks sharing the machine (docs/
-    python.md, "Several ranks on one machine"). Said once per process, at the first engine."""
-    global _blas_checked
-    if _blas_checked:
-        return
-    _blas_checked = True
-    blas, threads = _blas_threads(), torch.get_num_threads()
-    if blas is not None and blas > threads:
-        warnings.warn(f"gradcomp: torch uses {threads} thread(s) but OpenBLAS runs {blas}, which "
-                      "spin between matrix products and take the cores the exchange (and other "
-                      "ranks on this machine) need; start the ranks with OMP_NUM_THREADS="
-                      f"{threads} (gradcomp launch and torchrun set 1 for several ranks)",
-                      RuntimeWarning, stacklevel=_script_level())
+    python.md, "Several ranks on one machine"). Said once per process, at the first engine, as
+    a Python warning: the C++ check behind the engines (take_blas_threads_warning, which the
+    libtorch front end TORCH_WARNs) then finds it taken."""
+    warning = _C.take_blas_threads_warning()
+    if warning:
+        warnings.warn(warning, RuntimeWarning, stacklevel=_script_level())
 
 
 def _script_level():
@@ -136,8 +114,6 @@ def _script_level():
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
-
-_blas_checked = False
 
 
 def _exchange_transport(kind, timeout=0.0):

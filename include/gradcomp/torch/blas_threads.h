@@ -16,7 +16,12 @@ std::optional<int> openblas_threads();
 // when it runs no more (or is not OpenBLAS).
 std::string blas_threads_warning(std::optional<int> blas, int torch_threads);
 
-// TORCH_WARNs that once per process, at the first call (the front end's first optimizer).
+// That warning at the first call of this process, empty at every later one: said once per
+// process, by whichever front end asks first (Python shows it as a Python warning; its
+// optimizers' C++ parts then find it taken).
+std::string take_blas_threads_warning();
+
+// TORCH_WARNs take_blas_threads_warning() (the libtorch front end's first optimizer).
 void warn_if_blas_outnumbers_torch();
 
 }  // namespace gradcomp::torch
