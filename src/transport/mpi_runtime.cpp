@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <thread>
 
@@ -112,6 +114,48 @@ void ensure_initialized() {
     auto guard = lock();
     create_all_ops();
   });
+}
+
+bool serialized() { return g_serialize.load(std::memory_order_relaxed); }
+
+namespace {
+struct SplitTurns {
+  std::mutex mutex;
+  std::condition_variable ended;
+  bool busy = false;      // a split holds the turn
+  uint64_t failures = 0;  // splits that ended without done()
+};
+SplitTurns& split_turns() {
+  static SplitTurns turns;
+  return turns;
+}
+}  // namespace
+
+SplitTurn::SplitTurn() {
+  if (!serialized()) return;
+  SplitTurns& turns = split_turns();
+  std::unique_lock lock(turns.mutex);
+  const uint64_t failures = turns.failures;
+  turns.ended.wait(lock, [&] { return !turns.busy; });
+  if (turns.failures != failures) {
+    throw Error(
+        "mpi: another split of this process failed while this one waited for its turn; not "
+        "started, so that no rank waits in it (MPI runs at MPI_THREAD_SERIALIZED, where a "
+        "process splits one communicator at a time: split from one thread, or initialise MPI "
+        "with MPI_THREAD_MULTIPLE)");
+  }
+  turns.busy = held_ = true;
+}
+
+SplitTurn::~SplitTurn() {
+  if (!held_) return;
+  SplitTurns& turns = split_turns();
+  {
+    std::lock_guard lock(turns.mutex);
+    turns.busy = false;
+    if (!done_) ++turns.failures;
+  }
+  turns.ended.notify_all();
 }
 
 std::unique_lock<std::mutex> lock() {

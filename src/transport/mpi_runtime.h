@@ -31,6 +31,30 @@ void ensure_initialized();
 // its blocking call on the caller's).
 std::unique_lock<std::mutex> lock();
 
+// Whether MPI gives less than MPI_THREAD_MULTIPLE, so that lock() serialises our calls.
+bool serialized();
+
+// A split's turn, from its barrier to its end: under MPI_THREAD_SERIALIZED the splits of this
+// process run one at a time (with MULTIPLE it holds nothing). There the blocking
+// MPI_Comm_split holds lock() until every rank has joined it, so two splits overlapping in one
+// process would deadlock against a rank whose threads came the other way round: each would sit
+// in the split the other rank holds back. One at a time, that race is a split's TimeoutError.
+// A split that waited for its turn while the one before failed is refused (Error) rather than
+// started: the failed one's barrier stays pending in MPI, another rank's next barrier could be
+// paired with it, and that rank would then wait in a split that this rank never makes.
+class SplitTurn {
+ public:
+  SplitTurn();   // waits for the turn; throws Error as above
+  ~SplitTurn();  // ends it: failed unless done() was called
+  SplitTurn(const SplitTurn&) = delete;
+  SplitTurn& operator=(const SplitTurn&) = delete;
+  void done() { done_ = true; }
+
+ private:
+  bool held_ = false;
+  bool done_ = false;
+};
+
 // Throws CommError "mpi: <what> failed: <MPI's message>" when rc is not MPI_SUCCESS.
 void check(int rc, const char* what);
 

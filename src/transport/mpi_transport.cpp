@@ -270,20 +270,31 @@ WorkPtr MpiTransport::start_barrier() {
 
 std::unique_ptr<Transport> MpiTransport::split(int color, int key) {
   MPI_Comm result = MPI_COMM_NULL;
+  mpi::SplitTurn turn;  // one split at a time under MPI_THREAD_SERIALIZED (mpi_runtime.h)
   // MPI_Comm_split blocks without a timeout: a barrier first (in order with the channel's
   // collectives) turns a dead peer into a TimeoutError instead of a hang. The split itself runs
   // on this thread while the channel starts nothing else: on the driver's it would stall every
   // other communicator's collectives, and two splits issued in different orders on different
   // ranks would wait for each other for ever.
-  channel_.exclusive("split", timeout_, 2 * timeout_,  // the barrier's own deadline comes first
-                     one_call([this](MPI_Request* r) { return MPI_Ibarrier(comm(), r); }), [&] {
-                       auto guard = mpi::lock();
-                       mpi::check(
-                           MPI_Comm_split(comm(), color < 0 ? MPI_UNDEFINED : color, key, &result),
-                           "MPI_Comm_split");
-                       if (result != MPI_COMM_NULL)
-                         MPI_Comm_set_errhandler(result, MPI_ERRORS_RETURN);
-                     });
+  try {
+    channel_.exclusive(
+        "split", timeout_, 2 * timeout_,  // the barrier's own deadline comes first
+        one_call([this](MPI_Request* r) { return MPI_Ibarrier(comm(), r); }), [&] {
+          auto guard = mpi::lock();
+          mpi::check(MPI_Comm_split(comm(), color < 0 ? MPI_UNDEFINED : color, key, &result),
+                     "MPI_Comm_split");
+          if (result != MPI_COMM_NULL) MPI_Comm_set_errhandler(result, MPI_ERRORS_RETURN);
+        });
+  } catch (const TimeoutError& e) {
+    if (!mpi::serialized()) throw;
+    throw TimeoutError(fmt::format(
+        "{} (MPI runs at MPI_THREAD_SERIALIZED, where a process splits one communicator at a "
+        "time: splits made from several threads at once wait for each other, and ranks whose "
+        "threads came in different orders time out; split from one thread, or initialise MPI "
+        "with MPI_THREAD_MULTIPLE)",
+        e.what()));
+  }
+  turn.done();
   if (result == MPI_COMM_NULL) return nullptr;
   return std::make_unique<MpiTransport>(result, timeout_, channel_.driver());
 }
