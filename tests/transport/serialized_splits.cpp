@@ -1,9 +1,6 @@
-// The second half of transport_serialized_mptest (transport_mptest.cpp's suite, again): the
-// program initialises MPI at MPI_THREAD_SERIALIZED before gradcomp's first transport, as an
-// application whose MPI gives no more would. gradcomp then holds its process-wide MPI lock
-// around every MPI call and splits one communicator at a time (mpi_runtime.h), paths that
-// Debian's Open MPI, which gives MPI_THREAD_MULTIPLE to gradcomp's own start, never takes
-// otherwise. The suite's test of two splits from two threads in different orders on different
+// Splits at MPI_THREAD_SERIALIZED (part of transport_serialized_mptest, with
+// support/serialized_mpi.cpp): a process splits one communicator at a time (mpi::SplitTurn).
+// The transport suite's test of two splits from two threads in different orders on different
 // ranks cannot pass at this level (the program's filter leaves it out): here it is an error
 // within the timeout, not a hang.
 #include <gtest/gtest.h>
@@ -14,38 +11,10 @@
 #include <thread>
 
 #include "gradcomp/error.h"
-#include "support/mp_test.h"
-#include "transport/mpi_runtime.h"
+#include "gradcomp/transport.h"
 
 namespace gradcomp::testing {
 namespace {
-
-// Before main(), hence before the world transport: MPI is the application's from the start.
-struct SerializedMpi {
-  SerializedMpi() {
-    int provided = MPI_THREAD_SINGLE;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-  }
-  // The application's MPI is the application's to finalise (gradcomp finalises only an MPI it
-  // started), after main(), when every transport is gone. The barriers of the test of failing
-  // splits are still pending then, each on a communicator of its own: Open MPI finalises
-  // without them (mpirun fails a rank that exits without MPI_Finalize).
-  ~SerializedMpi() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  }
-};
-const SerializedMpi g_serialized_mpi;
-
-TEST(SerializedMpi, MpiRunsAtSerializedAndGradcompHoldsItsLock) {
-  int provided = MPI_THREAD_MULTIPLE;
-  MPI_Query_thread(&provided);
-  // Were it MULTIPLE, the suite beside this test would not test the locked path at all.
-  ASSERT_EQ(provided, MPI_THREAD_SERIALIZED);
-  EXPECT_TRUE(mpi::serialized());
-  EXPECT_TRUE(mpi::lock().owns_lock());
-}
 
 // A world of its own with a short timeout, so that a split's timeout costs seconds.
 std::unique_ptr<Transport> short_world() {
@@ -58,7 +27,7 @@ std::unique_ptr<Transport> short_world() {
 // Two threads each split a stream, stream 1 first on every rank. Rank 0 comes late to the
 // first split, so on the other ranks the second starts while the first waits in its barrier:
 // it waits for its turn, and both splits succeed.
-TEST(SerializedMpi, ASplitStartedDuringAnotherWaitsForItsTurn) {
+TEST(SerializedSplits, ASplitStartedDuringAnotherWaitsForItsTurn) {
   auto world = short_world();
   Transport& s1 = world->stream(1);
   Transport& s2 = world->stream(2);
@@ -92,7 +61,7 @@ TEST(SerializedMpi, ASplitStartedDuringAnotherWaitsForItsTurn) {
 // held-back split never reaches. Every split fails within the timeout, the first by timing out
 // and saying why, the one behind it refused without starting; none hangs (a hang would end at
 // ctest's timeout, failing the test).
-TEST(SerializedMpi, SplitsFromTwoThreadsInDifferentOrdersFailWithinTheTimeout) {
+TEST(SerializedSplits, SplitsFromTwoThreadsInDifferentOrdersFailWithinTheTimeout) {
   auto world = short_world();
   Transport& s1 = world->stream(1);
   Transport& s2 = world->stream(2);
