@@ -300,11 +300,25 @@ TcpStore::TcpStore(std::string host, int port, Milliseconds timeout,
                    std::shared_ptr<TcpStoreServer> server)
     : host_(std::move(host)), port_(port), timeout_(timeout), server_(std::move(server)) {}
 
-TcpStore::~TcpStore() { disconnect(); }
+TcpStore::~TcpStore() {
+  for (const int fd : idle_) ::close(fd);
+}
 
-void TcpStore::disconnect() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+int TcpStore::take_connection() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!idle_.empty()) {
+      const int fd = idle_.back();
+      idle_.pop_back();
+      return fd;
+    }
+  }
+  return connect_until(Clock::now() + timeout_);
+}
+
+void TcpStore::give_back(int fd) {
+  std::lock_guard lock(mutex_);
+  idle_.push_back(fd);
 }
 
 namespace {
@@ -336,7 +350,7 @@ int try_connect(const addrinfo& ai, Clock::time_point deadline) {
 
 }  // namespace
 
-void TcpStore::connect_until(Clock::time_point deadline) {
+int TcpStore::connect_until(Clock::time_point deadline) const {
   // Rank 0 may not be listening yet: retry with a growing pause (a sleep, not a spin).
   auto pause = Milliseconds(20);
   const std::string port = std::to_string(port_);
@@ -345,13 +359,14 @@ void TcpStore::connect_until(Clock::time_point deadline) {
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* list = nullptr;
+    int fd = -1;
     if (::getaddrinfo(host_.c_str(), port.c_str(), &hints, &list) == 0) {
-      for (addrinfo* ai = list; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
-        fd_ = try_connect(*ai, deadline);
+      for (addrinfo* ai = list; ai != nullptr && fd < 0; ai = ai->ai_next) {
+        fd = try_connect(*ai, deadline);
       }
       ::freeaddrinfo(list);
     }
-    if (fd_ >= 0) return;
+    if (fd >= 0) return fd;
     if (Clock::now() + pause >= deadline) break;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, Milliseconds(1000));
@@ -402,36 +417,38 @@ bool send_all(int fd, const std::string& data) {
 
 std::vector<std::string> TcpStore::request(char op, const std::vector<std::string>& args,
                                            Milliseconds timeout, const std::string& what) {
-  std::lock_guard lock(mutex_);
   const auto deadline = Clock::now() + timeout;
-  if (fd_ < 0) connect_until(Clock::now() + timeout_);
+  const int fd = take_connection();
+  // A connection that failed or timed out is closed, not given back: an answer may still come
+  // on it, out of step with the next request.
   const auto lost = [&] {
-    disconnect();
+    ::close(fd);
     return CommError(
         fmt::format("rendezvous store at {}:{}: the connection was lost during {}; "
                     "rank 0 (which serves the store) probably exited",
                     host_, port_, what));
   };
-  if (!send_all(fd_, encode(op, args))) throw lost();
+  if (!send_all(fd, encode(op, args))) throw lost();
   std::string reply;
   char header[5];
-  int rc = read_exact(fd_, header, sizeof header, deadline);
+  int rc = read_exact(fd, header, sizeof header, deadline);
   for (uint32_t i = 0, n = rc == 1 ? get_u32(header + 1) : 0; rc == 1 && i < n; ++i) {
     char len[4];
-    rc = read_exact(fd_, len, 4, deadline);
+    rc = read_exact(fd, len, 4, deadline);
     if (rc != 1) break;
     std::string s(get_u32(len), '\0');
-    rc = read_exact(fd_, s.data(), s.size(), deadline);
+    rc = read_exact(fd, s.data(), s.size(), deadline);
     reply = std::move(s);
   }
   if (rc == -1 || (rc == 1 && header[0] != kReply)) throw lost();
   if (rc == 0) {
-    disconnect();  // the answer may still come: this connection is out of step now
+    ::close(fd);
     throw TimeoutError(
         fmt::format("rendezvous store at {}:{}: {} did not complete within {} s; "
                     "did every rank start (WORLD_SIZE, GRADCOMP_TIMEOUT)?",
                     host_, port_, what, seconds_text(timeout)));
   }
+  give_back(fd);
   return op == kGet || op == kCheck ? std::vector<std::string>{std::move(reply)}
                                      : std::vector<std::string>{};
 }

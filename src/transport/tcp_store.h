@@ -48,7 +48,11 @@ class TcpStoreServer {
   std::thread thread_;
 };
 
-// A client of a TcpStoreServer. One request at a time (a mutex), each bounded by the timeout.
+// A client of a TcpStoreServer; every request bounded by the timeout. Requests made at once from
+// several threads each go over a connection of their own: a WAIT or GET holds its connection
+// until its keys exist, and a SET queued behind it on the same connection could be the one
+// that writes them (two transports of a process connecting at once, each waiting for an
+// address of the other's peers). One thread's requests reuse one connection.
 class TcpStore : public gloo::rendezvous::Store {
  public:
   // Connects lazily, at the first request; retries until the timeout, since rank 0 (the
@@ -74,15 +78,17 @@ class TcpStore : public gloo::rendezvous::Store {
  private:
   std::vector<std::string> request(char op, const std::vector<std::string>& args,
                                    Milliseconds timeout, const std::string& what);
-  void connect_until(std::chrono::steady_clock::time_point deadline);
-  void disconnect();
+  // A connected socket: an idle one, or a new one (retried until the timeout).
+  int take_connection();
+  void give_back(int fd);
+  int connect_until(std::chrono::steady_clock::time_point deadline) const;
 
   std::string host_;
   int port_;
   Milliseconds timeout_;
   std::shared_ptr<TcpStoreServer> server_;
   std::mutex mutex_;
-  int fd_ = -1;
+  std::vector<int> idle_;  // connections no request uses now (under mutex_)
 };
 
 }  // namespace gradcomp

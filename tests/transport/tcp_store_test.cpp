@@ -92,6 +92,29 @@ TEST(TcpStore, GetAndWaitBlockUntilAnotherClientSets) {
   EXPECT_EQ(got[2], "value");
 }
 
+// One client used from two threads at once, as two transports of a process connecting side by
+// side do: a GET waiting on one thread does not hold back the SET, on another, that it waits
+// for (each request in flight has a connection of its own), and the client's requests reuse
+// its connections afterwards.
+TEST(TcpStore, AWaitOnOneThreadDoesNotHoldBackAnotherThreadsSet) {
+  auto server = std::make_shared<TcpStoreServer>(0);
+  TcpStore client("127.0.0.1", server->port(), 5000ms, server);
+  std::string got, error;
+  std::thread waiter([&] {
+    try {
+      got = text(client.get("address"));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(100ms);  // the GET is waiting on its connection
+  client.set("address", bytes("peer:1234"));
+  waiter.join();
+  EXPECT_EQ(got, "peer:1234") << error;
+  client.set("next", bytes("v"));
+  EXPECT_EQ(text(client.get("next")), "v");
+}
+
 TEST(TcpStore, ClientRetriesUntilTheServerStarts) {
   // Find a free port, then start the server there a little after the client begins.
   int port = 0;
