@@ -278,6 +278,21 @@ void TwoStageOptimizer::leave(size_t i, bool is_exact) {
   m.add_(exchanged_[i] - at::mul(m, hyper_of(i).beta1));
 }
 
+// An unlearned parameter's momentum holds nothing but what the compressed exchanges gave it
+// beyond its input (the codes' error, where its zeros shared a code block with other tensors,
+// kept by leave() while no rank used it; error feedback takes it back later), and so does what
+// this step's exchange gave beyond b1 m. That goes to the momentum after the exact step, not
+// into the step itself: its variance is 0 where the gradient is, and m / (sqrt(v) + eps) would
+// be huge there (v fills in before a compressed step divides by it).
+void TwoStageOptimizer::step_exactly_alone(size_t i, const at::Tensor& mean, int threads) {
+  at::Tensor& m = param_state(i).exp_avg();
+  const at::Tensor carried = exchanged_[i] + m * (1.0 - hyper_of(i).beta1);
+  m.zero_();
+  exchanged_[i].view({-1}).copy_(mean);
+  update(i, true, threads);
+  m.add_(carried);
+}
+
 TwoStageOptimizer::~TwoStageOptimizer() {
   // Their threads end before the transport may be released.
   engine_.reset();
@@ -347,17 +362,24 @@ LayerSlot TwoStageOptimizer::layer(size_t i) {
           float_span(state.exp_avg_sq())};
 }
 
-void TwoStageOptimizer::check_compressed_step(const std::vector<uint8_t>& unused) {
+std::vector<size_t> TwoStageOptimizer::unlearned(const std::vector<uint8_t>& unused) {
+  std::vector<size_t> found;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (unused[i] || param_state(i).variance_updates() >= 1) continue;
-    throw Error(fmt::format(
-        "{}: a compressed step came before any exact step updated the variance of parameter "
-        "'{}' (the exact steps so far were skipped, their averages not finite, or, with "
-        "find_unused_parameters, no rank used it on any of them); every parameter needs one "
-        "exact step on its gradient first: lengthen the warm-up so that it sees every "
-        "parameter used, or leave find_unused_parameters off",
-        name_, names_[i]));
+    if (!unused[i] && param_state(i).variance_updates() == 0) found.push_back(i);
   }
+  return found;
+}
+
+at::Tensor TwoStageOptimizer::exact_means(const std::vector<size_t>& unlearned) const {
+  std::vector<at::Tensor> grads;
+  for (const size_t i : unlearned) {
+    const at::Tensor& grad = params_[i].grad();
+    grads.push_back(grad.defined() ? grad.reshape({-1}) : at::zeros({params_[i].numel()}));
+  }
+  if (grads.empty()) return at::empty({0});
+  at::Tensor flat = at::cat(grads);
+  transport_->allreduce(float_span(flat))->wait(transport_->timeout());
+  return flat.div_(static_cast<double>(transport_->size()));
 }
 
 at::Tensor TwoStageOptimizer::step(LossClosure closure) {
@@ -384,20 +406,30 @@ at::Tensor TwoStageOptimizer::step(LossClosure closure) {
   engine.synchronize();
   const std::vector<uint8_t> unused = unused_everywhere();
   check_trainable(unused);  // after the exchange (every rank took part), before anything moves
+  const std::vector<size_t> own_exact = is_exact ? std::vector<size_t>{} : unlearned(unused);
+  const at::Tensor means = exact_means(own_exact);
   ++steps_;
   last_ = engine.last_step();
-  // The engine checks every mean (the same bits on every rank): every rank decides alike.
-  if (!last_.finite) {
+  // The engine checks every mean (the same bits on every rank), and the means of the
+  // parameters stepping exactly on their own are the same on every rank: every rank decides
+  // alike.
+  if (!last_.finite || !means.isfinite().all().item<bool>()) {
     TORCH_WARN("gradcomp: ", name_,
                ": this step's average is not finite (an overflow on some rank): the step is "
                "skipped on every rank");
     return loss;
   }
-  if (!is_exact) check_compressed_step(unused);
   const int threads = at::get_num_threads();
+  auto next_own = own_exact.begin();
+  int64_t offset = 0;  // of the next one's mean in `means`
   for (size_t i = 0; i < params_.size(); ++i) {
     if (unused[i]) {
       leave(i, is_exact);
+    } else if (next_own != own_exact.end() && *next_own == i) {
+      const int64_t n = params_[i].numel();
+      step_exactly_alone(i, means.narrow(0, offset, n), threads);
+      offset += n;
+      ++next_own;
     } else {
       update(i, is_exact, threads);
     }
@@ -440,7 +472,8 @@ void TwoStageOptimizer::local_input(size_t i, bool is_exact) {
     return;
   }
   const double beta1 = hyper_of(i).beta1;
-  if (grad.defined()) {
+  // An unlearned variance: its gradient goes in an exact step of its own (exact_means).
+  if (grad.defined() && state.variance_updates() > 0) {
     at::lerp_out(out, grad, state.exp_avg(), beta1);  // b1 m + (1 - b1) g
   } else {
     at::mul_out(out, state.exp_avg(), beta1);

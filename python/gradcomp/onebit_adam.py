@@ -70,7 +70,8 @@ class OneBitAdam(TwoStageOptimizer):
     find_unused_parameters: as DDP's: a parameter whose .grad is None on every rank in a step
         keeps its value, variance and step count, as torch's Adam leaves it (False: it moves by
         its momentum and weight decay, as if its gradient were 0); one small collective a step,
-        the same on every rank.
+        the same on every rank. A parameter first used after the warm-up takes an exact step
+        of its own at its first use (its variance is learned there; docs/optimizers.md).
 
     state_dict() holds the moments, the step and gradcomp's state (both sides' error feedback):
     load_state_dict() resumes bit-exactly after a step of either kind."""

@@ -9,6 +9,9 @@ two kinds:
   of means per 256 elements, with error feedback on the worker and on the server), so every rank
   holds the same m.
 
+A parameter whose variance no exact step has updated (first used after the warm-up) takes, on
+a compressed step, an exact step of its own instead (_unlearned, _exact_means).
+
 Two engines on one transport carry the two kinds; a subclass says which steps are exact
 (`exact`) and how a parameter moves after either kind (`_update`). Parameters may be
 channels_last: the kernels step a packed copy, written back.
@@ -134,25 +137,25 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         # After the exchange, so that every rank has taken part in it; before anything moves.
         self._check_trainable(unused)
         self._check_unchanged(handed_grads)
+        unlearned = [] if exact else self._unlearned(unused)
+        means = self._exact_means(unlearned)
         self._steps += 1
         self._last = engine.last_step()
-        if not self._last["finite"]:
+        if not (self._last["finite"] and all(torch.isfinite(m).all() for m in means)):
             warnings.warn(f"gradcomp: {type(self).__name__}: this step's average is not finite "
                           "(an overflow on some rank): the step is skipped on every rank",
                           RuntimeWarning, stacklevel=2)
             return loss
-        if not exact:
-            self._check_compressed_step(unused)
+        mean_of = dict(zip(unlearned, means))
         threads, began = torch.get_num_threads(), time.perf_counter()
         for i, (p, group, exchanged) in enumerate(zip(self._params, groups, self._exchanged)):
             if i in unused:
                 self._leave(p, group, exchanged, exact)
                 continue
-            packed = not p.is_contiguous()  # channels_last weights: the kernels take them packed
-            weights = p.data.contiguous() if packed else p.data
-            self._update(p, weights, exchanged, group, exact, threads)
-            if packed:
-                p.data.copy_(weights)
+            if i in mean_of:
+                self._step_exactly_alone(p, group, exchanged, mean_of[i], threads)
+            else:
+                self._update_packed(p, exchanged, group, exact, threads)
         self._last["update_seconds"] = time.perf_counter() - began
         return loss
 
@@ -270,7 +273,8 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                 out.copy_(grad)
             return
         beta1 = group["betas"][0]
-        if grad is None:
+        # An unlearned variance: its gradient goes in an exact step of its own (_exact_means).
+        if grad is None or state["variance_updates"] == 0:
             torch.mul(state["exp_avg"], beta1, out=out)
         else:
             torch.lerp(grad, state["exp_avg"], beta1, out=out)  # b1 m + (1 - b1) g
@@ -296,19 +300,50 @@ class TwoStageOptimizer(torch.optim.Optimizer):
                 "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
                 "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format)}
 
-    def _check_compressed_step(self, unused):
-        """Before anything moves: a compressed step steps by the variance, which an exact step
-        must have updated for every parameter it moves."""
-        for i, (pname, p) in enumerate(zip(self._names, self._params)):
-            if i in unused or self._state(p)["variance_updates"] >= 1:
-                continue
-            raise Error(f"{type(self).__name__}: a compressed step came before any exact step "
-                        f"updated the variance of parameter '{pname}' (the exact steps so far "
-                        "were skipped, their averages not finite, or, with "
-                        "find_unused_parameters, no rank used it on any of them); every "
-                        "parameter needs one exact step on its gradient first: lengthen the "
-                        "warm-up so that it sees every parameter used, or leave "
-                        "find_unused_parameters off")
+    def _update_packed(self, p, exchanged, group, exact, threads):
+        packed = not p.is_contiguous()  # channels_last weights: the kernels take them packed
+        weights = p.data.contiguous() if packed else p.data
+        self._update(p, weights, exchanged, group, exact, threads)
+        if packed:
+            p.data.copy_(weights)
+
+    def _step_exactly_alone(self, p, group, exchanged, mean, threads):
+        """An unlearned parameter's exact step of its own, on its `mean` gradient. Its momentum
+        holds nothing but what the compressed exchanges gave it beyond its input (the codes'
+        error, where its zeros shared a code block with other tensors, kept by _leave while no
+        rank used it; error feedback takes it back later), and so does what this step's
+        exchange gave beyond b1 m. That goes to the momentum after the exact step, not into the
+        step itself: its variance is 0 where the gradient is, and m / (sqrt(v) + eps) would be
+        huge there (v fills in before a compressed step divides by it)."""
+        m = self._state(p)["exp_avg"]
+        carried = exchanged + m * (1 - group["betas"][0])
+        m.zero_()
+        self._update_packed(p, mean, group, True, threads)
+        m.add_(carried)
+
+    def _unlearned(self, unused):
+        """On a compressed step: the parameters used this step whose variance no exact step
+        has updated (first used after the warm-up, with find_unused_parameters; or whose exact
+        steps were all skipped). A compressed step divides by that variance, so each takes an
+        exact step of its own instead; the same list on every rank (the states are, and so is
+        `unused`)."""
+        return [i for i, p in enumerate(self._params)
+                if i not in unused and self._state(p)["variance_updates"] == 0]
+
+    def _exact_means(self, unlearned):
+        """The mean over the ranks of each unlearned parameter's gradient (zeros where this
+        rank has none): one allreduce of them all, uncompressed, as an exact step's exchange
+        would give. These parameters handed the compressed exchange b1 m, as one without a
+        gradient does (_local_input), so nothing of the gradient goes twice."""
+        if not unlearned:
+            return []
+        grads = [self._params[i].grad for i in unlearned]
+        flat = torch.cat([torch.zeros(self._params[i].numel()) if g is None else g.reshape(-1)
+                          for i, g in zip(unlearned, grads)])
+        self._transport.allreduce_(flat)
+        flat.div_(self._transport.size)
+        return [m.view_as(self._exchanged[i]) for i, m in
+                zip(unlearned, flat.split([self._params[i].numel() for i in unlearned]))]
 
     def _settings(self):
         """What a checkpoint holds and a resumed optimizer must agree with."""

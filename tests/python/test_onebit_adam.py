@@ -365,8 +365,10 @@ def test_overlap_on_two_ranks_gives_the_same_bits(runs, module_runner):
                                                 ("OneBitAdam", True)])
 def test_find_unused_parameters_leaves_a_layer_no_rank_used(optimizer, overlap, module_runner):
     """2 ranks, 3 exact steps then 5 compressed: a layer no rank uses keeps its value and step
-    count; a layer rank 1 alone uses on odd steps is updated alike on both ranks; without the
-    option the unused layer moves (its momentum and weight decay), as documented."""
+    count; a layer rank 1 alone uses on odd steps is updated alike on both ranks; one rank 0
+    alone uses from the second compressed step on learns its variance in an exact step of its
+    own, then steps compressed, alike on both ranks; without the option the unused layer moves
+    (its momentum and weight decay), as documented."""
     job = module_runner("onebit_unused.py", "--optimizer", optimizer,
                         *(["--overlap"] if overlap else [])).check()
     reports = job.reports()
@@ -377,6 +379,10 @@ def test_find_unused_parameters_leaves_a_layer_no_rank_used(optimizer, overlap, 
         assert sorted(r["unchanged"]) == ["never.bias", "never.weight"], r
         assert r["steps"]["never.weight"] == 0 and r["steps"]["sometimes.weight"] == 4, r
         assert r["steps"]["body.0.weight"] == 8, r
+        assert r["steps"]["late.weight"] == 4 and r["variance_updates"]["late.weight"] == 1, r
+        # 4 of Adam's steps at lr 0.01 (0.105 measured): a step of m / eps where its variance
+        # is 0 would move it by thousands
+        assert r["late_moved"] < 1.0, r
     plain = module_runner("onebit_unused.py", "--optimizer", optimizer,
                           "--find-unused", "False").check()
     for r in plain.reports():
@@ -391,24 +397,37 @@ def test_find_unused_parameters_must_agree_over_the_ranks(module_runner):
         assert f"this rank's {rank == 0}" in r["refused"], r
 
 
-def test_a_parameter_first_used_after_the_warmup_is_named():
-    """With find_unused_parameters, a layer no rank used in the warm-up has no variance: its
-    first compressed step is refused, naming it, before anything moves (its step would divide
-    by a variance of 0)."""
+def test_a_parameter_first_used_after_the_warmup_takes_an_exact_step_of_its_own():
+    """With find_unused_parameters, a layer no rank used in the warm-up has no variance, and a
+    compressed step would divide by it: its first use takes an exact step of its own instead,
+    AdamW's first step on its gradient (one rank: the mean is its gradient), while the rest
+    takes the compressed step; later compressed steps move it by its learned variance."""
     torch.manual_seed(0)
     body, late = torch.nn.Linear(32, 4), torch.nn.Linear(4, 4)
     named = [("body." + n, p) for n, p in body.named_parameters()] + \
         [("late." + n, p) for n, p in late.named_parameters()]
-    opt = gc.OneBitAdam(named, warmup_steps=WARMUP, find_unused_parameters=True)
-    for step in range(WARMUP + 2):
+    opt = gc.OneBitAdam(named, lr=0.01, weight_decay=0.01, warmup_steps=WARMUP,
+                        find_unused_parameters=True)
+    adamw = None
+    for step in range(WARMUP + 3):
         opt.zero_grad(set_to_none=True)
         x, y = _batch(step)
         out = body(x)
         torch.nn.functional.mse_loss(late(out) if step > WARMUP else out, y).backward()
-        if step <= WARMUP:
-            opt.step()
-            continue
-        before = [p.detach().clone() for _, p in named]
-        with pytest.raises(gc.Error, match="updated the variance of parameter 'late.weight'"):
-            opt.step()
-        assert all(torch.equal(a, p) for a, (_, p) in zip(before, named))
+        if step == WARMUP + 1:  # late's first use, on the second compressed step
+            twin = copy.deepcopy(late)
+            for t, p in zip(twin.parameters(), late.parameters()):
+                t.grad = p.grad.clone()
+            adamw = torch.optim.AdamW(twin.parameters(), lr=0.01, weight_decay=0.01)
+            adamw.step()
+            body_before = [p.detach().clone() for p in body.parameters()]
+        opt.step()
+        if step == WARMUP + 1:
+            for t, p in zip(twin.parameters(), late.parameters()):
+                assert torch.allclose(p, t, rtol=0, atol=1e-7), (p - t).abs().max()
+                assert opt.state[p]["variance_updates"] == 1 and opt.state[p]["step"] == 1
+            assert opt.state[body.weight]["variance_updates"] == WARMUP
+            assert not any(torch.equal(a, p) for a, p in zip(body_before, body.parameters()))
+    for p in late.parameters():
+        assert torch.isfinite(p).all()
+        assert opt.state[p]["step"] == 2 and opt.state[p]["variance_updates"] == 1

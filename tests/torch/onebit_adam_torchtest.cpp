@@ -376,7 +376,8 @@ TEST(OneBitAdam, ChangingRequiresGradAfterConstructionIsRefused) {
 
 // find_unused_parameters: a parameter no rank has a gradient for ("side") keeps its value and
 // step count through exact and compressed steps, the others train alike on every rank; without
-// the option it moves (weight decay on a zero gradient). Ranks that differ on it are refused.
+// the option it moves (weight decay on a zero gradient). One first used after the warm-up
+// learns its variance in an exact step of its own. Ranks that differ on the option are refused.
 TEST(OneBitAdam, FindUnusedParametersLeavesAParameterNoRankUsed) {
   for (const bool find_unused : {true, false}) {
     Parameters p = make_parameters();
@@ -389,6 +390,35 @@ TEST(OneBitAdam, FindUnusedParametersLeavesAParameterNoRankUsed) {
     EXPECT_EQ(state_of(opt, p["side"]).step(), find_unused ? 0 : 8);
     EXPECT_EQ(state_of(opt, p["w1"]).step(), 8);
   }
+  // "late", used by rank 0 alone from step 4 on (the warm-up is steps 0-2): its variance
+  // unlearned, it takes an exact step of its own on its first use, AdamW's first step on the
+  // mean gradient (rank 0's over the world size), then compressed steps, alike on every rank.
+  Parameters p = make_parameters();
+  p.insert("late", at::full({8}, 0.5f).requires_grad_());
+  OneBitAdam opt(p, world(), compressed("freeze").find_unused_parameters(true));
+  const int rank = world()->rank();
+  at::Tensor expected;
+  for (int step = 0; step < 7; ++step) {
+    opt.zero_grad();
+    at::Tensor loss = loss_of(p, rank, step);
+    if (rank == 0 && step >= 4) loss = loss + (p["late"] * at::arange(8, at::kFloat)).sum();
+    loss.backward();
+    if (step == 4) {  // AdamW's first step: m^ = g, v^ = g^2, so w -= lr (g / (|g| + eps) + wd w)
+      const at::Tensor g = at::arange(8, at::kFloat) / static_cast<double>(world()->size());
+      const at::Tensor w = p["late"].detach();
+      expected = w - 0.01 * (g / (g.abs() + 1e-8) + 0.01 * w);
+    }
+    opt.step();
+    if (step == 4) {
+      EXPECT_TRUE(at::allclose(p["late"], expected, 0, 1e-7)) << p["late"] << expected;
+      EXPECT_EQ(state_of(opt, p["late"]).variance_updates(), 1);
+    }
+  }
+  expect_identical_across_ranks(p, "a parameter first used after the warm-up");
+  EXPECT_EQ(state_of(opt, p["late"]).step(), 3);  // steps 4, 5, 6
+  EXPECT_EQ(state_of(opt, p["late"]).variance_updates(), 1);
+  EXPECT_TRUE(at::isfinite(p["late"]).all().item<bool>());
+
   Parameters q = make_parameters();
   try {
     OneBitAdam mixed(q, world(), compressed("freeze").find_unused_parameters(world()->rank() == 0));

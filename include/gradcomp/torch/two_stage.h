@@ -275,10 +275,18 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   // it is kept in its momentum (two_stage.cpp).
   void leave(size_t i, bool exact);
   void agree_on_find_unused() const;
-  // Before a compressed step moves anything: throws, naming the parameter, unless an exact step
-  // has updated the variance of every parameter it moves (all of them skipped, or with
-  // find_unused_parameters none used it).
-  void check_compressed_step(const std::vector<uint8_t>& unused);
+  // On a compressed step: the parameters used this step whose variance no exact step has
+  // updated (first used after the warm-up, with find_unused_parameters; or whose exact steps
+  // were all skipped). A compressed step divides by that variance, so each takes an exact step
+  // of its own instead; the same list on every rank (the states are, and so is `unused`).
+  std::vector<size_t> unlearned(const std::vector<uint8_t>& unused);
+  // The mean over the ranks of those parameters' gradients (zeros where this rank has none),
+  // concatenated: one allreduce, uncompressed, as an exact step's exchange would give. They
+  // handed the compressed exchange b1 m, as a parameter without a gradient does (local_input),
+  // so nothing of the gradient goes twice.
+  at::Tensor exact_means(const std::vector<size_t>& unlearned) const;
+  // Parameter i's exact step of its own, on its `mean` gradient (two_stage.cpp).
+  void step_exactly_alone(size_t i, const at::Tensor& mean, int threads);
   // save() and save_all_ranks(): the gradcomp part with these engine states (one: this rank's,
   // written as "engine"; else every rank's, as "engine.<rank>").
   void write_state(::torch::serialize::OutputArchive& archive,

@@ -1,5 +1,7 @@
-"""Two-stage optimizers with find_unused_parameters: the common model plus two side layers,
-`sometimes` (used by rank 1 on odd steps only) and `never` (used by no rank), trained for
+"""Two-stage optimizers with find_unused_parameters: the common model plus three side layers,
+`sometimes` (used by rank 1 on odd steps only), `never` (used by no rank) and `late` (used by
+rank 0 alone from the second compressed step on: its variance learned by an exact step of its
+own), trained for
 --steps steps (--warmup exact ones, then compressed). Records the final parameters, the names
 of those left unchanged, each parameter's step count, or the error that refused the ranks'
 flags (--flag-of-rank R=True|False)."""
@@ -16,10 +18,12 @@ class Model(torch.nn.Module):
         torch.manual_seed(1)
         self.sometimes = torch.nn.Linear(8, 8)
         self.never = torch.nn.Linear(8, 8)
+        self.late = torch.nn.Linear(8, 8)
 
-    def forward(self, x, use_sometimes):
+    def forward(self, x, use_sometimes, use_late):
         y = self.body(x)
-        return self.sometimes(y) if use_sometimes else y
+        y = self.sometimes(y) if use_sometimes else y
+        return self.late(y) if use_late else y
 
 
 def main():
@@ -47,14 +51,18 @@ def main():
     for step in range(args.steps):
         opt.zero_grad(set_to_none=True)
         x, y = common.batch(rank, step)
-        common.loss_of(lambda v: model(v, rank == 1 and step % 2 == 1), x, y).backward()
+        late = rank == 0 and step > args.warmup
+        common.loss_of(lambda v: model(v, rank == 1 and step % 2 == 1, late), x, y).backward()
         opt.step()
     state = {n: opt.state[t].get("step", 0) for n, t in model.named_parameters()}
+    learned = {n: opt.state[t].get("variance_updates", 0) for n, t in model.named_parameters()}
     common.save(args.out, "final", rank,
                 {n: t.detach().clone() for n, t in model.named_parameters()})
     common.report(args.out, rank, {
         "unchanged": [n for n, t in model.named_parameters() if torch.equal(t, before[n])],
-        "steps": state})
+        "steps": state, "variance_updates": learned,
+        "late_moved": max((t - before[n]).abs().max().item()
+                          for n, t in model.named_parameters() if n.startswith("late."))})
 
 
 if __name__ == "__main__":
