@@ -48,6 +48,7 @@ import report  # noqa: E402
 PYTHON = "/usr/bin/python3"  # Debian's, with torch
 GRADCOMP = ROOT / "build" / "bin" / "gradcomp"
 WORKER = HERE / "worker.py"
+TRAINING_BEGAN = "training-began"  # worker.py's: rank 0 makes it as training begins
 
 # The codecs gradcomp runs on its default plan, and the planner's choices.
 MAIN_CODECS = ["fp16", "intq", "qsgd", "topk:ratio=0.01|ef", "randomk:ratio=0.01|ef",
@@ -156,8 +157,9 @@ def parse_args(argv=None):
     p.add_argument("--train-workers", type=int, default=4)
     p.add_argument("--train-rate-change", default=None, metavar="RATE@SECONDS",
                    help="training: every link changes to RATE this many seconds after each "
-                        "contender's processes start (e.g. 1gbit@60): a link that gets faster "
-                        "or slower during training")
+                        "contender's first training step (e.g. 1gbit@60): a link that gets "
+                        "faster or slower during training; the report places it on each "
+                        "contender's training time")
     p.add_argument("--train-optimizer", choices=["sgd", "adamw"], default="sgd",
                    help="the training runs' optimizer: SGD with momentum (the main job's "
                         "default) or AdamW; auto then takes the options recommended for it")
@@ -730,7 +732,8 @@ def train_config(args, out, port):
             try:
                 settings = (["--train-auto", json.dumps(args.train_auto)]
                             if name == "auto" and args.train_auto else [])
-                with rate_changed(cluster, rate_bps, change):
+                began = runner.out_dir / slug(name) / TRAINING_BEGAN
+                with rate_changed(cluster, rate_bps, change, began) as changed:
                     ranks, seconds = runner.run(name, ["--workload", "train", "--contender", name,
                                                        "--epochs", str(args.train_epochs),
                                                        "--train-optimizer", args.train_optimizer,
@@ -746,27 +749,57 @@ def train_config(args, out, port):
                                                             for r in ranks))
             if "auto" in r0:
                 row["auto"] = r0["auto"]
+            if change:
+                row["rate_changed_s"] = (training_seconds_at(changed["wall"], r0["training_wall"])
+                                         if "wall" in changed else None)
             say(f"   {label(name):<32} accuracy {100 * r0['epoch_accuracy'][-1]:.2f} % after "
-                f"{r0['epoch_seconds'][-1]:.1f} s of training ({seconds:.0f} s)")
+                f"{r0['epoch_seconds'][-1]:.1f} s of training ({seconds:.0f} s)"
+                + (f"; link changed at {row['rate_changed_s']:.1f} s of training"
+                   if row.get("rate_changed_s") is not None else
+                   "; training ended before the link changed" if change else ""))
             config["runs"].append(row)
     return config
 
 
 @contextlib.contextmanager
-def rate_changed(cluster, rate_bps, change):
-    """Runs the body at rate_bps, every link changed to change's rate after its seconds (a
-    timer); back at rate_bps afterwards, so every contender sees the same links."""
+def rate_changed(cluster, rate_bps, change, began=None):
+    """Runs the body at rate_bps, every link changed to change's rate after its seconds: from
+    the moment the file `began` appears (the training's first step: worker.py makes it), or
+    from the body's start without one. Yields a dict that gets "wall", the wall-clock time
+    of the change, once it is made. The links are back at rate_bps afterwards, so every
+    contender sees the same links."""
     cluster.set_rate(rate_bps)
-    timer = threading.Timer(change[2], cluster.set_rate, [change[1]]) if change else None
-    if timer:
-        timer.start()
+    changed, stop = {}, threading.Event()
+    if began is not None:
+        Path(began).unlink(missing_ok=True)  # a run before this one's
+
+    def change_later():
+        while began is not None and not Path(began).exists():
+            if stop.wait(0.02):
+                return
+        if not stop.wait(change[2]):
+            cluster.set_rate(change[1])
+            changed["wall"] = time.time()
+
+    thread = threading.Thread(target=change_later, daemon=True) if change else None
+    if thread:
+        thread.start()
     try:
-        yield
+        yield changed
     finally:
-        if timer:
-            timer.cancel()
-            timer.join()
+        stop.set()
+        if thread:
+            thread.join()
         cluster.set_rate(rate_bps)
+
+
+def training_seconds_at(wall, training_wall):
+    """The training time (evaluations left out, as the worker's epoch_seconds) at wall-clock
+    time `wall`, from the worker's wall clock of its first step and of its evaluations."""
+    seconds = wall - training_wall["began"]
+    for paused, resumed in training_wall["evaluations"]:
+        seconds -= max(0.0, min(wall, resumed) - paused)
+    return seconds
 
 
 def optimizer_config(args, profile, rate, workers, names, out, port):

@@ -649,8 +649,8 @@ def _train_section(results, image_names):
         k = dilation(entry)
         optimizer = {"sgd": "SGD with momentum", "adamw": "AdamW"}.get(entry.get("optimizer"))
         change = entry.get("rate_change")
-        rate = entry.get("rate", "?") + (f" -> {change['rate']} after {change['after_seconds']:g} s"
-                                          if change else "")
+        rate = entry.get("rate", "?") + (f" -> {change['rate']} {change['after_seconds']:g} s "
+                                          "into training" if change else "")
         lines += [f"### {rate}, {entry.get('workers', '?')} workers, "
                   f"{entry.get('epochs', '?')} epochs, "
                   + (f"{optimizer}, " if optimizer else "") + f"target {target_text}"
@@ -659,9 +659,23 @@ def _train_section(results, image_names):
                          "wire MB/step"],
                         [_train_cells(entry, r, target) for r in entry.get("runs", [])])
         lines.append("")
+        if change:
+            lines += [_rate_change_line(entry), ""]
         lines += [_train_auto_line(r) for r in entry.get("runs", []) if r.get("auto")]
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _rate_change_line(entry):
+    """Where the link changed on each contender's training time (evaluations left out: a few
+    seconds before the wall-clock time from the first step)."""
+    runs = [r for r in entry.get("runs", []) if r.get("status", "ok") == "ok"]
+    at = [f"{label(r)} {r['rate_changed_s']:.1f} s" if r.get("rate_changed_s") is not None
+          else f"{label(r)} never (training ended first)" for r in runs if "rate_changed_s" in r]
+    if not at:
+        return "The links changed rate during each run (the figure's dashed lines)."
+    return ("The links changed rate at these training times (the figure's dashed lines): "
+            + ", ".join(at) + ".")
 
 
 def _train_auto_line(run):
@@ -943,6 +957,9 @@ def train_figure(results):
             if run.get("status", "ok") == "ok" and points:
                 ax.plot([t for t, _ in points], [100 * a for _, a in points],
                         color=color(run), marker="o", ms=4, label=label(run))
+                if run.get("rate_changed_s") is not None:
+                    ax.axvline(run["rate_changed_s"], color=color(run), ls="--", lw=1,
+                               label=f"link -> {entry['rate_change']['rate']} (dashed, each run's color)")
         target = _train_target(results, entry)
         if target is not None:
             ax.axhline(100 * target, color="gray", ls=":", lw=1, label="target accuracy")

@@ -78,6 +78,9 @@ TWO_STAGE = ("onebitadam", "onebitlamb")
 # (20 warm-up, then up to 2 + max_proposals + 2 refined plans for 5 steps each); bench.py
 # passes the same.
 AUTO = {"warmup_steps": 20, "profile_steps": 8, "trial_steps": 5, "max_proposals": 4}
+# The training workload's rank 0 makes this file in --out as its first step begins: bench.py
+# times a link rate change (--train-rate-change) from it.
+TRAINING_BEGAN = "training-began"
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -652,6 +655,12 @@ def train(args, kind, argument):
     schedule = mainjob.make_schedule(inner, "cosine", total_steps)
     exchange.barrier()
     tx0, _ = link_bytes(args.iface)
+    # The wall clock of the first step and of each evaluation (its start and end), so that the
+    # bench can time a link change from the first step and place it on the training time.
+    began = time.time()
+    if rank == 0:
+        (Path(args.out) / TRAINING_BEGAN).touch()
+    evaluations = []
     # Test accuracy every half epoch (not counted as training time), for time to accuracy.
     eval_every = max(1, steps_per_epoch // 2)
     step, epoch, trained = 0, 0, 0.0
@@ -672,7 +681,9 @@ def train(args, kind, argument):
                 trained += time.perf_counter() - start
                 eval_epochs.append(step / steps_per_epoch)
                 eval_seconds.append(trained)
+                paused = time.time()
                 eval_accuracy.append(mainjob.evaluate(model, test_x, test_y, exchange))
+                evaluations.append([paused, time.time()])
                 start = time.perf_counter()
         epoch += 1
     tx1, _ = link_bytes(args.iface)
@@ -680,6 +691,7 @@ def train(args, kind, argument):
         "workload": "train", "contender": args.contender, "rank": rank, "world": world,
         "optimizer": args.train_optimizer, "epochs": args.epochs, "steps": step, "eval_epochs": eval_epochs,
         "epoch_seconds": eval_seconds, "epoch_accuracy": eval_accuracy,
+        "training_wall": {"began": began, "evaluations": evaluations},
         "tx_bytes_per_step": (tx1 - tx0) / step,
         **({"auto": train_auto_record(optimizer.auto_report())} if kind == "auto" else {}),
     }

@@ -296,3 +296,22 @@ def test_a_rate_change_comes_after_its_seconds_and_is_undone(tmp_path):
         assert rate_of(cluster) == "100Mbit"
         with bench.rate_changed(cluster, 1e8, None):  # no change asked: the rate holds
             assert rate_of(cluster) == "100Mbit"
+        # Timed from the training's first step: the file the worker's rank 0 makes then (one
+        # left by the run before is not it).
+        began = tmp_path / "training-began"
+        began.touch()
+        with bench.rate_changed(cluster, 1e8, ("1gbit", 1e9, 0.5), began) as changed:
+            time.sleep(1.5)
+            assert rate_of(cluster) == "100Mbit" and "wall" not in changed
+            began.touch()
+            time.sleep(1.5)
+            assert rate_of(cluster) == "1Gbit" and "wall" in changed
+        assert rate_of(cluster) == "100Mbit"
+
+
+def test_the_change_is_placed_on_the_training_time_evaluations_left_out():
+    wall = {"began": 1000.0, "evaluations": [[1010.0, 1012.0], [1020.0, 1023.0]]}
+    assert bench.training_seconds_at(1005.0, wall) == 5.0
+    assert bench.training_seconds_at(1011.0, wall) == 10.0  # during an evaluation: its start
+    assert bench.training_seconds_at(1015.0, wall) == 13.0
+    assert bench.training_seconds_at(1030.0, wall) == 25.0

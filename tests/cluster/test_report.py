@@ -435,8 +435,17 @@ def test_a_rate_change_during_training_is_in_the_heading_and_auto_says_why_it_se
     auto = entry["runs"][-1]["auto"]
     auto["decisions"].append({**auto["decisions"][0], "step": 475,
                               "reason": "the link got faster: a probe of 1024 KiB took 8.60 ms"})
+    for run, at in zip(entry["runs"], [58.5, 57.9, None]):
+        run["rate_changed_s"] = at
     md = render(passing_results(train=[entry]), tmp_path)
-    assert table_after(md, "### 100mbit -> 1gbit after 60 s, 4 workers, 3 epochs")
+    assert table_after(md, "### 100mbit -> 1gbit 60 s into training, 4 workers, 3 epochs")
+    assert ("The links changed rate at these training times (the figure's dashed lines): "
+            "DDP 58.5 s, planned 57.9 s, topk never (training ended first).") in md
+    fig = report.train_figure(passing_results(train=[entry]))
+    dashed = [line.get_xdata()[0] for line in fig.axes[0].get_lines()
+              if line.get_linestyle() == "--"]
+    assert dashed == [58.5, 57.9]
+    report.plt.close("all")
     assert "; then at step 475 (the link got faster: a probe of 1024 KiB took 8.60 ms) kept" in md
     assert "at step 62 kept" in md  # the first decision's reason goes without saying
 
