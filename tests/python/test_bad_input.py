@@ -6,7 +6,7 @@ import reference as ref
 
 # Cases that leave the ranks able to go on share one job.
 SHARED = ["unknown_codec", "bad_numbers", "bad_plan", "route_and_small_model", "float64_parameter", "frozen_parameter", "unused_parameter",
-          "unused_parameter_found", "not_recommended"]
+          "unused_parameter_found", "not_recommended", "same_parameters_twice"]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,15 @@ def test_float64_parameter_is_named(shared):
         assert_error(error, "float32")
         assert "'2.weight'" in error[1] or "'2.bias'" in error[1], error[1]
         assert "Double" in error[1] or "float64" in error[1], error[1]
+
+
+def test_a_second_optimizer_over_the_same_parameters_is_refused(shared):
+    reports = [r["same_parameters_twice"] for r in shared.reports()]
+    for r in reports:
+        assert_error(r["refused"], "is exchanged by another live DistributedOptimizer",
+                     "destroy that one")
+        assert "parameter '" in r["refused"][1], r["refused"]
+    assert reports[0]["params"] == reports[1]["params"]  # both trained alike on every rank
 
 
 def test_frozen_parameter_is_skipped(shared):

@@ -109,6 +109,26 @@ def float64_parameter(rank, out):
     return {"error": error_of(lambda: wrap(model, compression="fp16"))}
 
 
+def same_parameters_twice(rank, out):
+    """A second DistributedOptimizer over the parameters a live one exchanges, around another
+    optimizer (an Adam beside the SGD): refused by name (both would write their mean into the
+    same .grad); the first trains on, and once it is gone the second may be built."""
+    model = common.make_model()
+    first = wrap(model, compression="fp16")
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    refused = error_of(lambda: gc.DistributedOptimizer(adam, model.named_parameters()))
+    train(model, first, rank, 0)
+    del first  # its exchange ends with it
+    train(model, gc.DistributedOptimizer(adam, model.named_parameters()), rank, 1)
+    return {"refused": refused, "params": common.state_bytes(model).hex()}
+
+
+def train(model, opt, rank, step):
+    opt.zero_grad()
+    common.loss_of(model, *common.batch(rank, step)).backward()
+    opt.step()
+
+
 def frozen_parameter(rank, out):
     """requires_grad=False on the first layer: left out of the plan and never changed."""
     model = common.make_model()
@@ -245,7 +265,7 @@ def different_models(rank, out):
 
 CASES = {f.__name__: f for f in (unknown_codec, bad_numbers, bad_plan, route_and_small_model,
                                  not_recommended,
-                                 float64_parameter, frozen_parameter,
+                                 float64_parameter, frozen_parameter, same_parameters_twice,
                                  unused_parameter, unused_parameter_found, sparse_gradient,
                                  backward_twice,
                                  different_models)}
