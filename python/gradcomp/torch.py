@@ -115,7 +115,6 @@ def _script_level():
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-
 def _exchange_transport(kind, timeout=0.0):
     """The transport a new engine exchanges over.
 

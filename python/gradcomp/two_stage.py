@@ -338,7 +338,8 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         if not unlearned:
             return []
         grads = [self._params[i].grad for i in unlearned]
-        flat = torch.cat([torch.zeros(self._params[i].numel()) if g is None else g.reshape(-1)
+        flat = torch.cat([torch.zeros(self._params[i].numel(), dtype=torch.float32) if g is None
+                          else g.reshape(-1)
                           for i, g in zip(unlearned, grads)])
         self._transport.allreduce_(flat)
         flat.div_(self._transport.size)
