@@ -418,11 +418,16 @@ bool send_all(int fd, const std::string& data) {
 std::vector<std::string> TcpStore::request(char op, const std::vector<std::string>& args,
                                            Milliseconds timeout, const std::string& what) {
   const auto deadline = Clock::now() + timeout;
-  const int fd = take_connection();
-  // A connection that failed or timed out is closed, not given back: an answer may still come
-  // on it, out of step with the next request.
+  // Given back once the answer is read; closed otherwise (a failure, a timeout, an exception):
+  // an answer may still come on it, out of step with the next request.
+  struct Connection {
+    TcpStore& store;
+    const int fd;
+    bool in_step = false;
+    ~Connection() { in_step ? store.give_back(fd) : static_cast<void>(::close(fd)); }
+  } connection{*this, take_connection()};
+  const int fd = connection.fd;
   const auto lost = [&] {
-    ::close(fd);
     return CommError(
         fmt::format("rendezvous store at {}:{}: the connection was lost during {}; "
                     "rank 0 (which serves the store) probably exited",
@@ -442,13 +447,12 @@ std::vector<std::string> TcpStore::request(char op, const std::vector<std::strin
   }
   if (rc == -1 || (rc == 1 && header[0] != kReply)) throw lost();
   if (rc == 0) {
-    ::close(fd);
     throw TimeoutError(
         fmt::format("rendezvous store at {}:{}: {} did not complete within {} s; "
                     "did every rank start (WORLD_SIZE, GRADCOMP_TIMEOUT)?",
                     host_, port_, what, seconds_text(timeout)));
   }
-  give_back(fd);
+  connection.in_step = true;
   return op == kGet || op == kCheck ? std::vector<std::string>{std::move(reply)}
                                      : std::vector<std::string>{};
 }
