@@ -673,7 +673,7 @@ def _rate_change_line(entry):
     at = [f"{label(r)} {r['rate_changed_s']:.1f} s" if r.get("rate_changed_s") is not None
           else f"{label(r)} never (training ended first)" for r in runs if "rate_changed_s" in r]
     if not at:
-        return "The links changed rate during each run (the figure's dashed lines)."
+        return "These results do not say where the links changed on each run's training time."
     return ("The links changed rate at these training times (the figure's dashed lines): "
             + ", ".join(at) + ".")
 
