@@ -659,6 +659,7 @@ def train(args, kind, argument):
     # bench can time a link change from the first step and place it on the training time.
     began = time.time()
     if rank == 0:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / TRAINING_BEGAN).touch()
     evaluations = []
     # Test accuracy every half epoch (not counted as training time), for time to accuracy.
