@@ -938,14 +938,16 @@ TEST(AutoScheduler, AStateSavedDuringATrialResumesInItsPlanAndSearchesAgain) {
 
 // A kept compressed plan's step may not show a link that got faster (it sends little): the
 // link watch times the calibration's probe again. Resumed from a state whose 4 KiB probe took
-// as long as the largest probe here, or 100 ms if longer (calibrated on a far slower link), it
-// finds the link faster at two checks in a row and decides again. From one whose probe ran a
-// thousand times faster (this link is slower) it probes and does not: a slower link slows the step,
-// which the drift watch sees. A probe that took a second is spaced so that watching costs at most
-// 2% of the steps. Over nodes (4 ranks, nodes of 2) the link between them is watched, probed by the
-// node leaders alone. Drives `scheduler` to its first decision (at most 200 steps: how many trials
-// it runs depends on its proposals, which depend on the calibration on this machine; 4 ranks in
-// nodes of 2 on a loaded machine took more than 45 steps). Every rank stops at the same step.
+// 100 ms or as long as the largest probe here (calibrated on a far slower link), it finds the
+// link faster at two checks in a row and decides again. From one whose probe ran a thousand
+// times faster (this link is slower) it probes and does not: a slower link slows the step,
+// which the drift watch sees. A probe that took a second is spaced so that watching costs at
+// most 2% of the steps. Over nodes (4 ranks, nodes of 2) the link between them is watched,
+// probed by the node leaders alone.
+
+// Drives `scheduler` to its first decision (at most 200 steps: how many trials it runs depends
+// on its proposals, which depend on the calibration on this machine; 4 ranks in nodes of 2 on
+// a loaded machine took more than 45 steps). Every rank stops at the same step.
 void drive_to_decision(AutoScheduler& scheduler, bool inverted) {
   for (int i = 0; i < 200 && scheduler.phase() != "decided"; ++i) drive(scheduler, 1, inverted);
 }
