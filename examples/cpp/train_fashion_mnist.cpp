@@ -4,13 +4,17 @@
 //
 //   build/bin/gradcomp launch -n 2 -- build/bin/train_fashion_mnist --compression 'powersgd:rank=4|ef'
 //   mpirun -np 2 build/bin/train_fashion_mnist --compression fp16
+//   build/bin/gradcomp launch -n 2 -- build/bin/train_fashion_mnist --compression auto
 //
 // Rank 0 prints progress, then the test accuracy, the time, the bytes sent per step and the
 // compression ratio; every rank checks that all ranks ended with bit-identical parameters (exit
 // status 1 otherwise). --c10d-port runs the exchange over a c10d Gloo process group instead of
-// gradcomp's own transport. docs/cpp.md describes the API and the options.
+// gradcomp's own transport. --compression auto lets the scheduler of docs/auto.md choose and
+// change the plan (--auto sets its settings); rank 0 then prints each decision and, at the end,
+// the plan kept. docs/cpp.md describes the API and the options.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
@@ -25,6 +29,7 @@
 
 #include "gradcomp/engine.h"
 #include "gradcomp/error.h"
+#include "gradcomp/scheduler.h"
 #include "gradcomp/torch/distributed_optimizer.h"
 #include "gradcomp/torch/process_group_transport.h"
 
@@ -32,7 +37,8 @@ namespace {
 
 struct Settings {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string compression = "none";
+  std::string compression = "none";  // or "auto"
+  std::string auto_settings;         // JSON, with --compression auto
   int epochs = 1;
   int batch_size = 64;  // per rank
   double lr = 0.05;
@@ -221,6 +227,37 @@ std::shared_ptr<gradcomp::Transport> c10d_transport(int port, int rank, int worl
   return gradcomp::torch::make_process_group_transport(group);
 }
 
+// ---- compression="auto" --------------------------------------------------------------------
+
+// The scheduler's settings from --auto's JSON object (its defaults for what it does not name;
+// the candidates default to the options recommended under SGD, the optimizer's own family).
+gradcomp::AutoSettings auto_settings(const std::string& text) {
+  nlohmann::json given;
+  if (!text.empty()) {
+    given = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (given.is_discarded()) {
+      throw gradcomp::Error(
+          fmt::format("--auto is not JSON: {} (a JSON object of settings, "
+                      "e.g. '{{\"warmup_steps\": 20}}')",
+                      text));
+    }
+  }
+  return gradcomp::AutoSettings::from_json(given);
+}
+
+// One line on what the scheduler decided, from its report (AutoScheduler::report).
+std::string auto_summary(const nlohmann::json& report) {
+  const auto& decisions = report.at("decisions");
+  const std::string now =
+      fmt::format("at the end ({}, step {}) the plan was {}", report.at("phase").get<std::string>(),
+                  report.at("steps").get<uint64_t>(), report.at("plan").get<std::string>());
+  if (decisions.empty()) return fmt::format("auto: no decision yet; {}", now);
+  const auto& last = decisions.back();
+  return fmt::format("auto: {} decision(s), the last keeping '{}' from step {}; {}",
+                     decisions.size(), last.at("kept_name").get<std::string>(),
+                     last.at("step").get<uint64_t>(), now);
+}
+
 // ---- training ------------------------------------------------------------------------------
 
 struct Totals {
@@ -251,7 +288,11 @@ int train(const Settings& s) {
   torch::optim::SGD sgd(model->parameters(),
                         torch::optim::SGDOptions(s.lr).momentum(s.momentum));
   gradcomp::torch::GradientOptions options;
-  options.compression = gradcomp::torch::parse_compression(s.compression);
+  if (s.compression == "auto") {
+    options.auto_settings = auto_settings(s.auto_settings);
+  } else {
+    options.compression = gradcomp::torch::parse_compression(s.compression);
+  }
   options.bucket_bytes = static_cast<size_t>(s.bucket_mb * (1 << 20));
   options.min_compress_elements = s.min_compress_elements;
   options.engine.seed = s.seed;
@@ -321,6 +362,7 @@ int train(const Settings& s) {
     return 1;
   }
   say(fmt::format("parameters identical on all {} ranks", world));
+  if (options.auto_settings) say(auto_summary(optimizer.gradients().auto_report()));
   return 0;
 }
 
@@ -331,7 +373,11 @@ int main(int argc, char** argv) {
   CLI::App app{"Data-parallel Fashion-MNIST training with libtorch and gradcomp"};
   app.add_option("--data-dir", s.data_dir, "Directory of the gzip'd idx files");
   app.add_option("--compression", s.compression,
-                 "codec[|feedback[|route]], e.g. none, fp16, 'topk:ratio=0.01|ef'");
+                 "codec[|feedback[|route]], e.g. none, fp16, 'topk:ratio=0.01|ef', or auto "
+                 "(the scheduler chooses)");
+  app.add_option("--auto", s.auto_settings,
+                 "With --compression auto: its settings, a JSON object, e.g. "
+                 "'{\"warmup_steps\": 20, \"candidates\": [\"powersgd:rank=4|ef\"]}'");
   app.add_option("--epochs", s.epochs)->check(CLI::PositiveNumber);
   app.add_option("--batch-size", s.batch_size, "Per rank")->check(CLI::PositiveNumber);
   app.add_option("--lr", s.lr)->check(CLI::PositiveNumber);
@@ -347,6 +393,12 @@ int main(int argc, char** argv) {
                  "Exchange over a c10d Gloo process group whose TCP store rank 0 serves on "
                  "127.0.0.1:PORT (one host), not over gradcomp's own transport");
   CLI11_PARSE(app, argc, argv);
+  if (!s.auto_settings.empty() && s.compression != "auto") {
+    std::fprintf(stderr,
+                 "train_fashion_mnist: --auto sets the scheduler of --compression auto; "
+                 "it needs --compression auto\n");
+    return 2;
+  }
   try {
     return train(s);
   } catch (const std::exception& e) {

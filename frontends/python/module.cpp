@@ -413,7 +413,13 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("bucket_bytes", &AutoSettings::bucket_bytes)
       .def_readwrite("min_compress_elements", &AutoSettings::min_compress_elements)
       .def_readwrite("local_size", &AutoSettings::local_size)
-      .def("validate", &AutoSettings::validate);
+      .def("validate", &AutoSettings::validate)
+      .def_static(
+          "from_json",
+          [](const std::string& given, AutoSettings start) {
+            return AutoSettings::from_json(nlohmann::json::parse(given), std::move(start));
+          },
+          "`start` with the settings a JSON object names (SpecError naming a bad one)");
 
   // compression="auto" for front ends that drive an Engine themselves (the DDP hook): times
   // in seconds of one monotonic clock (time.monotonic()).

@@ -302,7 +302,15 @@ Plan in_tensor_order(Plan plan, std::span<const std::string> names) {
 
 }  // namespace
 
-Option parse_compression(const std::string& text) { return parse_option(text); }
+Option parse_compression(const std::string& text) {
+  if (text == "auto") {  // Python's compression="auto" is a setting of its own in C++
+    throw Error(
+        "'auto' is not a codec: for the scheduler that chooses the plan set "
+        "GradientOptions::auto_settings (an AutoSettings, gradcomp/scheduler.h; "
+        "AutoSettings::from_json reads one from JSON) and leave compression unset");
+  }
+  return parse_option(text);
+}
 
 bool transport_in_use(const Transport& transport) { return TransportClaims::claimed(&transport); }
 

@@ -118,6 +118,15 @@ struct AutoSettings {
   size_t min_compress_elements = 16384;    // smaller tensors stay uncompressed
   bool verbose = true;          // rank 0 prints each decision (stderr)
 
+  // `start` (default settings) with the fields a JSON object names set, then validated:
+  // what Python's auto= dict and the C++ example's --auto flag hold, e.g. {"warmup_steps": 20,
+  // "candidates": ["powersgd:rank=4|ef", "fp16"]}; null sets nothing. known_keys() are the
+  // fields' own names; the others (buckets, nodes, link, codec costs) are the front end's or a
+  // calibration's. Throws SpecError naming an unknown key (with the known ones listed) or a
+  // value of the wrong type.
+  static AutoSettings from_json(const nlohmann::json& given);
+  static AutoSettings from_json(const nlohmann::json& given, AutoSettings start);
+  static std::vector<std::string> known_keys();
   // Throws SpecError naming the setting that is out of range.
   void validate() const;
   // The candidates as the planner takes them: "codec|feedback|route", without start=N and

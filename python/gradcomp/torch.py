@@ -250,12 +250,6 @@ _NON_FINITE_STEP = (
     "raised on another rank): the optimizer step is skipped on every rank, as a GradScaler does")
 
 
-_AUTO_KEYS = ("candidates", "warmup_steps", "profile_steps", "trial_steps", "stop_after",
-              "stop_margin", "max_proposals", "refine_proposals", "runoff", "drift", "check_every",
-              "drift_checks", "link_check_every", "link_change", "residual_growth",
-              "residual_checks", "verbose")
-
-
 def _auto_settings(compression, plan, auto, optimizer):
     """compression="auto": the scheduler's settings (_C.AutoSettings), with the options
     recommended for the optimizer's family as candidates unless auto= names them (those that
@@ -266,10 +260,9 @@ def _auto_settings(compression, plan, auto, optimizer):
         return None
     if plan is not None:
         raise Error('compression="auto" chooses the plan itself: give no plan= with it')
-    auto = dict(auto or {})
-    unknown = set(auto) - set(_AUTO_KEYS)
-    if unknown:
-        raise Error(f"auto= has unknown settings {sorted(unknown)}; known: {list(_AUTO_KEYS)}")
+    if auto is not None and not isinstance(auto, dict):
+        raise Error(f"auto= is a dict of settings by name (e.g. {{'warmup_steps': 20}}), "
+                    f"not a {type(auto).__name__}")
     settings = _C.AutoSettings()
     family = _optimizer_family(optimizer) if optimizer is not None else None
     families = [family] if family else ["sgd", "adam"]
@@ -277,13 +270,17 @@ def _auto_settings(compression, plan, auto, optimizer):
     settings.candidates = [o for o in _C.recommended_options(families[0])
                            if o != "none" and "start=" not in o
                            and all(o in c for c in candidates)]
-    for key, value in auto.items():
-        setattr(settings, key, list(value) if key == "candidates" else value)
-    try:
-        settings.validate()
+    try:  # the C++ reader names an unknown key or a value of the wrong type
+        return _C.AutoSettings.from_json(json.dumps(auto or {}, default=_json_scalar), settings)
     except _C.SpecError as e:
         raise Error(str(e)) from None
-    return settings
+
+
+def _json_scalar(value):
+    """A numpy or torch scalar in auto= as the number it holds (json.dumps' fallback)."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise Error(f"auto= holds a {type(value).__name__}, which is not a JSON value")
 
 
 def _optimizer_family(optimizer):

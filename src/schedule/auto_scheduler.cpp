@@ -139,57 +139,6 @@ double round_error(const std::vector<AutoCandidate>& candidates, int round) {
 
 }  // namespace
 
-std::vector<std::string> AutoSettings::steady_candidates() const {
-  std::vector<std::string> out;
-  for (const auto& text : candidates) {
-    const Option option = parse_option(text);
-    if (option.codec == "none") continue;
-    // Without a route named, the planner tries every route the codec can take.
-    out.push_back(option_names_route(text)
-                      ? fmt::format("{}|{}|{}", option.codec, option.feedback, option.route)
-                      : fmt::format("{}|{}", option.codec, option.feedback));
-  }
-  return out;
-}
-
-void AutoSettings::validate() const {
-  for (const auto& c : candidates) parse_option(c);  // SpecError naming what is unknown
-  if (profile_steps < 1 || warmup_steps < profile_steps) {
-    throw SpecError(fmt::format("auto: warmup_steps ({}) must be at least profile_steps ({}), "
-                                "which must be at least 1",
-                                warmup_steps, profile_steps));
-  }
-  if (!(stop_margin >= 0 && stop_margin < 1e6)) {
-    throw SpecError(
-        fmt::format("auto: stop_margin is {}; a share of the step time, 0 or more", stop_margin));
-  }
-  if (trial_steps < 2) {
-    throw SpecError(fmt::format("auto: trial_steps is {}; at least 2 (the first step of a "
-                                "trial is not measured)",
-                                trial_steps));
-  }
-  if (!(drift > 0 && drift < 10)) {
-    throw SpecError(fmt::format("auto: drift is {}; a relative change in (0, 10)", drift));
-  }
-  if (check_every < 1 || drift_checks < 1 || residual_checks < 1) {
-    throw SpecError("auto: check_every, drift_checks and residual_checks must be at least 1");
-  }
-  if (!(link_change > 1 && link_change < 1e6)) {
-    throw SpecError(
-        fmt::format("auto: link_change is {}; a factor above 1 (how many times faster "
-                    "the link's probe must run to decide again)",
-                    link_change));
-  }
-  if (local_size < 0 || local_size > (1 << 20)) {
-    throw SpecError(fmt::format("auto: local_size is {}; ranks per node, or 0 for the "
-                                "launcher's",
-                                local_size));
-  }
-  if (!(residual_growth > 1 && residual_growth < 1e6)) {
-    throw SpecError(fmt::format("auto: residual_growth is {}; a factor above 1", residual_growth));
-  }
-}
-
 struct AutoScheduler::Impl {
   enum class Phase { kWarmup, kTrial, kDecided };
 

@@ -91,10 +91,14 @@ def test_bad_arguments_are_clear_errors(runs):
     errors = runs[0].report(0)["errors"]
     assert "give no plan" in errors["with_plan"]
     assert 'needs compression="auto"' in errors["auto_without_auto"]
-    assert "unknown settings ['warmup']" in errors["unknown_key"]
+    assert "unknown setting 'warmup'; known: " in errors["unknown_key"]
+    assert "warmup_steps" in errors["unknown_key"]
     assert "nosuch" in errors["bad_candidate"]
     assert "trial_steps" in errors["bad_steps"]
     assert "link_change is 0.5" in errors["bad_link_change"]
+    assert 'warmup_steps is "20"; a whole number' in errors["bad_type"]
+    assert 'candidates is "fp16"; a list of options' in errors["candidates_string"]
+    assert "auto= is a dict of settings" in errors["not_a_dict"]
 
 
 def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):

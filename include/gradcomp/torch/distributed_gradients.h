@@ -88,7 +88,8 @@ struct GradientOptions {
 bool transport_in_use(const Transport& transport);
 
 // Parses "codec[|feedback[|route]]", e.g. "topk:ratio=0.01|ef" or "fp16", into an Option;
-// throws Error listing the codecs, feedbacks and routes when a name is unknown.
+// throws Error listing the codecs, feedbacks and routes when a name is unknown ("auto" is
+// GradientOptions::auto_settings, and an Error saying so).
 Option parse_compression(const std::string& text);
 
 class DistributedGradients {

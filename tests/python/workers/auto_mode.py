@@ -39,6 +39,12 @@ def refusals(model):
             sgd, model.named_parameters(), compression="auto", auto={"trial_steps": 1}),
         "bad_link_change": lambda: gc.DistributedOptimizer(
             sgd, model.named_parameters(), compression="auto", auto={"link_change": 0.5}),
+        "bad_type": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="auto", auto={"warmup_steps": "20"}),
+        "candidates_string": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="auto", auto={"candidates": "fp16"}),
+        "not_a_dict": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="auto", auto='{"warmup_steps": 20}'),
     }
     out = {}
     for name, make in cases.items():
