@@ -216,6 +216,7 @@ TwoStageOptimizer::TwoStageOptimizer(
     group_index_.push_back(0);
     exchanged_.push_back(at::empty_like(p, at::MemoryFormat::Contiguous));
   }
+  learned_variance_.assign(params_.size(), 0);
   const TwoStageExchange e = defaults.exchange();
   EngineOptions engine;
   engine.seed = e.seed;
@@ -362,24 +363,55 @@ LayerSlot TwoStageOptimizer::layer(size_t i) {
           float_span(state.exp_avg_sq())};
 }
 
+bool TwoStageOptimizer::learned(size_t i) {
+  if (!learned_variance_[i]) {
+    learned_variance_[i] = param_state(i).exp_avg_sq().any().item<bool>() ? 1 : 0;
+  }
+  return learned_variance_[i] != 0;
+}
+
 std::vector<size_t> TwoStageOptimizer::unlearned(const std::vector<uint8_t>& unused) {
   std::vector<size_t> found;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!unused[i] && param_state(i).variance_updates() == 0) found.push_back(i);
+    if (!unused[i] && !learned(i)) found.push_back(i);
   }
   return found;
 }
 
-at::Tensor TwoStageOptimizer::exact_means(const std::vector<size_t>& unlearned) const {
-  std::vector<at::Tensor> grads;
-  for (const size_t i : unlearned) {
-    const at::Tensor& grad = params_[i].grad();
-    grads.push_back(grad.defined() ? grad.reshape({-1}) : at::zeros({params_[i].numel()}));
+std::vector<uint8_t> TwoStageOptimizer::some_rank_has_gradient(
+    const std::vector<size_t>& indices) const {
+  at::Tensor count = at::zeros({static_cast<int64_t>(indices.size())});
+  auto counts = count.accessor<float, 1>();
+  for (size_t k = 0; k < indices.size(); ++k) {
+    counts[k] = params_[indices[k]].grad().defined() ? 1.0f : 0.0f;
   }
-  if (grads.empty()) return at::empty({0});
+  transport_->allreduce(float_span(count))->wait(transport_->timeout());
+  std::vector<uint8_t> has(indices.size());
+  for (size_t k = 0; k < indices.size(); ++k) has[k] = counts[k] > 0 ? 1 : 0;
+  return has;
+}
+
+at::Tensor TwoStageOptimizer::exact_means(const std::vector<size_t>& unlearned) const {
+  if (unlearned.empty()) return at::empty({0});
+  const std::vector<uint8_t> sent = some_rank_has_gradient(unlearned);
+  std::vector<at::Tensor> means;
+  std::vector<at::Tensor> grads;  // of those some rank has, zeros where this rank has none
+  for (size_t k = 0; k < unlearned.size(); ++k) {
+    const at::Tensor& p = params_[unlearned[k]];
+    means.push_back(at::zeros({p.numel()}));
+    if (sent[k]) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : means[k]);
+  }
+  if (grads.empty()) return at::cat(means);
   at::Tensor flat = at::cat(grads);
   transport_->allreduce(float_span(flat))->wait(transport_->timeout());
-  return flat.div_(static_cast<double>(transport_->size()));
+  flat.div_(static_cast<double>(transport_->size()));
+  int64_t offset = 0;
+  for (size_t k = 0; k < unlearned.size(); ++k) {
+    if (!sent[k]) continue;
+    means[k] = flat.narrow(0, offset, means[k].numel());
+    offset += means[k].numel();
+  }
+  return at::cat(means);
 }
 
 at::Tensor TwoStageOptimizer::step(LossClosure closure) {
@@ -473,7 +505,7 @@ void TwoStageOptimizer::local_input(size_t i, bool is_exact) {
   }
   const double beta1 = hyper_of(i).beta1;
   // An unlearned variance: its gradient goes in an exact step of its own (exact_means).
-  if (grad.defined() && state.variance_updates() > 0) {
+  if (grad.defined() && learned(i)) {
     at::lerp_out(out, grad, state.exp_avg(), beta1);  // b1 m + (1 - b1) g
   } else {
     at::mul_out(out, state.exp_avg(), beta1);
@@ -593,6 +625,7 @@ void TwoStageOptimizer::load(::torch::serialize::InputArchive& archive) {
     throw;
   }
   steps_ = steps.toInt();
+  learned_variance_.assign(params_.size(), 0);
 }
 
 }  // namespace gradcomp::torch

@@ -9,8 +9,9 @@ two kinds:
   of means per 256 elements, with error feedback on the worker and on the server), so every rank
   holds the same m.
 
-A parameter whose variance no exact step has updated (first used after the warm-up) takes, on
-a compressed step, an exact step of its own instead (_unlearned, _exact_means).
+A parameter whose variance has learned nothing (first used after the warm-up: no exact step
+updated it, or every gradient they saw was 0) takes, on a compressed step, an exact step of its
+own instead (_unlearned, _exact_means).
 
 Two engines on one transport carry the two kinds; a subclass says which steps are exact
 (`exact`) and how a parameter moves after either kind (`_update`). Parameters may be
@@ -99,6 +100,9 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         self._last = None
         self._names = [n for n, _ in named]
         self._handed = [False] * len(self._params)  # this step's inputs already handed over
+        # Parameters whose variance is known to hold more than zeros (_learned): found once,
+        # as it never returns to zeros; load_state_dict() forgets them.
+        self._learned_variance = [False] * len(self._params)
         # overlap=True: each .grad handed over during backward, and its version then
         self._handed_grads = [None] * len(self._params)
         if not isinstance(overlap, bool):
@@ -274,7 +278,7 @@ class TwoStageOptimizer(torch.optim.Optimizer):
             return
         beta1 = group["betas"][0]
         # An unlearned variance: its gradient goes in an exact step of its own (_exact_means).
-        if grad is None or state["variance_updates"] == 0:
+        if grad is None or not self._learned(i):
             torch.mul(state["exp_avg"], beta1, out=out)
         else:
             torch.lerp(grad, state["exp_avg"], beta1, out=out)  # b1 m + (1 - b1) g
@@ -321,30 +325,47 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         self._update_packed(p, mean, group, True, threads)
         m.add_(carried)
 
+    def _learned(self, i):
+        """Whether parameter i's variance holds more than zeros: some exact step updated it
+        with a gradient not all 0. Not so for a parameter first used after the warm-up: with
+        find_unused_parameters no exact step updated it; without, they all averaged zeros (no
+        rank had a gradient), and so did one whose exact steps were all skipped. A compressed
+        step divides by that variance (a step of m / eps, clamped: a sign-like step of about 3
+        lr in every coordinate, for the codes' error alone where it has no gradient). The
+        same on every rank (the states are)."""
+        if not self._learned_variance[i]:
+            self._learned_variance[i] = bool(self._state(self._params[i])["exp_avg_sq"].any())
+        return self._learned_variance[i]
+
     def _unlearned(self, unused):
-        """On a compressed step: the parameters used this step whose variance no exact step
-        has updated (first used after the warm-up, with find_unused_parameters; or whose exact
-        steps were all skipped). A compressed step divides by that variance, so each takes an
-        exact step of its own instead; the same list on every rank (the states are, and so is
-        `unused`)."""
-        return [i for i, p in enumerate(self._params)
-                if i not in unused and self._state(p)["variance_updates"] == 0]
+        """On a compressed step: the parameters not left alone (`unused`) whose variance has
+        learned nothing (_learned). Each takes an exact step of its own instead; the same list
+        on every rank (the states are, and so is `unused`)."""
+        return [i for i in range(len(self._params)) if i not in unused and not self._learned(i)]
 
     def _exact_means(self, unlearned):
         """The mean over the ranks of each unlearned parameter's gradient (zeros where this
-        rank has none): one allreduce of them all, uncompressed, as an exact step's exchange
-        would give. These parameters handed the compressed exchange b1 m, as one without a
-        gradient does (_local_input), so nothing of the gradient goes twice."""
+        rank has none), uncompressed, as an exact step's exchange would give. These parameters
+        handed the compressed exchange b1 m, as one without a gradient does (_local_input), so
+        nothing of the gradient goes twice. The ranks first agree which of them some rank has a
+        gradient for (one small allreduce): only those are averaged (one allreduce of them
+        all); the others' mean is 0, so that a parameter no rank uses (without
+        find_unused_parameters) costs no exchange of its zeros at every step."""
         if not unlearned:
             return []
-        grads = [self._params[i].grad for i in unlearned]
-        flat = torch.cat([torch.zeros(self._params[i].numel(), dtype=torch.float32) if g is None
-                          else g.reshape(-1)
-                          for i, g in zip(unlearned, grads)])
-        self._transport.allreduce_(flat)
-        flat.div_(self._transport.size)
-        return [m.view_as(self._exchanged[i]) for i, m in
-                zip(unlearned, flat.split([self._params[i].numel() for i in unlearned]))]
+        had = torch.tensor([float(self._params[i].grad is not None) for i in unlearned])
+        self._transport.allreduce_(had)
+        means = [torch.zeros(self._params[i].numel(), dtype=torch.float32) for i in unlearned]
+        sent = [k for k, n in enumerate(had.tolist()) if n > 0]
+        if sent:
+            grads = [self._params[unlearned[k]].grad for k in sent]
+            flat = torch.cat([means[k] if g is None else g.reshape(-1)
+                              for k, g in zip(sent, grads)])
+            self._transport.allreduce_(flat)
+            flat.div_(self._transport.size)
+            for k, m in zip(sent, flat.split([means[k].numel() for k in sent])):
+                means[k] = m
+        return [m.view_as(self._exchanged[i]) for i, m in zip(unlearned, means)]
 
     def _settings(self):
         """What a checkpoint holds and a resumed optimizer must agree with."""
@@ -400,6 +421,7 @@ class TwoStageOptimizer(torch.optim.Optimizer):
             self._engine.load_state(before)
             raise
         self._steps = int(ours["steps"])
+        self._learned_variance = [False] * len(self._params)
 
 
 def fill_unseen(v):

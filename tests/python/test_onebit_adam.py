@@ -430,3 +430,39 @@ def test_a_parameter_first_used_after_the_warmup_takes_an_exact_step_of_its_own(
             assert not any(torch.equal(a, p) for a, p in zip(body_before, body.parameters()))
     assert torch.isfinite(late).all() and (late - 0.5).abs().max() < 0.1, late
     assert opt.state[late]["step"] == 2 and opt.state[late]["variance_updates"] == 1
+
+
+@pytest.mark.parametrize("optimizer", ["OneBitAdam", "OneBitLamb"])
+def test_a_parameter_no_rank_used_in_the_warmup_learns_its_variance_without_find_unused(
+        optimizer):
+    """Without find_unused_parameters a tensor no rank used in the warm-up took exact steps on
+    zeros, so its variance holds nothing but zeros (its count of updates does not show it): a
+    compressed step would divide its momentum, the codes' error of its zeros in a fused
+    bucket, by that (a sign-like step of about 3 lr in every coordinate). It steps exactly on
+    its own instead: while no rank uses it on a mean of 0 (weight decay alone, as in the warm-up),
+    and at its first use as AdamW does on the same history (zero gradients, then its own).
+    Every tensor is compressed, fused in one bucket; one rank."""
+    torch.manual_seed(0)
+    body = torch.nn.Linear(32, 4)
+    late = torch.nn.Parameter(torch.full((8,), 0.5))
+    twin = torch.nn.Parameter(late.detach().clone())
+    named = [("body." + n, p) for n, p in body.named_parameters()] + [("late", late)]
+    opt = getattr(gc, optimizer)(named, lr=0.01, weight_decay=0.01, warmup_steps=WARMUP,
+                                 min_compress_elements=1)
+    adamw = (torch.optim.AdamW if optimizer == "OneBitAdam" else gc.LAMB)(
+        [twin], lr=0.01, weight_decay=0.01)
+    for step in range(WARMUP + 3):
+        opt.zero_grad(set_to_none=True)
+        x, y = _batch(step)
+        loss = torch.nn.functional.mse_loss(body(x), y)
+        if step > WARMUP:  # first used on the second compressed step
+            loss = loss + (late * torch.arange(8.0)).sum()
+        loss.backward()
+        if step <= WARMUP + 1:  # the twin's history: zeros, then the same gradient
+            twin.grad = torch.zeros_like(twin) if late.grad is None else late.grad.clone()
+            adamw.step()
+        opt.step()
+        if step <= WARMUP + 1:
+            assert torch.allclose(late, twin, rtol=0, atol=1e-7), (step, (late - twin).abs().max())
+    assert opt.state[late]["exp_avg_sq"].any()
+    assert torch.isfinite(late).all() and (late - 0.5).abs().max() < 0.1, late

@@ -419,6 +419,32 @@ TEST(OneBitAdam, FindUnusedParametersLeavesAParameterNoRankUsed) {
   EXPECT_EQ(state_of(opt, p["late"]).variance_updates(), 1);
   EXPECT_TRUE(at::isfinite(p["late"]).all().item<bool>());
 
+  // Without find_unused_parameters "late" took its exact steps on zeros: its variance holds
+  // only zeros (variance_updates does not show it). It steps exactly on its own, on a mean of
+  // 0 while no rank uses it (weight decay alone, as in the warm-up), then as AdamW does on the
+  // same history (zeros, then the mean gradient), not by a compressed step's m / eps.
+  Parameters plain = make_parameters();
+  plain.insert("late", at::full({8}, 0.5f).requires_grad_());
+  OneBitAdam without(plain, world(), compressed("freeze"));
+  at::Tensor twin = plain["late"].detach().clone().requires_grad_();
+  ::torch::optim::AdamW adamw({twin}, ::torch::optim::AdamWOptions(0.01).weight_decay(0.01));
+  for (int step = 0; step < 7; ++step) {
+    without.zero_grad();
+    at::Tensor loss = loss_of(plain, rank, step);
+    if (rank == 0 && step >= 4) loss = loss + (plain["late"] * at::arange(8, at::kFloat)).sum();
+    loss.backward();
+    without.step();
+    if (step > 4) continue;
+    twin.mutable_grad() = step < 4
+                              ? at::zeros({8})
+                              : at::arange(8, at::kFloat) / static_cast<double>(world()->size());
+    adamw.step();
+    EXPECT_TRUE(at::allclose(plain["late"], twin, 0, 1e-7)) << step << plain["late"] << twin;
+  }
+  expect_identical_across_ranks(plain, "a parameter first used after the warm-up, no option");
+  EXPECT_TRUE(state_of(without, plain["late"]).exp_avg_sq().any().item<bool>());
+  EXPECT_TRUE(at::isfinite(plain["late"]).all().item<bool>());
+
   Parameters q = make_parameters();
   try {
     OneBitAdam mixed(q, world(), compressed("freeze").find_unused_parameters(world()->rank() == 0));

@@ -275,16 +275,27 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   // it is kept in its momentum (two_stage.cpp).
   void leave(size_t i, bool exact);
   void agree_on_find_unused() const;
-  // On a compressed step: the parameters used this step whose variance no exact step has
-  // updated (first used after the warm-up, with find_unused_parameters; or whose exact steps
-  // were all skipped). A compressed step divides by that variance, so each takes an exact step
-  // of its own instead; the same list on every rank (the states are, and so is `unused`).
+  // Whether parameter i's variance holds more than zeros: some exact step updated it with a
+  // gradient not all 0. Not so for a parameter first used after the warm-up: with
+  // find_unused_parameters no exact step updated it; without, they all averaged zeros (no rank
+  // had a gradient), and so did one whose exact steps were all skipped. A compressed step
+  // divides by that variance (a step of m / eps, clamped: a sign-like step of about 3 lr in
+  // every coordinate, for the codes' error alone where it has no gradient). The same on every
+  // rank (the states are).
+  bool learned(size_t i);
+  // On a compressed step: the parameters not left alone (`unused`) whose variance has learned
+  // nothing. Each takes an exact step of its own instead; the same list on every rank (the
+  // states are, and so is `unused`).
   std::vector<size_t> unlearned(const std::vector<uint8_t>& unused);
   // The mean over the ranks of those parameters' gradients (zeros where this rank has none),
-  // concatenated: one allreduce, uncompressed, as an exact step's exchange would give. They
-  // handed the compressed exchange b1 m, as a parameter without a gradient does (local_input),
-  // so nothing of the gradient goes twice.
+  // concatenated, uncompressed, as an exact step's exchange would give. They handed the
+  // compressed exchange b1 m, as a parameter without a gradient does (local_input), so nothing
+  // of the gradient goes twice. The ranks first agree which of them some rank has a gradient
+  // for (one small allreduce): only those are averaged (one allreduce); the others' mean is 0,
+  // so a parameter no rank uses (without find_unused_parameters) costs no exchange of zeros.
   at::Tensor exact_means(const std::vector<size_t>& unlearned) const;
+  // 1 for each of these parameters that some rank has a gradient for (a collective).
+  std::vector<uint8_t> some_rank_has_gradient(const std::vector<size_t>& indices) const;
   // Parameter i's exact step of its own, on its `mean` gradient (two_stage.cpp).
   void step_exactly_alone(size_t i, const at::Tensor& mean, int threads);
   // save() and save_all_ranks(): the gradcomp part with these engine states (one: this rank's,
@@ -305,6 +316,9 @@ class TwoStageOptimizer : public ::torch::optim::Optimizer {
   std::unique_ptr<Engine> engine_;        // the compressed plan
   std::unique_ptr<Engine> exact_engine_;  // the "none" plan
   bool find_unused_ = false;
+  // Parameters whose variance is known to hold more than zeros (learned()): found once, as it
+  // never returns to zeros; load() forgets them.
+  std::vector<uint8_t> learned_variance_;
   int64_t steps_ = 0;
   StepStats last_{};
 };
