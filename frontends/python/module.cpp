@@ -417,7 +417,11 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "from_json",
           [](const std::string& given, AutoSettings start) {
-            return AutoSettings::from_json(nlohmann::json::parse(given), std::move(start));
+            const auto parsed = nlohmann::json::parse(given, nullptr, /*allow_exceptions=*/false);
+            if (parsed.is_discarded()) {
+              throw SpecError("auto: the settings are not JSON: " + given);
+            }
+            return AutoSettings::from_json(parsed, std::move(start));
           },
           "`start` with the settings a JSON object names (SpecError naming a bad one)");
 

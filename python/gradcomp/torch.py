@@ -270,8 +270,12 @@ def _auto_settings(compression, plan, auto, optimizer):
     settings.candidates = [o for o in _C.recommended_options(families[0])
                            if o != "none" and "start=" not in o
                            and all(o in c for c in candidates)]
+    try:
+        text = json.dumps(auto or {}, default=_json_scalar, allow_nan=False)
+    except ValueError:  # NaN or infinity: out of every setting's range
+        raise Error(f"auto= holds a number that is not finite: {auto}") from None
     try:  # the C++ reader names an unknown key or a value of the wrong type
-        return _C.AutoSettings.from_json(json.dumps(auto or {}, default=_json_scalar), settings)
+        return _C.AutoSettings.from_json(text, settings)
     except _C.SpecError as e:
         raise Error(str(e)) from None
 

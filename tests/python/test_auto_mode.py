@@ -99,6 +99,7 @@ def test_bad_arguments_are_clear_errors(runs):
     assert 'warmup_steps is "20"; a whole number' in errors["bad_type"]
     assert 'candidates is "fp16"; a list of options' in errors["candidates_string"]
     assert "auto= is a dict of settings" in errors["not_a_dict"]
+    assert "not finite" in errors["nan_setting"]
 
 
 def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):

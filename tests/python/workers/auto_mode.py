@@ -43,6 +43,8 @@ def refusals(model):
             sgd, model.named_parameters(), compression="auto", auto={"warmup_steps": "20"}),
         "candidates_string": lambda: gc.DistributedOptimizer(
             sgd, model.named_parameters(), compression="auto", auto={"candidates": "fp16"}),
+        "nan_setting": lambda: gc.DistributedOptimizer(
+            sgd, model.named_parameters(), compression="auto", auto={"drift": float("nan")}),
         "not_a_dict": lambda: gc.DistributedOptimizer(
             sgd, model.named_parameters(), compression="auto", auto='{"warmup_steps": 20}'),
     }
