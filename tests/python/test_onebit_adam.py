@@ -397,6 +397,23 @@ def test_find_unused_parameters_must_agree_over_the_ranks(module_runner):
         assert f"this rank's {rank == 0}" in r["refused"], r
 
 
+def _body_and_late():
+    """A linear layer and "late", a tensor the loss takes from the second compressed step on,
+    with their names."""
+    torch.manual_seed(0)
+    body = torch.nn.Linear(32, 4)
+    late = torch.nn.Parameter(torch.full((8,), 0.5))
+    return body, late, [("body." + n, p) for n, p in body.named_parameters()] + [("late", late)]
+
+
+def _late_loss(body, late, step):
+    x, y = _batch(step)
+    loss = torch.nn.functional.mse_loss(body(x), y)
+    if step > WARMUP:  # first used on the second compressed step
+        loss = loss + (late * torch.arange(8.0)).sum()
+    return loss
+
+
 def test_a_parameter_first_used_after_the_warmup_takes_an_exact_step_of_its_own():
     """With find_unused_parameters, a tensor no rank used in the warm-up has no variance, and a
     compressed step would divide by it: its first use takes an exact step of its own instead,
@@ -404,19 +421,12 @@ def test_a_parameter_first_used_after_the_warmup_takes_an_exact_step_of_its_own(
     takes the compressed step; later compressed steps move it by its learned variance. Every
     tensor is compressed, fused in one bucket: the codes' error on the unused tensor's zeros
     stays out of that step, where its gradient's coordinate 0 is 0 (else a step of m / eps)."""
-    torch.manual_seed(0)
-    body = torch.nn.Linear(32, 4)
-    late = torch.nn.Parameter(torch.full((8,), 0.5))
-    named = [("body." + n, p) for n, p in body.named_parameters()] + [("late", late)]
+    body, late, named = _body_and_late()
     opt = gc.OneBitAdam(named, lr=0.01, weight_decay=0.01, warmup_steps=WARMUP,
                         min_compress_elements=1, find_unused_parameters=True)
     for step in range(WARMUP + 3):
         opt.zero_grad(set_to_none=True)
-        x, y = _batch(step)
-        loss = torch.nn.functional.mse_loss(body(x), y)
-        if step > WARMUP:  # first used on the second compressed step
-            loss = loss + (late * torch.arange(8.0)).sum()
-        loss.backward()
+        _late_loss(body, late, step).backward()
         if step == WARMUP + 1:
             twin = torch.nn.Parameter(late.detach().clone())
             twin.grad = late.grad.clone()
@@ -442,22 +452,15 @@ def test_a_parameter_no_rank_used_in_the_warmup_learns_its_variance_without_find
     its own instead: while no rank uses it on a mean of 0 (weight decay alone, as in the warm-up),
     and at its first use as AdamW does on the same history (zero gradients, then its own).
     Every tensor is compressed, fused in one bucket; one rank."""
-    torch.manual_seed(0)
-    body = torch.nn.Linear(32, 4)
-    late = torch.nn.Parameter(torch.full((8,), 0.5))
+    body, late, named = _body_and_late()
     twin = torch.nn.Parameter(late.detach().clone())
-    named = [("body." + n, p) for n, p in body.named_parameters()] + [("late", late)]
     opt = getattr(gc, optimizer)(named, lr=0.01, weight_decay=0.01, warmup_steps=WARMUP,
                                  min_compress_elements=1)
     adamw = (torch.optim.AdamW if optimizer == "OneBitAdam" else gc.LAMB)(
         [twin], lr=0.01, weight_decay=0.01)
     for step in range(WARMUP + 3):
         opt.zero_grad(set_to_none=True)
-        x, y = _batch(step)
-        loss = torch.nn.functional.mse_loss(body(x), y)
-        if step > WARMUP:  # first used on the second compressed step
-            loss = loss + (late * torch.arange(8.0)).sum()
-        loss.backward()
+        _late_loss(body, late, step).backward()
         if step <= WARMUP + 1:  # the twin's history: zeros, then the same gradient
             twin.grad = torch.zeros_like(twin) if late.grad is None else late.grad.clone()
             adamw.step()
