@@ -473,5 +473,29 @@ TEST(OneBitLamb, BadInputIsAClearError) {
   expect_refuses_wide_parameters_and_wrapping<OneBitLamb>("OneBitLamb");
 }
 
+// "late", used by no rank in the warm-up (steps 0-2) nor at the first compressed step, then
+// by rank 0 alone: without find_unused_parameters its exact steps averaged zeros, so its
+// variance holds only zeros. It steps exactly on its own until it learns one: at step 3 by
+// weight decay alone (LAMB's trust ratio makes that lr times the weights), not by the clamp of
+// m / eps that its trust ratio scaled to a step of about 0.28 here before.
+TEST(OneBitLamb, AParameterNoRankUsedInTheWarmupLearnsItsVariance) {
+  Parameters p = make_parameters();
+  p.insert("late", at::full({8}, 0.5f).requires_grad_());
+  OneBitLamb opt(p, world(), compressed());
+  const int rank = world()->rank();
+  for (int step = 0; step < 7; ++step) {
+    const at::Tensor before = p["late"].detach().clone();
+    opt.zero_grad();
+    at::Tensor loss = loss_of(p, rank, step);
+    if (rank == 0 && step >= 4) loss = loss + (p["late"] * at::arange(8, at::kFloat)).sum();
+    loss.backward();
+    opt.step();
+    const double moved = (p["late"] - before).abs().max().item<double>();
+    if (step < 4) EXPECT_LE(moved, 0.01 * 0.5 * 1.01) << step;  // lr times the weights at most
+    EXPECT_EQ(state_of(opt, p["late"]).exp_avg_sq().any().item<bool>(), step >= 4) << step;
+  }
+  expect_identical_across_ranks(p, "a parameter first used after the warm-up, no option");
+}
+
 }  // namespace
 }  // namespace gradcomp::torch
