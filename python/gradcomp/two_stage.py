@@ -167,7 +167,7 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         """Every rank must take the same number of collectives a step: a rank agreeing on the
         unused parameters while another does not would pair the agreement with the next
         step's exchange. A collective at construction, like the engines'."""
-        flag = torch.tensor([float(self.find_unused_parameters)])
+        flag = torch.tensor([float(self.find_unused_parameters)], dtype=torch.float32)
         self._transport.allreduce_(flag)
         if flag.item() not in (0.0, float(self._transport.size)):
             raise Error(f"{type(self).__name__}: the ranks use different "
@@ -181,7 +181,8 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         idle, and with overlap=True the next backward has not begun)."""
         if not self.find_unused_parameters:
             return set()
-        used = torch.tensor([float(p.grad is not None) for p in self._params])
+        used = torch.tensor([float(p.grad is not None) for p in self._params],
+                            dtype=torch.float32)  # whatever torch's default dtype
         self._transport.allreduce_(used)
         return {i for i, n in enumerate(used.tolist()) if n == 0}
 
@@ -353,7 +354,8 @@ class TwoStageOptimizer(torch.optim.Optimizer):
         find_unused_parameters) costs no exchange of its zeros at every step."""
         if not unlearned:
             return []
-        had = torch.tensor([float(self._params[i].grad is not None) for i in unlearned])
+        had = torch.tensor([float(self._params[i].grad is not None) for i in unlearned],
+                           dtype=torch.float32)  # whatever torch's default dtype
         self._transport.allreduce_(had)
         means = [torch.zeros(self._params[i].numel(), dtype=torch.float32) for i in unlearned]
         sent = [k for k, n in enumerate(had.tolist()) if n > 0]

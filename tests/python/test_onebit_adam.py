@@ -469,3 +469,29 @@ def test_a_parameter_no_rank_used_in_the_warmup_learns_its_variance_without_find
             assert torch.allclose(late, twin, rtol=0, atol=1e-7), (step, (late - twin).abs().max())
     assert opt.state[late]["exp_avg_sq"].any()
     assert torch.isfinite(late).all() and (late - 0.5).abs().max() < 0.1, late
+
+
+@pytest.mark.parametrize("find_unused", [True, False])
+def test_the_ranks_agreements_are_float32_whatever_the_default_dtype(find_unused):
+    """The small collectives of find_unused_parameters and of the unlearned parameters' exact
+    steps are float32 tensors the transport takes, under torch.set_default_dtype(torch.float64)
+    too (before, the optimizer's construction failed with find_unused_parameters)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        body, late, named = _body_and_late()
+        body.float()
+        late.data = late.data.float()
+        opt = gc.OneBitAdam(named, lr=0.01, warmup_steps=WARMUP, min_compress_elements=1,
+                            find_unused_parameters=find_unused)
+        for step in range(WARMUP + 3):
+            opt.zero_grad(set_to_none=True)
+            x, y = _batch(step)
+            loss = torch.nn.functional.mse_loss(body(x.float()), y.float())
+            if step > WARMUP:
+                loss = loss + (late * torch.arange(8.0, dtype=torch.float32)).sum()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_default_dtype(before)
+    assert opt.state[late]["exp_avg_sq"].any() and torch.isfinite(late).all()
