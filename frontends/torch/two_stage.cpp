@@ -380,25 +380,24 @@ std::vector<size_t> TwoStageOptimizer::unlearned(const std::vector<uint8_t>& unu
 
 std::vector<uint8_t> TwoStageOptimizer::some_rank_has_gradient(
     const std::vector<size_t>& indices) const {
-  at::Tensor count = at::zeros({static_cast<int64_t>(indices.size())});
-  auto counts = count.accessor<float, 1>();
+  std::vector<float> count(indices.size());
   for (size_t k = 0; k < indices.size(); ++k) {
-    counts[k] = params_[indices[k]].grad().defined() ? 1.0f : 0.0f;
+    count[k] = params_[indices[k]].grad().defined() ? 1.0f : 0.0f;
   }
-  transport_->allreduce(float_span(count))->wait(transport_->timeout());
+  transport_->allreduce(std::span<float>(count))->wait(transport_->timeout());
   std::vector<uint8_t> has(indices.size());
-  for (size_t k = 0; k < indices.size(); ++k) has[k] = counts[k] > 0 ? 1 : 0;
+  for (size_t k = 0; k < indices.size(); ++k) has[k] = count[k] > 0 ? 1 : 0;
   return has;
 }
 
 at::Tensor TwoStageOptimizer::exact_means(const std::vector<size_t>& unlearned) const {
-  if (unlearned.empty()) return at::empty({0});
+  if (unlearned.empty()) return at::empty({0}, at::kFloat);
   const std::vector<uint8_t> sent = some_rank_has_gradient(unlearned);
   std::vector<at::Tensor> means;
   std::vector<at::Tensor> grads;  // of those some rank has, zeros where this rank has none
   for (size_t k = 0; k < unlearned.size(); ++k) {
     const at::Tensor& p = params_[unlearned[k]];
-    means.push_back(at::zeros({p.numel()}));
+    means.push_back(at::zeros({p.numel()}, at::kFloat));
     if (sent[k]) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : means[k]);
   }
   if (grads.empty()) return at::cat(means);
