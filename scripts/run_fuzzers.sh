@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 tree=${1:-build-asan}
 [[ -x $tree/fuzz/frame_fuzz ]] || { echo "run_fuzzers: no fuzz targets in $tree/fuzz"; exit 1; }
 fuzz_targets=(frame_fuzz plan_fuzz profile_fuzz cluster_fuzz codec_costs_fuzz feedback_state_fuzz
-              codec_state_fuzz engine_state_fuzz)
+              codec_state_fuzz engine_state_fuzz auto_settings_fuzz)
 fuzz_each=$(( ${GRADCOMP_FUZZ_SECONDS:-160} / ${#fuzz_targets[@]} ))
 (( fuzz_each >= 1 )) || fuzz_each=1
 echo "fuzzers: ${#fuzz_targets[@]} targets in $tree/fuzz, ${fuzz_each} s each"
