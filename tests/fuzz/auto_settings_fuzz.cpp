@@ -1,7 +1,7 @@
 // libFuzzer target: arbitrary text read as compression="auto"'s settings (the JSON syntax, then
 // AutoSettings::from_json, as the C++ example's --auto and Python's auto= dict are read) must
-// give a gradcomp::Error or settings (a wrong type included: nlohmann's own type_error is not
-// one, and would escape); settings it accepts must pass validate().
+// give a gradcomp::Error or settings, which from_json has validated (a wrong type included:
+// nlohmann's own type_error is not one, and would escape as a finding).
 #include <nlohmann/json.hpp>
 
 #include "fuzz_input.h"
@@ -12,12 +12,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace gradcomp;
   fuzz::expect_error_or_success([&] {
     const nlohmann::json given = parse_json_text(fuzz::as_text(data, size), "auto settings");
-    const AutoSettings settings = AutoSettings::from_json(given);
-    try {
-      settings.validate();
-    } catch (const Error&) {
-      fuzz::finding("accepted settings are invalid");
-    }
+    (void)AutoSettings::from_json(given);
   });
   return 0;
 }
