@@ -35,7 +35,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -769,28 +768,14 @@ def rate_changed(cluster, rate_bps, change, began=None):
     of the change, once it is made. The links are back at rate_bps afterwards, so every
     contender sees the same links."""
     cluster.set_rate(rate_bps)
-    changed, stop = {}, threading.Event()
+    if not change:
+        yield {}
+        return
     if began is not None:
         Path(began).unlink(missing_ok=True)  # a run before this one's
-
-    def change_later():
-        while began is not None and not Path(began).exists():
-            if stop.wait(0.02):
-                return
-        if not stop.wait(change[2]):
-            cluster.set_rate(change[1])
-            changed["wall"] = time.time()
-
-    thread = threading.Thread(target=change_later, daemon=True) if change else None
-    if thread:
-        thread.start()
-    try:
+    with cluster.rates_changed(change[1], change[2],
+                               None if began is None else Path(began).exists) as changed:
         yield changed
-    finally:
-        stop.set()
-        if thread:
-            thread.join()
-        cluster.set_rate(rate_bps)
 
 
 def training_seconds_at(wall, training_wall):

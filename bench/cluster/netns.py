@@ -4,8 +4,9 @@ Each of H "hosts" is a network namespace with one interface (``eth0``) that is a
 veth link to a bridge in a separate "switch" namespace. Every link is rate
 limited in both directions with a tc ``tbf`` qdisc -- on the host end (host
 egress) and on the switch end (the switch port towards the host) -- so a link
-behaves like a full-duplex NIC of the chosen rate. Workers run inside the host
-namespaces with ``ip netns exec``.
+behaves like a full-duplex NIC of the chosen rate (one for every host, or one per
+host: a host behind a slower link). Workers run inside the host namespaces with
+``ip netns exec``.
 
 Everything we create is named ``gcbench-<run_id>-...`` so that an aborted run
 can be found and removed (``stale_namespaces`` / ``remove_namespaces``), and a
@@ -17,10 +18,12 @@ latency emulation: this kernel has no sch_netem.
 Manual use:
     python3 bench/cluster/netns.py up --hosts 3 --rate 1gbit
     python3 bench/cluster/netns.py measure --hosts 4 --rate 1gbit
+    python3 bench/cluster/netns.py up --hosts 3 --rate 1gbit,1gbit,100mbit
     python3 bench/cluster/netns.py clean
 """
 import argparse
 import atexit
+import contextlib
 import ipaddress
 import math
 import os
@@ -30,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 PREFIX = "gcbench"
@@ -83,6 +87,20 @@ def parse_rate(text):
     if not (bps > 0 and math.isfinite(bps)):
         raise ClusterError(f"rate '{text}' must be positive; use e.g. 100mbit, 1gbit, 10gbit")
     return bps
+
+
+def _checked_rate(rate):
+    """A link rate in bits/s from tc text or a number; a ClusterError unless positive."""
+    bps = parse_rate(rate) if isinstance(rate, str) else rate
+    if not (isinstance(bps, (int, float)) and bps > 0):
+        raise ClusterError(f"rate must be positive, got {rate!r} bits/s")
+    return float(bps)
+
+
+def parse_rates(text):
+    """'1gbit' (every host) or '1gbit,1gbit,100mbit' (one rate per host, in host order)."""
+    rates = [parse_rate(part.strip()) for part in text.split(",")]
+    return rates[0] if len(rates) == 1 else rates
 
 
 def format_rate(bps):
@@ -222,15 +240,21 @@ def remove_namespaces(names):
 # the cluster
 
 class Cluster:
-    """H host namespaces, each linked at rate_bps (full duplex) to a bridge in a switch namespace."""
+    """H host namespaces, each linked at its rate (full duplex) to a bridge in a switch namespace.
+
+    rate_bps is every link's rate, or a list of one rate per host (a host behind a slower
+    link than the others: a node in another rack, a cheaper instance). `rates` holds each
+    host's; `rate_bps` is the slowest, the rate a ring over every host runs at.
+    """
 
     def __init__(self, hosts, rate_bps, run_id=None, subnet="10.77.0", ifname="eth0"):
-        if isinstance(rate_bps, str):
-            rate_bps = parse_rate(rate_bps)
         if not isinstance(hosts, int) or not 1 <= hosts <= 253:
             raise ClusterError(f"hosts must be a whole number from 1 to 253, got {hosts!r}")
-        if not rate_bps > 0:
-            raise ClusterError(f"rate must be positive, got {rate_bps!r} bits/s")
+        rates = list(rate_bps) if isinstance(rate_bps, (list, tuple)) else [rate_bps] * hosts
+        if len(rates) != hosts:
+            raise ClusterError(f"{len(rates)} link rates given for {hosts} hosts; give one "
+                               "rate for every host, or a single rate for all")
+        rates = [_checked_rate(r) for r in rates]
         run_id = str(os.getpid()) if run_id is None else str(run_id)
         if not re.fullmatch(r"[A-Za-z0-9_.]+", run_id):
             raise ClusterError(f"run id '{run_id}' may only use letters, digits, '_' and '.'")
@@ -242,7 +266,8 @@ class Cluster:
         if not 1 <= len(ifname) <= 15 or "/" in ifname or " " in ifname:
             raise ClusterError(f"interface name '{ifname}' must be 1-15 characters, no '/' or spaces")
         self.hosts = hosts
-        self.rate_bps = float(rate_bps)
+        self.rates = rates
+        self._swaps = [0] * hosts  # rate changes of each host's link (set_rate)
         self.run_id = run_id
         self.subnet = subnet
         self.ifname = ifname
@@ -252,6 +277,10 @@ class Cluster:
         self._made = []  # namespaces we (may) have created; only these are deleted
         self._old_handlers = {}
         self._cleanup_registered = False
+
+    @property
+    def rate_bps(self):
+        return min(self.rates)
 
     def __enter__(self):
         self.up()
@@ -307,23 +336,69 @@ class Cluster:
         _run(["ip", "-n", ns, "link", "set", self.ifname, "addrgenmode", "none", "up"])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
         _run(["ip", "-n", sw, "link", "set", port, "master", "br0", "addrgenmode", "none", "up"])
-        tbf = _tbf_args(self.rate_bps)
+        tbf = _tbf_args(self.rates[i])
         _run(["tc", "-n", ns, "qdisc", "add", "dev", self.ifname, "root"] + tbf)  # host -> switch
         _run(["tc", "-n", sw, "qdisc", "add", "dev", port, "root"] + tbf)  # switch -> host
 
-    def set_rate(self, rate_bps):
-        """Changes every link's rate, both ways, while the cluster runs (a link getting faster
-        or slower under a job): the tbf of each host and of its switch port is replaced in
-        place, so connections stay up and queued bytes drain at the new rate."""
-        if isinstance(rate_bps, str):
-            rate_bps = parse_rate(rate_bps)
-        if not rate_bps > 0:
-            raise ClusterError(f"rate must be positive, got {rate_bps!r} bits/s")
+    def set_rate(self, rate_bps, hosts=None):
+        """Changes the links' rate, both ways, while the cluster runs (a link getting faster
+        or slower under a job): every host's link, or those of the host indices `hosts`.
+        Connections stay up.
+
+        Each tbf is swapped for a new one (another handle), not changed in place: a tbf
+        never sends a packet longer than its bucket, and the packets queued under a faster
+        rate's larger bucket (64 KB segments the host's TCP hands down whole) would stall
+        the link for good under a slower rate's smaller one. The new tbf starts empty; TCP
+        sends what the old one held again."""
+        rate_bps = _checked_rate(rate_bps)
+        hosts = range(self.hosts) if hosts is None else list(hosts)
+        if not all(isinstance(i, int) and 0 <= i < self.hosts for i in hosts):
+            raise ClusterError(f"hosts {hosts!r}: each must be a host index from 0 to "
+                               f"{self.hosts - 1}")
         tbf = _tbf_args(rate_bps)
-        for i, ns in enumerate(self.namespaces):
-            _run(["tc", "-n", ns, "qdisc", "replace", "dev", self.ifname, "root"] + tbf)
-            _run(["tc", "-n", self.switch, "qdisc", "replace", "dev", f"gcv{i}", "root"] + tbf)
-        self.rate_bps = float(rate_bps)
+        for i in hosts:
+            self._swaps[i] += 1
+            root = ["root", "handle", f"{1 + self._swaps[i] % 2}:"]  # not the one in place
+            _run(["tc", "-n", self.namespaces[i], "qdisc", "replace", "dev", self.ifname]
+                 + root + tbf)
+            _run(["tc", "-n", self.switch, "qdisc", "replace", "dev", f"gcv{i}"] + root + tbf)
+            self.rates[i] = rate_bps
+
+    @contextlib.contextmanager
+    def rates_changed(self, rates, seconds, began=None):
+        """Runs the body on the links as they are, changed to `rates` (one for every host, or
+        a list of one per host) `seconds` after began() first returns true (polled every
+        20 ms; from the body's start without it): a link that gets faster or slower during a
+        job. Yields a dict that gets "wall", the wall-clock time of the change, once it is
+        made. Every link is back at its rate afterwards, so the next job sees the same links."""
+        before = list(self.rates)
+        after = rates if isinstance(rates, (list, tuple)) else [rates] * self.hosts
+        if len(after) != self.hosts:
+            raise ClusterError(f"{len(after)} link rates given for {self.hosts} hosts; give one "
+                               "rate for every host, or a single rate for all")
+        changed, stop = {}, threading.Event()
+
+        def change_later():
+            while began is not None and not began():
+                if stop.wait(0.02):
+                    return
+            if not stop.wait(seconds):
+                self._set_rates(after)
+                changed["wall"] = time.time()
+
+        thread = threading.Thread(target=change_later, daemon=True)
+        thread.start()
+        try:
+            yield changed
+        finally:
+            stop.set()
+            thread.join()
+            self._set_rates(before)
+
+    def _set_rates(self, rates):
+        for i, rate in enumerate(rates):
+            if rate != self.rates[i]:
+                self.set_rate(rate, hosts=[i])
 
     # ---- cleanup
 
@@ -651,11 +726,12 @@ def run_on_hosts(body, args, min_ranks_per_host):
 # command line
 
 def _cmd_up(args):
-    with Cluster(args.hosts, parse_rate(args.rate)) as cluster:
+    with Cluster(args.hosts, parse_rates(args.rate)) as cluster:
         print(f"switch: {cluster.switch}")
         for i, ns in enumerate(cluster.namespaces):
-            print(f"host {i}: {ns}  {cluster.address(i)}  (enter: ip netns exec {ns} bash)")
-        print(f"links: {format_rate(cluster.rate_bps)} each way. Ctrl-C to tear down.", flush=True)
+            print(f"host {i}: {ns}  {cluster.address(i)}  link {format_rate(cluster.rates[i])} "
+                  f"each way  (enter: ip netns exec {ns} bash)")
+        print("Ctrl-C to tear down.", flush=True)
         while True:
             time.sleep(3600)
 
@@ -664,7 +740,7 @@ def _cmd_measure(args):
     if args.hosts == 1:
         print("one host has no links to measure; use --hosts 2 or more")
         return
-    with Cluster(args.hosts, parse_rate(args.rate)) as cluster:
+    with Cluster(args.hosts, parse_rates(args.rate)) as cluster:
         bps = cluster.measure_rate(args.seconds)
     print(f"measured {format_rate(round(bps, -5))} per link "
           f"({bps / cluster.rate_bps:.1%} of {format_rate(cluster.rate_bps)})")
@@ -683,7 +759,9 @@ def main(argv=None):
                        ("measure", "create a cluster and measure the ring throughput")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--hosts", type=int, default=3)
-        p.add_argument("--rate", default="1gbit", help="link rate in tc units, e.g. 100mbit, 10gbit")
+        p.add_argument("--rate", default="1gbit",
+                       help="link rate in tc units, e.g. 100mbit, 10gbit; or one per host, "
+                            "comma-separated")
         if name == "measure":
             p.add_argument("--seconds", type=float, default=1.0)
     sub.add_parser("clean", help=f"remove every {PREFIX}-* namespace (also those of a running run)")

@@ -89,6 +89,12 @@ def test_cluster_arguments_are_checked():
         netns.Cluster(2, 0)
     with pytest.raises(netns.ClusterError, match="subnet"):
         netns.Cluster(2, 1e9, subnet="10.77")
+    with pytest.raises(netns.ClusterError, match="2 link rates given for 3 hosts"):
+        netns.Cluster(3, [1e9, 1e8])
+    with pytest.raises(netns.ClusterError, match="rate must be positive"):
+        netns.Cluster(2, [1e9, -1])
+    assert netns.parse_rates("1gbit") == 1e9
+    assert netns.parse_rates("1gbit,100mbit") == [1e9, 1e8]
 
 
 # ---------------------------------------------------------------- environment
@@ -187,6 +193,62 @@ def test_set_rate_changes_every_link_both_ways_while_it_runs(run_id):
         assert 2 * slow < fast <= 1.1 * 4e8, (slow, fast)
         with pytest.raises(netns.ClusterError, match="rate must be positive"):
             c.set_rate(0)
+
+
+@needs_root
+def test_a_link_made_slower_under_load_keeps_moving(run_id):
+    """Packets queued at 1 Gbit/s (64 KB segments, under its 500 KB bucket) are longer than
+    100 Mbit/s's bucket: changed in place, the tbf never sent them, and the link stalled."""
+    with netns.Cluster(2, "1gbit", run_id=run_id) as c:
+        log = Path(f"/tmp/{run_id}-slower.log")
+        try:
+            receiver = python_in(c, 1, netns._RECEIVER, netns.MEASURE_PORT, 2.0, 1.0, log=log)
+            python_in(c, 0, netns._SENDER, c.address(1), netns.MEASURE_PORT, 5)
+            time.sleep(1.0)  # the sender fills the 1 Gbit/s link's queue
+            c.set_rate("100mbit")
+            receiver.wait(timeout=15)
+            after = netns._read_rate(log)  # a stalled link: the receiver's timeout, raised
+        finally:
+            log.unlink(missing_ok=True)
+    assert 0.5 * 1e8 < after <= 1.1 * 1e8, after
+
+
+@needs_root
+def test_a_host_behind_a_slower_link_bounds_the_ring_until_its_link_is_changed(run_id):
+    with netns.Cluster(3, ["400mbit", "400mbit", "100mbit"], run_id=run_id) as c:
+        for i, shown in enumerate(["rate 400Mbit", "rate 400Mbit", "rate 100Mbit"]):
+            assert shown in tc_show(c.namespaces[i], "eth0")
+            assert shown in tc_show(c.switch, f"gcv{i}")
+        assert c.rate_bps == 1e8  # the slowest link
+        slow = c.measure_rate(0.5)
+        assert 0.5 * 1e8 < slow <= 1.1 * 1e8
+        c.set_rate("400mbit", hosts=[2])
+        assert "rate 400Mbit" in tc_show(c.namespaces[2], "eth0")
+        assert c.rates == [4e8, 4e8, 4e8]
+        assert 2 * slow < c.measure_rate(0.5) <= 1.1 * 4e8
+        with pytest.raises(netns.ClusterError, match="from 0 to 2"):
+            c.set_rate("1gbit", hosts=[3])
+
+
+@needs_root
+def test_rates_changed_changes_the_links_after_the_start_and_sets_them_back(run_id):
+    with netns.Cluster(3, "400mbit", run_id=run_id) as c:
+        began = []
+        with c.rates_changed(["400mbit", "400mbit", "100mbit"], 0.3, lambda: bool(began)) as ch:
+            time.sleep(0.8)
+            assert "wall" not in ch and c.rates == [4e8] * 3  # timed from began(), not yet
+            began.append(True)
+            time.sleep(0.8)
+            assert "wall" in ch and c.rates == [4e8, 4e8, 1e8]
+            assert "rate 100Mbit" in tc_show(c.switch, "gcv2")
+            assert "rate 400Mbit" in tc_show(c.switch, "gcv1")
+        assert c.rates == [4e8] * 3 and "rate 400Mbit" in tc_show(c.namespaces[2], "eth0")
+        with c.rates_changed("100mbit", 30) as ch:  # the job ends first: nothing changes
+            pass
+        assert "wall" not in ch and c.rates == [4e8] * 3
+        with pytest.raises(netns.ClusterError, match="2 link rates given for 3 hosts"):
+            with c.rates_changed([1e9, 1e9], 1):
+                pass
 
 
 def tc_show(ns, dev):
