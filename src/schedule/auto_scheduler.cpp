@@ -414,9 +414,10 @@ std::optional<Plan> AutoScheduler::Impl::start_search(const std::string& reason)
           : fmt::format(" between {} nodes, {:.0f} us, {} inside a node of {}",
                         cluster.workers / cluster.per_node, 1e6 * cluster.intra.latency_s,
                         model::format_rate(cluster.intra.bytes_per_s), cluster.per_node);
-  say(fmt::format("{} (step {}): link {:.0f} us, {}{}; trying {} plans for {} steps each",
-                  reason, steps, 1e6 * link.link.latency_s, model::format_rate(link.link.bytes_per_s),
-                  nodes_text, search.candidates.size(), settings.trial_steps));
+  say(fmt::format("{} (step {}): link {:.0f} us, {}{}; trying {} plan{} for {} steps each", reason,
+                  steps, 1e6 * link.link.latency_s, model::format_rate(link.link.bytes_per_s),
+                  nodes_text, search.candidates.size(), search.candidates.size() == 1 ? "" : "s",
+                  settings.trial_steps));
   return next_trial();
 }
 
@@ -641,9 +642,10 @@ std::optional<Plan> AutoScheduler::Impl::refine() {
     ++added;
   }
   if (added == 0) return decide();
-  say(fmt::format("the trials corrected the model (error {:.0f}% -> {:.0f}%); trying {} more "
-                  "plans it predicts faster than {:.1f} ms",
-                  100 * fitted.error_before, 100 * fitted.error_after, added, fastest));
+  say(fmt::format(
+      "the trials corrected the model (error {:.0f}% -> {:.0f}%); trying {} more "
+      "plan{} it predicts faster than {:.1f} ms",
+      100 * fitted.error_before, 100 * fitted.error_after, added, added == 1 ? "" : "s", fastest));
   return next_trial();
 }
 
@@ -843,9 +845,10 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
     return std::nullopt;
   }
   drift_search = true;
-  return start_search(fmt::format("step time drifted {:+.0f}% ({:.1f} ms against {:.1f} ms) "
-                                  "for {} checks",
-                                  100 * change, ms, reference_ms, drifting));
+  return start_search(
+      fmt::format("step time drifted {:+.0f}% ({:.1f} ms against {:.1f} ms) "
+                  "for {} check{}",
+                  100 * change, ms, reference_ms, drifting, drifting == 1 ? "" : "s"));
 }
 
 // The link watch: a kept compressed plan's step may not show a link that got faster (little
@@ -1022,9 +1025,10 @@ std::optional<Plan> AutoScheduler::Impl::back_off(size_t bucket, double growth) 
   if (d.candidates.empty()) {  // resumed from a checkpoint: no trials to choose from
     d.candidates.push_back({"uncompressed", summarize(uncompressed), 0, 0, steps + 1, uncompressed});
   }
-  d.reason = fmt::format("error feedback's residual in bucket {} ({}) grew {:.1f}x against the "
-                         "mean over {} checks",
-                         bucket, codec, growth, rising[bucket]);
+  d.reason = fmt::format(
+      "error feedback's residual in bucket {} ({}) grew {:.1f}x against the "
+      "mean over {} check{}",
+      bucket, codec, growth, rising[bucket], rising[bucket] == 1 ? "" : "s");
   d.kept = 0;
   for (size_t i = 1; i < d.candidates.size(); ++i) {
     const AutoCandidate& c = d.candidates[i];
