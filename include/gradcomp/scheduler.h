@@ -84,6 +84,7 @@ struct AutoSettings {
   double drift = 0.2;           // a relative change of the step time that counts as drift
   uint64_t check_every = 25;    // steps between drift checks, after a decision
   uint64_t drift_checks = 3;    // consecutive checks that must see drift before deciding again
+                                // (fewer for a larger drift: drift_checks x drift / |drift|, >= 1)
   // The link watch, while a compressed plan is kept: its step may not show a link that got
   // faster (it sends little), where uncompressed or a gentler codec may now win. Every
   // `link_check_every` steps (0: never; more where the probe would cost over 2% of the steps

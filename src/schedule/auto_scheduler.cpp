@@ -238,6 +238,7 @@ struct AutoScheduler::Impl {
   bool drift_search = false;  // the search under way was started by the drift
   Plan searched_from;         // the plan in force when it started
   uint64_t drift_checks_needed() const { return settings.drift_checks << drift_backoff; }
+  uint64_t drift_checks_for(double change) const;  // fewer for a larger drift
   // The link watch (settings.link_check_every): the probe it repeats, as the last calibration
   // timed it (none when the link was given), the last time it took, and the checks in a row
   // that found the link faster by link_change.
@@ -840,7 +841,7 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
   window.clear();
   const double change = reference_ms > 0 ? ms / reference_ms - 1 : 0;
   drifting = std::fabs(change) > settings.drift ? drifting + 1 : 0;
-  if (drifting < drift_checks_needed()) {
+  if (drifting == 0 || drifting < drift_checks_for(change)) {
     prepare_health_if_due();
     return std::nullopt;
   }
@@ -849,6 +850,17 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
       fmt::format("step time drifted {:+.0f}% ({:.1f} ms against {:.1f} ms) "
                   "for {} check{}",
                   100 * change, ms, reference_ms, drifting, drifting == 1 ? "" : "s"));
+}
+
+// Drifting checks in a row a search needs when the last one saw `change` (past the drift):
+// drift_checks_needed() just past the threshold, fewer in proportion as the drift grows, at
+// least one. A step four times as long (a host's link ten times slower, measured) is no swing
+// of a shared machine's noise, and each check more it waited for cost check_every steps at
+// that pace; the backoff still doubles what every drift needs.
+uint64_t AutoScheduler::Impl::drift_checks_for(double change) const {
+  const double checks =
+      std::ceil(static_cast<double>(drift_checks_needed()) * settings.drift / std::fabs(change));
+  return std::clamp<uint64_t>(static_cast<uint64_t>(checks), 1, drift_checks_needed());
 }
 
 // The link watch: a kept compressed plan's step may not show a link that got faster (little

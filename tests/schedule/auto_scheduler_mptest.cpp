@@ -689,6 +689,27 @@ TEST(AutoScheduler, DecidesAgainWhenTheStepTimeDriftsAndNotOnNoise) {
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
 }
 
+// The evidence a search needs shrinks as the drift grows: a step four times as long is no
+// swing of a shared machine, and each check more at that pace costs check_every slow steps.
+TEST(AutoScheduler, AStepSeveralTimesAsLongSearchesAtTheFirstDriftingCheck) {
+  AutoSettings s = settings();
+  s.check_every = 1;  // every step a check: no window half old, half new
+  s.drift_checks = 4;
+  const auto checks_to_search = [&](double slowdown) {
+    AutoScheduler scheduler(world(), model_tensors(), s);
+    drive(scheduler, 45, false);
+    EXPECT_EQ(scheduler.phase(), "decided");
+    for (uint64_t check = 1; check <= 10; ++check) {
+      drive(scheduler, 1, false, slowdown);
+      if (scheduler.phase() != "decided") return check;
+    }
+    return uint64_t{0};
+  };
+  EXPECT_EQ(checks_to_search(1.25), 4u);  // +25%, just past the 20%: every check
+  EXPECT_EQ(checks_to_search(1.5), 2u);   // +50%: 4 x 0.2 / 0.5, rounded up
+  EXPECT_EQ(checks_to_search(4.0), 1u);   // +300%: the first
+}
+
 // On a shared machine the step time swings past the threshold and back: a search the drift
 // started that keeps the plan it started from makes the next one wait for twice as many
 // drifting checks; a search that changes the plan makes the watch as quick as it was set.
@@ -699,8 +720,9 @@ TEST(AutoScheduler, DriftThatChangesNothingMakesTheNextSearchWaitLonger) {
   ASSERT_EQ(scheduler.phase(), "decided");
   const Plan kept = scheduler.current_plan();
   EXPECT_EQ(scheduler.report()["drift_checks"], 2);
-  // Slower by half: a search, which keeps the same plan.
-  drive(scheduler, 60, true, 1.5);
+  // Slower by 30% (a drift just past the threshold needs every check): a search, which keeps
+  // the same plan.
+  drive(scheduler, 60, true, 1.3);
   auto report = scheduler.report();
   ASSERT_EQ(report["decisions"].size(), 2u);
   EXPECT_EQ(scheduler.current_plan(), kept);
