@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -63,35 +62,20 @@ def parse_args(argv=None):
         p.error("--workers must be at least 2, --steps and --batch-size at least 1")
     try:
         args.rates = netns.parse_rates(args.rate)
+        netns.host_rates(args.rates, args.workers)
     except netns.ClusterError as e:
         p.error(f"--rate: {e}")
-    if isinstance(args.rates, list) and len(args.rates) != args.workers:
-        p.error(f"--rate gives {len(args.rates)} rates for {args.workers} workers; give one "
-                "rate for every host, or a single rate for all")
-    args.change = None if args.rate_change is None else parse_rate_change(p, args)
+    args.change = None
+    if args.rate_change is not None:
+        try:
+            args.change = netns.parse_rate_change(args.rate_change)
+            netns.host_rates(args.change[0], args.workers)
+        except netns.ClusterError as e:
+            p.error(f"--rate-change: {e}")
     args.compressions = [c.strip() for c in args.compressions.split(";") if c.strip()]
     if not args.compressions:
         p.error("--compressions names no compression")
     return args
-
-
-def parse_rate_change(p, args):
-    """--rate-change RATES@SECONDS -> (rates: bits/s, or a list of one per host; seconds)."""
-    rates, at, seconds = args.rate_change.partition("@")
-    try:
-        after = float(seconds) if at else math.nan
-    except ValueError:
-        after = math.nan
-    if not 0 < after < 1e5:
-        p.error(f"--rate-change: '{args.rate_change}' is not RATE@SECONDS with SECONDS in "
-                "(0, 1e5), e.g. 100mbit@40")
-    try:
-        bps = netns.parse_rates(rates)
-    except netns.ClusterError as e:
-        p.error(f"--rate-change: {e}")
-    if isinstance(bps, list) and len(bps) != args.workers:
-        p.error(f"--rate-change gives {len(bps)} rates for {args.workers} workers")
-    return bps, after
 
 
 # Rank 0 of train.py prints this line just before its first training step.

@@ -103,6 +103,32 @@ def parse_rates(text):
     return rates[0] if len(rates) == 1 else rates
 
 
+def host_rates(rates, hosts):
+    """One checked rate (bits/s) per host, from one rate for every host or a list of one each."""
+    rates = list(rates) if isinstance(rates, (list, tuple)) else [rates] * hosts
+    if len(rates) != hosts:
+        raise ClusterError(f"{len(rates)} link rates given for {hosts} hosts; give one rate "
+                           "for every host, or a single rate for all")
+    return [_checked_rate(r) for r in rates]
+
+
+def parse_rate_change(text):
+    """'RATES@SECONDS' -> (rates as parse_rates reads them, seconds): links that change to
+    RATES (one for every host, or one per host) SECONDS into a job."""
+    rates, at, seconds = text.partition("@")
+    try:
+        after = float(seconds) if at else math.nan
+    except ValueError:
+        after = math.nan
+    if not 0 < after < 1e5:
+        raise ClusterError(f"'{text}' is not RATE@SECONDS with SECONDS in (0, 1e5), "
+                           "e.g. 100mbit@40")
+    try:
+        return parse_rates(rates), after
+    except ClusterError as e:
+        raise ClusterError(f"{e}; give RATE@SECONDS, e.g. 100mbit@40") from None
+
+
 def format_rate(bps):
     """Bits per second -> short text tc accepts: 1e9 -> "1gbit", 2.5e9 -> "2.5gbit"."""
     for unit in ("tbit", "gbit", "mbit", "kbit"):
@@ -250,11 +276,7 @@ class Cluster:
     def __init__(self, hosts, rate_bps, run_id=None, subnet="10.77.0", ifname="eth0"):
         if not isinstance(hosts, int) or not 1 <= hosts <= 253:
             raise ClusterError(f"hosts must be a whole number from 1 to 253, got {hosts!r}")
-        rates = list(rate_bps) if isinstance(rate_bps, (list, tuple)) else [rate_bps] * hosts
-        if len(rates) != hosts:
-            raise ClusterError(f"{len(rates)} link rates given for {hosts} hosts; give one "
-                               "rate for every host, or a single rate for all")
-        rates = [_checked_rate(r) for r in rates]
+        rates = host_rates(rate_bps, hosts)
         run_id = str(os.getpid()) if run_id is None else str(run_id)
         if not re.fullmatch(r"[A-Za-z0-9_.]+", run_id):
             raise ClusterError(f"run id '{run_id}' may only use letters, digits, '_' and '.'")
@@ -371,11 +393,7 @@ class Cluster:
         20 ms; from the body's start without it): a link that gets faster or slower during a
         job. Yields a dict that gets "wall", the wall-clock time of the change, once it is
         made. Every link is back at its rate afterwards, so the next job sees the same links."""
-        before = list(self.rates)
-        after = rates if isinstance(rates, (list, tuple)) else [rates] * self.hosts
-        if len(after) != self.hosts:
-            raise ClusterError(f"{len(after)} link rates given for {self.hosts} hosts; give one "
-                               "rate for every host, or a single rate for all")
+        before, after = list(self.rates), host_rates(rates, self.hosts)
         changed, stop = {}, threading.Event()
 
         def change_later():

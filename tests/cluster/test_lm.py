@@ -34,11 +34,12 @@ def test_a_rate_per_host_is_read_in_host_order(tmp_path):
     (["--workers", "1"], "--workers must be at least 2"),
     (["--auto", "{not json"], "--auto"),
     (["--rate", "fast"], "--rate: rate 'fast' is not understood"),
-    (["--workers", "3", "--rate", "1gbit,100mbit"], "--rate gives 2 rates for 3 workers"),
+    (["--workers", "3", "--rate", "1gbit,100mbit"], "--rate: 2 link rates given for 3 hosts"),
     (["--rate-change", "100mbit"], "is not RATE@SECONDS"),
     (["--rate-change", "100mbit@0"], "is not RATE@SECONDS"),
     (["--rate-change", "fast@10"], "--rate-change: rate 'fast' is not understood"),
-    (["--workers", "3", "--rate-change", "1gbit,1gbit@5"], "--rate-change gives 2 rates"),
+    (["--workers", "3", "--rate-change", "1gbit,1gbit@5"],
+     "--rate-change: 2 link rates given for 3 hosts"),
 ])
 def test_bad_arguments_are_refused_with_a_reason(tmp_path, argv, message):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "cluster" / "lm.py"),
