@@ -112,6 +112,10 @@ def sweep_parser(description):
                    help="seeds of the uncompressed runs; the first must be --seed (0,1,2)")
     p.add_argument("--resume", action="store_true",
                    help="reuse summaries of runs already done with the same settings")
+    p.add_argument("--paired-codecs", default="",
+                   help="comma-separated codecs that also run on the baseline's other seeds, "
+                        "each compared with the baseline of its own seed (a section of the "
+                        "table gives every seed's difference and their mean)")
     return p
 
 
@@ -122,6 +126,10 @@ def parse_sweep(p):
     if not args.baseline_seeds or args.baseline_seeds[0] != args.seed:
         p.error("--baseline-seeds must start with --seed (the codecs are compared to that run)")
     args.selected = select_codecs(p, args.codecs)
+    args.paired = select_codecs(p, args.paired_codecs) if args.paired_codecs else []
+    unselected = [e["name"] for e in args.paired if e not in args.selected]
+    if unselected:
+        p.error(f"--paired-codecs {','.join(unselected)}: not among --codecs")
     return args
 
 
@@ -133,19 +141,11 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (0.05)")
     p.add_argument("--schedule", default="cosine", choices=["cosine", "constant"],
                    help="learning-rate schedule of every run (cosine)")
-    p.add_argument("--paired-codecs", default="",
-                   help="comma-separated codecs that also run on the baseline's other seeds, "
-                        "each compared with the baseline of its own seed (a section of the "
-                        "table gives every seed's difference and their mean)")
     p.add_argument("--out", help="the Markdown file to write (docs/accuracy.md for all codecs, "
                                  "build/accuracy-subset.md with --codecs)")
     p.add_argument("--runs", help="directory of the runs' JSON summaries and logs "
                                   "(build/accuracy-runs/e<epochs>-w<world>)")
     args = parse_sweep(p)
-    args.paired = select_codecs(p, args.paired_codecs) if args.paired_codecs else []
-    unselected = [e["name"] for e in args.paired if e not in args.selected]
-    if unselected:
-        p.error(f"--paired-codecs {','.join(unselected)}: not among --codecs")
     # A quick check of a few codecs must not overwrite the committed table.
     if args.out is None:
         args.out = os.path.join(ROOT, *(("build", "accuracy-subset.md") if args.codecs
@@ -278,9 +278,19 @@ def command_line(args):
     return " ".join(parts)
 
 
-def paired_section(args, baselines, results, paired):
+def accuracy_difference(run, baseline):
+    """A Fashion-MNIST run's test accuracy minus its baseline's, in percentage points."""
+    return 100 * (run["test_accuracy"] - baseline["test_accuracy"])
+
+
+def paired_section(args, baselines, results, paired, difference=accuracy_difference,
+                   lags=lambda mean: mean < -TOLERANCE_PP,
+                   what="a run minus the baseline of its own seed, in percentage points",
+                   option=lambda entry: entry["option"]):
     """The codecs run on every baseline seed: each seed's Δ against the baseline of that seed,
-    and their mean (a seed's own noise cancels in the pair; the mean is the steadier figure)."""
+    and their mean (a seed's own noise cancels in the pair; the mean is the steadier figure).
+    difference(run, baseline) is a Δ, `what` says what it is; lags(mean) flags a mean out of
+    tolerance; option(entry) is the option the runs used."""
     if not paired:
         return []
     head = " | ".join(f"Δ seed {s}" for s in args.baseline_seeds)
@@ -290,7 +300,7 @@ def paired_section(args, baselines, results, paired):
         "",
         f"These codecs also ran on the baseline's other seeds ({others}: the seed "
         "of the model, the shuffling and the codec, as in that baseline run). Each Δ "
-        "is a run minus the baseline of its own seed, in percentage points; the mean is over "
+        f"is {what}; the mean is over "
         "the seeds.",
         "",
         f"| codec | option | {head} | mean Δ |",
@@ -298,17 +308,16 @@ def paired_section(args, baselines, results, paired):
     ]
     for entry in args.paired:
         runs = [results[entry["name"]], *paired[entry["name"]]]
-        diffs = [None if "error" in r or "error" in b
-                 else 100 * (r["test_accuracy"] - b["test_accuracy"])
+        diffs = [None if "error" in r or "error" in b else difference(r, b)
                  for r, b in zip(runs, baselines)]
         cells = " | ".join("failed" if d is None else f"{d:+.2f}" for d in diffs)
         if None in diffs:
             mean = "incomplete"
         else:
             m = statistics.mean(diffs)
-            mean = f"{m:+.2f}" + (" **(!)**" if m < -TOLERANCE_PP else "")
-        option = entry["option"].replace("|", "\\|")
-        lines.append(f"| {entry['name']} | `{option}` | {cells} | {mean} |")
+            mean = f"{m:+.2f}" + (" **(!)**" if lags(m) else "")
+        cell = option(entry).replace("|", "\\|")
+        lines.append(f"| {entry['name']} | `{cell}` | {cells} | {mean} |")
     return lines + [""]
 
 
@@ -425,7 +434,8 @@ def kept_sections(path):
 
 
 def sweep(args, run_one, train_script, what):
-    """The baseline on every seed, then every selected codec: (baselines, {codec: result})."""
+    """The baseline on every seed, then every selected codec, then the paired codecs on the
+    baseline's other seeds: (baselines, {codec: result}, {codec: [result per other seed]})."""
     for path in (LAUNCH, train_script):
         if not os.path.exists(path):
             sys.exit(f"{os.path.basename(sys.argv[0])}: {path} is missing; run "
@@ -433,15 +443,16 @@ def sweep(args, run_one, train_script, what):
     print(f"{len(args.selected)} codec(s) + {len(args.baseline_seeds)} baseline run(s), "
           f"{what} each, {args.world} ranks", flush=True)
     baselines = [run_one(args, BASELINE, seed) for seed in args.baseline_seeds]
-    return baselines, {entry["name"]: run_one(args, entry, args.seed) for entry in args.selected}
+    results = {entry["name"]: run_one(args, entry, args.seed) for entry in args.selected}
+    paired = {entry["name"]: [run_one(args, entry, seed) for seed in args.baseline_seeds[1:]]
+              for entry in args.paired}
+    return baselines, results, paired
 
 
 def main():
     args = parse_args()
     start = time.perf_counter()
-    baselines, results = sweep(args, run, TRAIN, f"{args.epochs:g} epoch(s)")
-    paired = {e["name"]: [run(args, e, seed) for seed in args.baseline_seeds[1:]]
-              for e in args.paired}
+    baselines, results, paired = sweep(args, run, TRAIN, f"{args.epochs:g} epoch(s)")
     write_report(args, baselines, results, paired)
     print(f"accuracy: wrote {args.out} ({(time.perf_counter() - start) / 60:.1f} min)")
 
