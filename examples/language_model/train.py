@@ -4,7 +4,7 @@ gradient exchange.
 Start W ranks with a launcher, e.g.
 
     build/bin/gradcomp launch -n 2 -- /usr/bin/python3 examples/language_model/train.py \
-        --compression "powersgd:rank=4|ef"
+        --compression "dither"
 
 The text is Debian's fortune cookies as word tokens (corpus.py beside this file). The model: a
 token embedding and a learned position embedding, pre-norm Transformer blocks (causal
@@ -48,7 +48,7 @@ def parse_args(argv=None):
                         "parameter names) to run instead of --compression")
     p.add_argument("--auto", type=json.loads, default=None, metavar="JSON",
                    help='with --compression auto: its settings, e.g. \'{"candidates": '
-                        '["powersgd:rank=4|ef"]}\' (docs/auto.md)')
+                        '["dither", "fp16"]}\' (docs/auto.md)')
     p.add_argument("--steps", type=int, default=600, help="optimizer steps (600)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per rank and step (16)")
     p.add_argument("--context", type=int, default=64, help="tokens per window (64)")

@@ -2,10 +2,11 @@
 // (docs/recommended.md). Evidence under SGD: within 0.5 pp of the uncompressed test accuracy on
 // the Fashion-MNIST CNN (5 epochs, seed 0 and the mean over three seeds, docs/accuracy.md);
 // under Adam-family optimizers: within 2% of the uncompressed validation loss on the small
-// language model under AdamW (docs/accuracy-lm.md). An option is *recommended* only with both,
-// and only those are defaults (the planner's, the main job's, the examples').
-// tests/python/test_recommended.py checks the table against those two documents, so neither
-// can change without the other.
+// language model under AdamW at 2 ranks (docs/accuracy-lm.md) and at 4 ranks, on seed 0 and
+// the mean over five seeds (docs/accuracy-lm-4ranks.md). An option is *recommended* only with
+// both, and only those are defaults (the planner's, the main job's, the examples').
+// tests/python/test_recommended.py checks the table against those documents, so neither can
+// change without the other.
 #pragma once
 
 #include <initializer_list>
@@ -31,7 +32,7 @@ struct Recommendation {
   std::string codec;   // the codec's name: "topk"
   std::string option;  // the option measured: "topk:ratio=0.01|ef"
   bool sgd = false;    // held under SGD
-  bool adam = false;   // held under AdamW
+  bool adam = false;   // held under AdamW (at 2 and 4 ranks)
   // Its SGD row changed the optimizer (signsgd, signum: learning rate 0.001, no momentum):
   // recommended with that change only, so never a default candidate.
   bool changes_optimizer = false;

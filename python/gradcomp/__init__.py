@@ -2,7 +2,7 @@
 
     import gradcomp.torch
     optimizer = gradcomp.torch.DistributedOptimizer(
-        optimizer, model.named_parameters(), compression="powersgd:rank=4|ef")
+        optimizer, model.named_parameters(), compression="dither")
 
 See docs/python.md. The C++ core is the extension module gradcomp._C.
 """

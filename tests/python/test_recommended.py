@@ -49,6 +49,39 @@ def test_a_mean_over_seeds_below_the_tolerance_withdraws_the_recommendation(tmp_
     assert found["fp16"]["sgd_mean_delta_pp"] is None and found["fp16"]["sgd"]
 
 
+def test_under_adamw_a_codec_must_hold_at_4_ranks_too(tmp_path, monkeypatch):
+    two = tmp_path / "accuracy-lm.md"
+    two.write_text(
+        "| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
+        "| none | `none` | 4.70 | +0.00 |\n"
+        "| powersgd | `powersgd:rank=4\\|ef` | 4.70 | +0.07 |\n"
+        "| fp16 | `fp16` | 4.70 | +0.00 |\n"
+        "| qsgd | `qsgd:levels=15,block=512` | 4.70 | +0.20 |\n"
+        "| topk | `topk:ratio=0.01\\|ef` | 5.30 | +12.00 |\n", encoding="utf-8")
+    four = tmp_path / "accuracy-lm-4ranks.md"
+    four.write_text(
+        "| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
+        "| none | `none` | 4.50 | +0.00 |\n"
+        "| powersgd | `powersgd:rank=4\\|ef` | 4.58 | +1.90 |\n"
+        "| fp16 | `fp16` | 4.50 | +0.00 |\n\n"
+        "## Across seeds\n\n"
+        "| codec | option | Δ seed 0 | Δ seed 1 | mean Δ |\n|---|---|---:|---:|---:|\n"
+        "| powersgd | `powersgd:rank=4\\|ef` | +1.90 | +2.30 | +2.10 **(!)** |\n"
+        "| fp16 | `fp16` | +0.00 | +0.10 | +0.05 |\n", encoding="utf-8")
+    monkeypatch.setattr(recommended, "ADAM_DOC", str(two))
+    monkeypatch.setattr(recommended, "ADAM_4RANKS_DOC", str(four))
+    found = recommended.evidence()
+    # Held at 2 ranks and on seed 0 at 4, but not on the mean over seeds at 4: not held.
+    assert found["powersgd"]["adam4_mean_delta_percent"] == 2.10
+    assert not found["powersgd"]["adam"]
+    assert found["fp16"]["adam"]
+    # Held at 2 ranks, never run at 4: no evidence there, not held.
+    assert found["qsgd"]["adam4_delta_percent"] is None and not found["qsgd"]["adam"]
+    assert not found["topk"]["adam"]
+    text = " ".join(recommended.lost_at_more_ranks(found))
+    assert "powersgd" in text and "+2.10% on the mean over seeds" in text and "topk" not in text
+
+
 def test_recommended_lists_by_optimizer():
     table = gradcomp.recommended()
     assert [r["codec"] for r in table] == [c for c in gradcomp.codec_names() if c != "none"]
@@ -122,7 +155,7 @@ def test_the_defaults_users_copy_are_recommended():
     default = re.search(r"^compression='([^']+)'$", main_job, re.M).group(1)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     examples = re.findall(r'compression="([^"]+)"', readme)
-    examples += re.findall(r'comm_hook\("([^"]+)"\)', readme)
+    examples += re.findall(r'comm_hook\("([^"]+)"', readme)
     assert examples, "the README shows how to choose a compression"
     for option in [default, *examples]:
         if option == "auto":
