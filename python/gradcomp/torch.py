@@ -768,11 +768,13 @@ class CommHook:
     """
 
     def __init__(self, compression="none", transport=None, seed=0, min_compress_elements=16384,
-                 timeline=None, codec_threads=1, local_size=0, auto=None, loss_scale=None):
+                 timeline=None, codec_threads=1, local_size=0, auto=None, loss_scale=None,
+                 optimizer=None):
         # compression="auto": the scheduler of DistributedOptimizer's "auto" (docs/auto.md),
-        # with the options recommended under both SGD and Adam-family optimizers (the hook does
-        # not know the optimizer), driven from the end of each backward pass.
-        self._auto_settings = _auto_settings(compression, None, auto, None)
+        # driven from the end of each backward pass, with the options recommended under the
+        # optimizer's family; without `optimizer` the hook does not know it, and takes those
+        # recommended under both SGD and Adam-family optimizers.
+        self._auto_settings = _auto_settings(compression, None, auto, optimizer)
         self._auto = None
         if self._auto_settings is not None:
             self._auto_settings.min_compress_elements = int(min_compress_elements)
@@ -783,6 +785,9 @@ class CommHook:
         self._loss_scale = _scale_reader(loss_scale)  # read as each backward's exchange begins
         self.min_compress_elements = int(min_compress_elements)
         self._transport = _exchange_transport(transport)  # not DDP's default group
+        if (optimizer is not None and self._auto_settings is None and compression != "none"
+                and self._transport.rank == 0):  # one warning for the job, as the optimizer's
+            _warn_if_not_recommended(optimizer, compression)
         self._seed = int(seed)
         self._timeline = timeline or ""
         self._codec_threads = int(codec_threads)
@@ -1029,12 +1034,15 @@ def _rank_part(states, rank, world_size):
 
 
 def comm_hook(compression="none", transport=None, seed=0, min_compress_elements=16384,
-              timeline=None, codec_threads=1, local_size=0, auto=None, loss_scale=None):
+              timeline=None, codec_threads=1, local_size=0, auto=None, loss_scale=None,
+              optimizer=None):
     """A DDP communication hook: ddp.register_comm_hook(None, comm_hook("fp16")), or
     comm_hook("auto") (docs/auto.md). Arguments as for DistributedOptimizer (loss_scale: a
-    GradScaler, so that feedback memory follows its scale); see CommHook."""
+    GradScaler, so that feedback memory follows its scale; optimizer: the one the model trains
+    with, whose kind picks auto's candidates and warns of a compression the accuracy tables do
+    not back under it, as DistributedOptimizer does); see CommHook."""
     return CommHook(compression, transport, seed, min_compress_elements, timeline,
-                    codec_threads, local_size, auto, loss_scale)
+                    codec_threads, local_size, auto, loss_scale, optimizer)
 
 
 from gradcomp.onebit_adam import OneBitAdam  # noqa: E402,F401 (it uses this module's helpers)

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 import torch
 
+import gradcomp.torch as gc
 from conftest import GRADCOMP
 
 
@@ -200,6 +201,48 @@ def test_the_ddp_hook_decides_too_every_rank_alike(ddp_runs):
     for rank in range(1, straight.world):
         assert straight.report(rank)["plans"] == straight.report(0)["plans"]
         assert all(torch.equal(a, b) for a, b in zip(first, straight.load("params", rank)))
+
+
+def test_the_ddp_hook_takes_the_candidates_of_the_optimizers_family(ddp_runs):
+    """Told the optimizer (SGD), the hook's auto chooses among what held under SGD: PowerSGD
+    among them, which lost under AdamW at 4 ranks and is not offered without it."""
+    straight, _ = ddp_runs
+    assert straight.report(0)["candidates"] == list(gc._auto_settings(
+        "auto", None, None, torch.optim.SGD([torch.zeros(1)], lr=0.1)).candidates)
+    assert "powersgd:rank=4|ef" in straight.report(0)["candidates"]
+
+
+def test_auto_candidates_follow_the_optimizers_family():
+    param = [torch.zeros(1)]
+    def candidates(optimizer):
+        return list(gc._auto_settings("auto", None, None, optimizer).candidates)
+    sgd = candidates(torch.optim.SGD(param, lr=0.1))
+    adam = candidates(torch.optim.AdamW(param))
+    unknown = candidates(None)  # a hook told nothing: what held under both
+    assert "powersgd:rank=4|ef" in sgd and "powersgd:rank=4|ef" not in adam
+    assert "topk:ratio=0.01|ef" in sgd and "topk:ratio=0.01|ef" not in adam
+    assert unknown == [c for c in sgd if c in adam] and "fp16" in unknown
+    assert all("start=" not in c and c != "none" for c in sgd + adam)
+
+
+def test_a_hook_told_the_optimizer_warns_of_a_compression_that_lost_under_it(tmp_path):
+    """comm_hook(codec, optimizer=...) warns as DistributedOptimizer does (one process, its own
+    gloo group: a hook needs one to be built)."""
+    script = f"""
+import warnings, torch, torch.distributed as dist
+import gradcomp.torch as gc
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+param = [torch.zeros(1)]
+for name, optimizer in (("AdamW", torch.optim.AdamW(param)), ("SGD", torch.optim.SGD(param, lr=0.1))):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        gc.comm_hook("topk:ratio=0.01|ef", optimizer=optimizer)
+    print(name, sum("not recommended with " + name in str(w.message) for w in seen))
+"""
+    out = subprocess.run(["/usr/bin/python3", "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["AdamW", "1", "SGD", "0"], out.stdout
 
 
 def test_the_ddp_hook_marks_its_decision_in_the_timeline(ddp_runs):

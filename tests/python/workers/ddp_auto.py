@@ -1,4 +1,5 @@
-"""comm_hook("auto"): the shared small model under DDP with gradcomp's hook choosing the plan.
+"""comm_hook("auto", optimizer=sgd): the shared small model under DDP with gradcomp's hook
+choosing the plan among the options recommended under SGD.
 Records the parameters at the end, the hook's report, the plans in force per step and (when
 not resuming) the timeline; with
 --save-at, a checkpoint (model, optimizer, hook) after the decision, from which --load resumes
@@ -22,10 +23,10 @@ def main():
     dist.init_process_group("gloo")
     dist._DEFAULT_FIRST_BUCKET_BYTES = 50_000  # several DDP buckets
     model = DDP(common.make_model(), bucket_cap_mb=0.05)
-    hook = gc.comm_hook("auto", min_compress_elements=1000, auto=AUTO,
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    hook = gc.comm_hook("auto", min_compress_elements=1000, auto=AUTO, optimizer=sgd,
                         timeline=None if args.load else f"{args.out}/trace.json")
     model.register_comm_hook(None, hook)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if args.load:
         state = torch.load(f"{args.load}.rank{rank}.pt")
         model.module.load_state_dict(state["model"])
@@ -43,7 +44,8 @@ def main():
                         "hook": hook.state_dict()}, f"{args.out}/ckpt.rank{rank}.pt")
     hook.set_timeline(None)  # closes the trace (valid JSON from here on)
     common.save(args.out, "params", rank, [q.detach().clone() for q in model.parameters()])
-    common.report(args.out, rank, {"plans": plans, "report": hook.auto_report()})
+    common.report(args.out, rank, {"plans": plans, "report": hook.auto_report(),
+                                   "candidates": list(hook._auto_settings.candidates)})
 
 
 if __name__ == "__main__":
