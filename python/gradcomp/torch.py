@@ -705,7 +705,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         codec-costs.json in `directory`), and the correction its trials fitted to the model
         (correction.json), so the decision can be replayed offline:
         gradcomp plan --profile profile.json --cluster cluster.json --costs codec-costs.json
-        --codecs <report's planner_codecs> --small-tensors <min_compress_elements>, and
+        --codecs <report's planner_codecs> --small-tensors <min_compress_elements>
+        --one-lossy-step, and
         gradcomp simulate ... --correction correction.json --plan <a candidate's plan> predicts
         what the corrected model predicted. Returns the four paths."""
         report = self.auto_report()

@@ -495,6 +495,12 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   model::PlannerSettings planner;
   // The default plan's rule, per tensor: the planner's plans compress no small tensor either.
   planner.small_tensor_elements = settings.min_compress_elements;
+  // One lossy step per tensor: the candidates' accuracy was measured so (docs/recommended.md),
+  // and a route that compresses again on the way back (twoway, servers, or lossy inside the
+  // node) adds its error a second time: dither over twoway ended 4.1% above uncompressed on the
+  // language model at 4 ranks where dither held (docs/auto.md). A candidate that names such a
+  // route ("onebit:block=256|ef|twoway", CLAN's recipe) keeps it.
+  planner.one_lossy_step = true;
   // The planner searches with one slow-down; each plan it proposes is then predicted with its
   // codecs' own (model::Correction::lambda_of).
   planner.simulator = {.lambda = correction.lambda};
@@ -1144,6 +1150,7 @@ json AutoScheduler::report() const {
           {"cluster", s.codec_costs ? s.cluster.to_json() : json(nullptr)},
           {"codec_costs", s.codec_costs ? s.codec_costs->to_json() : json(nullptr)},
           {"planner_codecs", s.settings.steady_candidates()},
+          {"one_lossy_step", true},  // gradcomp plan --one-lossy-step
           {"min_compress_elements", s.settings.min_compress_elements}};
 }
 

@@ -113,7 +113,9 @@ def test_the_decision_replays_offline_with_gradcomp_plan(runs, tmp_path):
     out = tmp_path / "plan.json"
     subprocess.run([str(GRADCOMP), "plan", "--profile", profile, "--cluster", cluster,
                     "--costs", costs, "--codecs", ",".join(report["planner_codecs"]),
-                    "--small-tensors", str(report["min_compress_elements"]), "--json", str(out)],
+                    "--small-tensors", str(report["min_compress_elements"]),
+                    *(["--one-lossy-step"] if report["one_lossy_step"] else []),
+                    "--json", str(out)],
                    check=True, capture_output=True, timeout=60)
     replayed = json.loads(out.read_text())
     best = [c for c in report["decisions"][0]["candidates"] if c["name"] == "the planner's best"]
