@@ -241,7 +241,7 @@ def write_report(args, baselines, results, paired):
                if (gap := lag(args, e, baselines, results, paired)) is not None]
     if not lagging:
         lines.append(f"None: every codec is within {TOLERANCE_PERCENT:g}% of the baseline"
-                     + (", on seed 0 and on the mean over seeds." if paired else "."))
+                     + (f", on seed {args.seed} and on the mean over seeds." if paired else "."))
     for entry, gap in lagging:
         why = ADAM_LAG.get(entry["name"], "not analysed")
         lines.append(f"- **{entry['name']}** ({gap}): {why}.")
