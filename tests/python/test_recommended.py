@@ -151,8 +151,7 @@ def test_the_defaults_users_copy_are_recommended():
     among those itself: docs/auto.md)."""
     import re
     recommended_codecs = {r["codec"]: r for r in gradcomp.recommended() if r["recommended"]}
-    main_job = (ROOT / "scripts" / "run_main.sh").read_text(encoding="utf-8")
-    default = re.search(r"^compression='([^']+)'$", main_job, re.M).group(1)
+    default = recommended.main_job_codec()
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     examples = re.findall(r'compression="([^"]+)"', readme)
     examples += re.findall(r'comm_hook\("([^"]+)"', readme)
