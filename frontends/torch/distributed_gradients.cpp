@@ -156,6 +156,7 @@ struct DistributedGradientsShared {
   // Locked helpers.
   bool pass_running() const;
   void complete_aborted_pass();
+  void hand_over_the_rest(bool fill_nan);
   void exchange(bool fill_nan);
   void wait_for_engine();
   void forget_unused();
@@ -409,6 +410,10 @@ void DistributedGradientsShared::on_accumulated(
   if (passes_done + 1 < passes_per_step || index >= dense_count) return;
   try {
     hand_over(index);
+  } catch (const CommError&) {
+    // An earlier bucket's exchange has failed (a peer died or timed out). Raised from autograd's
+    // hook, it would reach backward()'s caller as a bare RuntimeError; the end of the pass
+    // raises it with its type, saying which bucket failed.
   } catch (const std::exception& e) {
     hook_error = e.what();  // the pass raises it; step() says it again
     throw;
@@ -489,11 +494,8 @@ void DistributedGradientsShared::complete_aborted_pass() {
 // Hands over every gradient not handed yet (.grad, or zeros where backward made none) and
 // waits for the exchange. After an aborted pass the rest is NaN, in buffers of its own: the
 // .grad of a pass running now is left alone.
-void DistributedGradientsShared::exchange(bool fill_nan) {
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    used[i] = handed[i] || parameters[i].grad().defined();
-  }
-  const std::string frozen = frozen_since();  // before the zeros below make it a gradient
+// The gradients no hook handed over (unused parameters; NaN for a pass that raised).
+void DistributedGradientsShared::hand_over_the_rest(bool fill_nan) {
   for (size_t i = 0; i < dense_count; ++i) {
     if (handed[i]) continue;
     if (fill_nan) {
@@ -504,6 +506,19 @@ void DistributedGradientsShared::exchange(bool fill_nan) {
     auto& grad = parameters[i].mutable_grad();
     if (!grad.defined()) grad = at::zeros_like(parameters[i]);
     hand_over(i);
+  }
+}
+
+void DistributedGradientsShared::exchange(bool fill_nan) {
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    used[i] = handed[i] || parameters[i].grad().defined();
+  }
+  const std::string frozen = frozen_since();  // before the zeros below make it a gradient
+  try {
+    hand_over_the_rest(fill_nan);
+  } catch (const CommError&) {
+    wait_for_engine();  // the engine has failed: its error, said to come from gradcomp
+    throw;
   }
   std::fill(handed.begin(), handed.end(), false);
   any_handed = false;

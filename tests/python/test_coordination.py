@@ -6,8 +6,8 @@ import pytest
 import torch
 
 
-def run(run_workers, case, *args, world=2, check=True):
-    job = run_workers("coordination.py", "--case", case, *args, world=world)
+def run(run_workers, case, *args, world=2, check=True, env=None):
+    job = run_workers("coordination.py", "--case", case, *args, world=world, env=env)
     if check:
         job.check()
     return job
@@ -190,6 +190,19 @@ def test_dead_peer_during_backward_is_a_comm_error(run_workers):
     last = job.load("steps", 0)[-1]
     assert last.get("is_comm_error"), last
     assert last["error"].startswith("gradcomp") or "bucket" in last["error"], last["error"]
+
+
+def test_a_peer_lost_while_gradients_are_handed_over_is_a_comm_error_from_backward(run_workers):
+    """The exchange of the first buckets has failed (rank 1 is gone) before backward hands the
+    last gradients over: the hand-over must not raise the failure from inside autograd's hook,
+    where it would reach backward()'s caller as a bare RuntimeError without 'gradcomp:'."""
+    job = run(run_workers, "dead_peer", "--steps", 4, "--mid-backward", 4, check=False,
+              env={"GRADCOMP_TIMEOUT": "2"})
+    assert job.returncode == 0, job.describe()
+    last = job.load("steps", 0)[-1]
+    assert last.get("is_comm_error"), last
+    assert last["error"].startswith("gradcomp: bucket "), last["error"]
+    assert "rank 1 did not answer" in last["error"], last["error"]
 
 
 def test_stalled_peer_on_a_process_group_times_out_and_exits(run_workers):

@@ -9,7 +9,10 @@ can compare ranks bit for bit (and with a reference where one is exact):
   backward_raises backward raises on the ranks in --who at step 1 (after some gradients were
                   handed over); a try/except loop goes on, skipping non-finite steps (or,
                   with --plain-loop, calling step() whatever the gradients hold)
-  dead_peer       rank 1 leaves at step 2; rank 0 records what its backward() raised
+  dead_peer       rank 1 leaves at step 2; rank 0 records what its backward() raised (with
+                  --mid-backward S: a bucket per tensor, and rank 0's backward waits S seconds
+                  before its first layer's gradient, so the exchange of the others has failed
+                  while gradients are still being handed over)
   stalled_peer    rank 1 stops itself (SIGSTOP) at step 2 over a torch.distributed group;
                   rank 0 records the timeout and must then be able to exit
   unfreeze        fine-tuning: the first layer frozen when the optimizer is built, unfrozen at
@@ -37,6 +40,7 @@ can compare ranks bit for bit (and with a reference where one is exact):
 import os
 import signal
 import sys
+import time
 import warnings
 
 import torch
@@ -198,8 +202,16 @@ def backward_raises(args, rank):
 
 def dead_peer(args, rank):
     model = common.make_model()
-    opt = wrap(model, args.compression)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression,
+                                  bucket_mb=1 / 1024 if args.mid_backward else 25)
     steps = []
+    if args.mid_backward and rank == 0:
+        def wait(grad):
+            if len(steps) == 2:
+                time.sleep(args.mid_backward)
+            return grad
+        model[0].weight.register_hook(wait)  # runs before that gradient is handed over
     for step in range(args.steps):
         if step == 2 and rank == 1:
             os._exit(0)  # noqa: SLF001 (leaves without a word, as a crashed host would)
@@ -429,6 +441,8 @@ def main():
         "subgroups", "channels_last"])
     p.add_argument("--compression", default="none")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--mid-backward", type=float, default=0,
+                   help="dead_peer: seconds rank 0 waits in step 2's backward (see above)")
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
     p.add_argument("--step-after-raise", type=int, default=0,
                    help="backward_raises: call step() after the exception")
