@@ -491,9 +491,6 @@ void DistributedGradientsShared::complete_aborted_pass() {
   aborted = true;
 }
 
-// Hands over every gradient not handed yet (.grad, or zeros where backward made none) and
-// waits for the exchange. After an aborted pass the rest is NaN, in buffers of its own: the
-// .grad of a pass running now is left alone.
 // The gradients no hook handed over (unused parameters; NaN for a pass that raised).
 void DistributedGradientsShared::hand_over_the_rest(bool fill_nan) {
   for (size_t i = 0; i < dense_count; ++i) {
@@ -509,6 +506,9 @@ void DistributedGradientsShared::hand_over_the_rest(bool fill_nan) {
   }
 }
 
+// Hands over every gradient not handed yet (.grad, or zeros where backward made none) and
+// waits for the exchange. After an aborted pass the rest is NaN, in buffers of its own: the
+// .grad of a pass running now is left alone.
 void DistributedGradientsShared::exchange(bool fill_nan) {
   for (size_t i = 0; i < parameters.size(); ++i) {
     used[i] = handed[i] || parameters[i].grad().defined();
