@@ -486,13 +486,21 @@ class Cluster:
         return proc
 
     def _kill_hosts(self, procs):
-        """Kills procs' process groups and anything else left in the host namespaces."""
+        """Kills procs' process groups and anything else left in the host namespaces, and
+        waits (at most 5 s) until the namespaces are empty: a killed process other than the
+        group leaders (which _kill_group reaps) stays listed there until the kernel has
+        finished its exit, which on a busy machine can outlast the kill by a while."""
         for proc in procs:
             _kill_group(proc)
-        for ns in self.namespaces:
-            for pid in _netns_pids(ns):
-                _kill(pid)
         self._procs = [p for p in self._procs if p not in procs]
+        deadline = time.monotonic() + 5
+        while True:
+            left = [pid for ns in self.namespaces for pid in _netns_pids(ns)]
+            if not left or time.monotonic() > deadline:
+                return
+            for pid in left:
+                _kill(pid)
+            time.sleep(0.05)
 
     def run(self, argv_for_rank, env_for_rank, timeout, log_dir, grace=20.0, ranks_per_host=1,
             extra=()):
