@@ -82,6 +82,35 @@ def test_under_adamw_a_codec_must_hold_at_4_ranks_too(tmp_path, monkeypatch):
     assert "powersgd" in text and "+2.10% on the mean over seeds" in text and "topk" not in text
 
 
+def test_under_adamw_a_codec_must_hold_on_the_mean_over_seeds_at_2_ranks_too(tmp_path,
+                                                                             monkeypatch):
+    two = tmp_path / "accuracy-lm.md"
+    two.write_text(
+        "| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
+        "| none | `none` | 4.70 | +0.00 |\n"
+        "| dither | `dither` | 4.70 | +1.50 |\n"
+        "| fp16 | `fp16` | 4.70 | +0.00 |\n\n"
+        "## Across seeds\n\n"
+        "| codec | option | Δ seed 0 | Δ seed 1 | mean Δ |\n|---|---|---:|---:|---:|\n"
+        "| dither | `dither` | +1.50 | +2.70 | +2.10 **(!)** |\n"
+        "| fp16 | `fp16` | +0.00 | +0.10 | +0.05 |\n", encoding="utf-8")
+    four = tmp_path / "accuracy-lm-4ranks.md"
+    four.write_text(
+        "| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
+        "| none | `none` | 4.50 | +0.00 |\n"
+        "| dither | `dither` | 4.50 | +0.10 |\n"
+        "| fp16 | `fp16` | 4.50 | +0.00 |\n", encoding="utf-8")
+    monkeypatch.setattr(recommended, "ADAM_DOC", str(two))
+    monkeypatch.setattr(recommended, "ADAM_4RANKS_DOC", str(four))
+    found = recommended.evidence()
+    # Held on seed 0 at 2 ranks and at 4, but not on the mean over seeds at 2: not held, and
+    # not said to be lost at more ranks (it lost at 2).
+    assert found["dither"]["adam_mean_delta_percent"] == 2.10
+    assert not found["dither"]["adam"]
+    assert found["fp16"]["adam"] and found["fp16"]["adam_mean_delta_percent"] == 0.05
+    assert recommended.lost_at_more_ranks(found) == []
+
+
 def test_recommended_lists_by_optimizer():
     table = gradcomp.recommended()
     assert [r["codec"] for r in table] == [c for c in gradcomp.codec_names() if c != "none"]
