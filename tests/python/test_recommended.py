@@ -49,28 +49,33 @@ def test_a_mean_over_seeds_below_the_tolerance_withdraws_the_recommendation(tmp_
     assert found["fp16"]["sgd_mean_delta_pp"] is None and found["fp16"]["sgd"]
 
 
+def lm_tables(monkeypatch, tmp_path, two, four):
+    """Language-model tables at 2 and 4 ranks in place of the documents, each written from
+    {codec: (option, Δ %)} and an optional {codec: (Δ seed 0, Δ seed 1)} of the paired seeds."""
+    for name, (rows, seeds) in (("ADAM_DOC", two), ("ADAM_4RANKS_DOC", four)):
+        text = ("| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
+                "| none | `none` | 4.70 | +0.00 |\n")
+        text += "".join(f"| {c} | `{o}` | 4.70 | {d:+.2f} |\n" for c, (o, d) in rows.items())
+        if seeds:
+            text += ("\n## Across seeds\n\n| codec | option | Δ seed 0 | Δ seed 1 | mean Δ |\n"
+                     "|---|---|---:|---:|---:|\n")
+            text += "".join(f"| {c} | `{rows[c][0]}` | {a:+.2f} | {b:+.2f} | {(a + b) / 2:+.2f} |\n"
+                            for c, (a, b) in seeds.items())
+        path = tmp_path / f"{name}.md"
+        path.write_text(text, encoding="utf-8")
+        monkeypatch.setattr(recommended, name, str(path))
+    return recommended.evidence()
+
+
 def test_under_adamw_a_codec_must_hold_at_4_ranks_too(tmp_path, monkeypatch):
-    two = tmp_path / "accuracy-lm.md"
-    two.write_text(
-        "| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
-        "| none | `none` | 4.70 | +0.00 |\n"
-        "| powersgd | `powersgd:rank=4\\|ef` | 4.70 | +0.07 |\n"
-        "| fp16 | `fp16` | 4.70 | +0.00 |\n"
-        "| qsgd | `qsgd:levels=15,block=512` | 4.70 | +0.20 |\n"
-        "| topk | `topk:ratio=0.01\\|ef` | 5.30 | +12.00 |\n", encoding="utf-8")
-    four = tmp_path / "accuracy-lm-4ranks.md"
-    four.write_text(
-        "| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
-        "| none | `none` | 4.50 | +0.00 |\n"
-        "| powersgd | `powersgd:rank=4\\|ef` | 4.58 | +1.90 |\n"
-        "| fp16 | `fp16` | 4.50 | +0.00 |\n\n"
-        "## Across seeds\n\n"
-        "| codec | option | Δ seed 0 | Δ seed 1 | mean Δ |\n|---|---|---:|---:|---:|\n"
-        "| powersgd | `powersgd:rank=4\\|ef` | +1.90 | +2.30 | +2.10 **(!)** |\n"
-        "| fp16 | `fp16` | +0.00 | +0.10 | +0.05 |\n", encoding="utf-8")
-    monkeypatch.setattr(recommended, "ADAM_DOC", str(two))
-    monkeypatch.setattr(recommended, "ADAM_4RANKS_DOC", str(four))
-    found = recommended.evidence()
+    powersgd, fp16 = "powersgd:rank=4\\|ef", "fp16"
+    found = lm_tables(
+        monkeypatch, tmp_path,
+        two=({"powersgd": (powersgd, 0.07), "fp16": (fp16, 0.0),
+              "qsgd": ("qsgd:levels=15,block=512", 0.2),
+              "topk": ("topk:ratio=0.01\\|ef", 12.0)}, None),
+        four=({"powersgd": (powersgd, 1.9), "fp16": (fp16, 0.0)},
+              {"powersgd": (1.9, 2.3), "fp16": (0.0, 0.1)}))
     # Held at 2 ranks and on seed 0 at 4, but not on the mean over seeds at 4: not held.
     assert found["powersgd"]["adam4_mean_delta_percent"] == 2.10
     assert not found["powersgd"]["adam"]
@@ -84,25 +89,10 @@ def test_under_adamw_a_codec_must_hold_at_4_ranks_too(tmp_path, monkeypatch):
 
 def test_under_adamw_a_codec_must_hold_on_the_mean_over_seeds_at_2_ranks_too(tmp_path,
                                                                              monkeypatch):
-    two = tmp_path / "accuracy-lm.md"
-    two.write_text(
-        "| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
-        "| none | `none` | 4.70 | +0.00 |\n"
-        "| dither | `dither` | 4.70 | +1.50 |\n"
-        "| fp16 | `fp16` | 4.70 | +0.00 |\n\n"
-        "## Across seeds\n\n"
-        "| codec | option | Δ seed 0 | Δ seed 1 | mean Δ |\n|---|---|---:|---:|---:|\n"
-        "| dither | `dither` | +1.50 | +2.70 | +2.10 **(!)** |\n"
-        "| fp16 | `fp16` | +0.00 | +0.10 | +0.05 |\n", encoding="utf-8")
-    four = tmp_path / "accuracy-lm-4ranks.md"
-    four.write_text(
-        "| codec | option | validation loss | Δ % |\n|---|---|---:|---:|\n"
-        "| none | `none` | 4.50 | +0.00 |\n"
-        "| dither | `dither` | 4.50 | +0.10 |\n"
-        "| fp16 | `fp16` | 4.50 | +0.00 |\n", encoding="utf-8")
-    monkeypatch.setattr(recommended, "ADAM_DOC", str(two))
-    monkeypatch.setattr(recommended, "ADAM_4RANKS_DOC", str(four))
-    found = recommended.evidence()
+    rows = {"dither": ("dither", 1.5), "fp16": ("fp16", 0.0)}
+    found = lm_tables(monkeypatch, tmp_path,
+                      two=(rows, {"dither": (1.5, 2.7), "fp16": (0.0, 0.1)}),
+                      four=({"dither": ("dither", 0.1), "fp16": ("fp16", 0.0)}, None))
     # Held on seed 0 at 2 ranks and at 4, but not on the mean over seeds at 2: not held, and
     # not said to be lost at more ranks (it lost at 2).
     assert found["dither"]["adam_mean_delta_percent"] == 2.10
