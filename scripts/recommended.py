@@ -5,7 +5,8 @@ A codec held under SGD when its row in docs/accuracy.md (the Fashion-MNIST CNN, 
 SGD) is within 0.5 pp of the uncompressed test accuracy, and under Adam-family optimizers when
 its rows in docs/accuracy-lm.md (the small language model under AdamW, 2 ranks, on three
 seeds) and docs/accuracy-lm-4ranks.md (the same at 4 ranks, on five seeds) are within 2% of the
-uncompressed validation loss (seed 0, and the mean over the seeds); it is recommended when it held under both. The library's own
+uncompressed validation loss (seed 0, and the mean over the seeds); it is recommended when
+it held under both. The library's own
 table (gradcomp/recommended.h, which the planner's default candidates and
 DistributedOptimizer's warning follow) must say the same:
 this script writes docs/recommended.md from the two documents and exits non-zero, naming the

@@ -15,8 +15,8 @@ epochs=2
 # The default codec is a recommended one (docs/recommended.md): dithering ended 0.10 pp behind
 # uncompressed training on this CNN under SGD (mean over 3 seeds, 5 epochs) and within 2% of the
 # uncompressed validation loss of a language model under AdamW at 2 and 4 ranks (+0.16% on the
-# mean over 3 seeds at 2, +0.08% on the mean over 5 seeds at 4), while sending 6.3x fewer bytes. (PowerSGD at rank 4 sends
-# 26x fewer and held under SGD, but not under AdamW at 4 ranks.)
+# mean over 3 seeds at 2, +0.08% on the mean over 5 seeds at 4), while sending 6.3x fewer
+# bytes. (PowerSGD at rank 4 sends 26x fewer and held under SGD, but not under AdamW at 4 ranks.)
 compression='dither'
 passthrough=()
 while (($#)); do

@@ -247,13 +247,26 @@ def stale_namespaces():
     return [n for n in _netns_names() if n.startswith(PREFIX + "-")]
 
 
+def empty_namespaces(names, seconds=5.0):
+    """Kills every process inside the namespaces and waits (at most `seconds`) until none is
+    listed there: a killed process stays listed until the kernel has finished its exit, which
+    on a busy machine can outlast the kill by a while."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = [pid for name in names for pid in _netns_pids(name)]
+        if not left or time.monotonic() > deadline:
+            return
+        for pid in left:
+            _kill(pid)
+        time.sleep(0.05)
+
+
 def remove_namespaces(names):
     """Kills every process inside each namespace, then deletes it. Already gone is fine."""
+    # A process inside keeps the namespace (and its links) alive after `ip netns del`.
+    empty_namespaces(names)
     failures = []
     for name in names:
-        # A process inside keeps the namespace (and its links) alive after `ip netns del`.
-        for pid in _netns_pids(name):
-            _kill(pid)
         done = _run(["ip", "netns", "del", name], check=False)
         if done.returncode != 0 and os.path.exists(f"/run/netns/{name}"):
             failures.append(f"{name} ({done.stderr.strip()})")
@@ -487,20 +500,11 @@ class Cluster:
 
     def _kill_hosts(self, procs):
         """Kills procs' process groups and anything else left in the host namespaces, and
-        waits (at most 5 s) until the namespaces are empty: a killed process other than the
-        group leaders (which _kill_group reaps) stays listed there until the kernel has
-        finished its exit, which on a busy machine can outlast the kill by a while."""
+        waits until the namespaces are empty."""
         for proc in procs:
             _kill_group(proc)
         self._procs = [p for p in self._procs if p not in procs]
-        deadline = time.monotonic() + 5
-        while True:
-            left = [pid for ns in self.namespaces for pid in _netns_pids(ns)]
-            if not left or time.monotonic() > deadline:
-                return
-            for pid in left:
-                _kill(pid)
-            time.sleep(0.05)
+        empty_namespaces(self.namespaces)
 
     def run(self, argv_for_rank, env_for_rank, timeout, log_dir, grace=20.0, ranks_per_host=1,
             extra=()):

@@ -92,10 +92,10 @@ class Centred(torch.nn.Module):
         return x
 
 
-def wrap(model, compression, prefix=""):
+def wrap(model, compression, prefix="", bucket_mb=25):
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     named = [(prefix + n, p) for n, p in model.named_parameters()]
-    return gc.DistributedOptimizer(sgd, named, compression=compression)
+    return gc.DistributedOptimizer(sgd, named, compression=compression, bucket_mb=bucket_mb)
 
 
 def finite_grads(model):
@@ -202,9 +202,7 @@ def backward_raises(args, rank):
 
 def dead_peer(args, rank):
     model = common.make_model()
-    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    opt = gc.DistributedOptimizer(sgd, model.named_parameters(), compression=args.compression,
-                                  bucket_mb=1 / 1024 if args.mid_backward else 25)
+    opt = wrap(model, args.compression, bucket_mb=1 / 1024 if args.mid_backward else 25)
     steps = []
     if args.mid_backward and rank == 0:
         def wait(grad):
