@@ -59,6 +59,13 @@ PREDICTION_TOLERANCE = 0.10
 # Target 4: auto's calibrated and corrected model predicts each gradcomp contender within the
 # tolerance in this share of the configs (issue 15).
 CALIBRATED_CONFIGS = 0.9
+# Target 5: compression="auto" after its decision against the fixed contenders of its config
+# (issue 15): within 5% of the fastest, gradcomp's or PyTorch's, never above 1.03x DDP, decided
+# within 300 steps; at the target-1 config a scaling efficiency of 0.85.
+AUTO_SLACK = 1.05
+AUTO_DDP_SLACK = 1.03
+AUTO_DECISION_STEPS = 300
+AUTO_EFFICIENCY = 0.85
 # The optimizer comparison's target (issue 14): gradcomp's recipes against DDP + AdamW.
 OPTIMIZER_SPEEDUP = 3.0
 OPTIMIZER_COLUMNS = ["contender", "exchange", "optimizer", "median ms", "spread (p10-p90)",
@@ -89,6 +96,19 @@ def load(path, formats=(FORMAT,)):
     if results.get("version", 1) != 1:
         raise ValueError(f"{path}: version {results['version']} is not supported (only 1)")
     return results
+
+
+def merged(results):
+    """Several benchmark runs' results as one report's (a grid run one config at a time): their
+    replay configs and training runs in the order given, the first's machine and settings, from
+    the first's start to the last's end, and every command."""
+    if len(results) == 1:
+        return results[0]
+    commands = list(dict.fromkeys(r.get("command", "?") for r in results))
+    return {**results[0], "command": " ; ".join(commands),
+            "finished": results[-1].get("finished", "?"),
+            "replay": [c for r in results for c in r.get("replay", [])],
+            "train": [t for r in results for t in r.get("train", [])]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,10 +228,10 @@ def profiles(results):
 # Targets
 
 def evaluate_targets(results):
-    """The four targets as [{"name", "status": PASS|MISS|NOT RUN, "detail"}] (the prediction
+    """The five targets as [{"name", "status": PASS|MISS|NOT RUN, "detail"}] (the prediction
     target also has "misses": [{"config", "contender", "predicted_ms", "measured_ms", "error"}])."""
     return [target_plan_speedup(results), target_fast_links(results),
-            target_predictions(results), target_calibrated(results)]
+            target_predictions(results), target_calibrated(results), target_auto(results)]
 
 
 def _target(name, status, detail, **extra):
@@ -340,6 +360,62 @@ def target_calibrated(results):
     if misses:
         detail += "; misses: " + "; ".join(misses)
     return _target(name, "PASS" if good >= CALIBRATED_CONFIGS * calibrated else "MISS", detail)
+
+
+def target_auto(results):
+    name = (f'compression="auto" after its decision within {AUTO_SLACK - 1:.0%} of the fastest '
+            f"fixed contender of every config and at most {AUTO_DDP_SLACK:g} x DDP, decided "
+            f"within {AUTO_DECISION_STEPS} steps; at {TARGET_RATE} x {TARGET_WORKERS}: scaling "
+            f"efficiency >= {AUTO_EFFICIENCY:g}")
+    checks = []  # (met, text)
+    for config in results.get("replay", []):
+        auto = find_run(config, contender="auto")
+        if auto is not None:
+            checks += _auto_checks(config, auto)
+    if not checks:
+        return _target(name, "NOT RUN", "no config has an auto run")
+    status = "PASS" if all(met for met, _ in checks) else "MISS"
+    return _target(name, status,
+                   "; ".join(f"{text}: {'yes' if met else 'NO'}" for met, text in checks))
+
+
+def _auto_checks(config, auto):
+    """Target 5's checks of one config's auto run: [(met, text)]. The fixed contenders are
+    every other run but compute-only; the fastest of the options auto may choose (its
+    candidates) is named too where it is not the fastest of all."""
+    where = config_name(config)
+    if not is_ok(auto):
+        return [(False, f"{where}: auto run failed: {auto.get('error') or 'no steps measured'}")]
+    auto_ms = median(auto)
+    fixed = [r for r in config.get("runs", [])
+             if is_ok(r) and r.get("family") != "compute" and r.get("contender") != "auto"]
+    checks = []
+    if fixed:
+        fastest = min(fixed, key=median)
+        text = (f"{where}: auto {auto_ms:.1f} ms, {auto_ms / median(fastest):.3f} x the fastest "
+                f"fixed contender, {label(fastest)} {median(fastest):.1f} ms")
+        options = set((auto.get("auto") or {}).get("options") or ())
+        own = [r for r in fixed if r.get("contender", "").removeprefix("gradcomp:") in options]
+        if own and min(own, key=median) is not fastest:
+            best = min(own, key=median)
+            text += (f" ({auto_ms / median(best):.3f} x the fastest of its options, "
+                     f"{label(best)} {median(best):.1f} ms)")
+        checks.append((auto_ms <= AUTO_SLACK * median(fastest), text))
+    ddp = find_run(config, contender="ddp")
+    if is_ok(ddp or {}):
+        checks.append((auto_ms <= AUTO_DDP_SLACK * median(ddp),
+                       f"{where}: auto / DDP {auto_ms / median(ddp):.3f}"))
+    steps = (auto.get("auto") or {}).get("decided_after_steps")
+    if steps is not None:
+        checks.append((steps <= AUTO_DECISION_STEPS, f"{where}: decided after {steps} steps"))
+    target = (TARGET_PROFILE, TARGET_RATE, TARGET_WORKERS, 1)
+    if (config.get("profile"), config.get("rate"), config.get("workers"), dilation(config)) == target:
+        efficiency, source = scaling_efficiency(config, auto), compute_bound(config)[1]
+        if efficiency is not None:
+            checks.append((efficiency >= AUTO_EFFICIENCY,
+                           f"{where}: auto's scaling efficiency {efficiency:.3f} (against the "
+                           f"{source})"))
+    return checks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1011,16 +1087,21 @@ def write_report(results, md_path, img_dir):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", help="the benchmark's results JSON")
+    parser.add_argument("results", nargs="+",
+                        help="the benchmark's results JSON; several (a grid run one config at "
+                             "a time): one report of them all")
     parser.add_argument("--md", default=None,
                         help="the Markdown report to write (default: docs/cluster-benchmark.md; "
                              "for an optimizer comparison the results' path ending in .md)")
     parser.add_argument("--img", default=ROOT / "docs" / "img",
                         help="directory of the PNG plots (default: docs/img)")
     args = parser.parse_args(argv)
-    results = load(args.results, (FORMAT, OPTIMIZER_FORMAT))
+    if len(args.results) > 1:
+        results = merged([load(path) for path in args.results])
+    else:
+        results = load(args.results[0], (FORMAT, OPTIMIZER_FORMAT))
     if results["format"] == OPTIMIZER_FORMAT:
-        md_path = Path(args.md or Path(args.results).with_suffix(".md"))
+        md_path = Path(args.md or Path(args.results[0]).with_suffix(".md"))
         md_path.write_text(render_optimizer_markdown(results))
         print(f"wrote {md_path}")
         return 0

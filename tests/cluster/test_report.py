@@ -219,10 +219,10 @@ def test_scaling_efficiency_falls_back_to_profile_compute_and_says_so(tmp_path):
 
 def test_all_targets_pass_on_good_results(tmp_path):
     results = passing_results()
-    assert statuses(results) == ["PASS", "PASS", "PASS", "NOT RUN"]
+    assert statuses(results) == ["PASS", "PASS", "PASS", "NOT RUN", "NOT RUN"]
     md = render(results, tmp_path)
     targets = table_after(md, "## Targets")
-    assert [r["status"] for r in targets] == ["**PASS**"] * 3 + ["**NOT RUN**"]
+    assert [r["status"] for r in targets] == ["**PASS**"] * 3 + ["**NOT RUN**"] * 2
     assert "10 of 10 predictions within ±10%" in targets[2]["numbers"]
     # The Targets section comes before any result table.
     assert md.index("## Targets") < md.index("## Replay: resnet50")
@@ -276,7 +276,7 @@ def test_calibrated_model_target_counts_configs(errors, status, good, tmp_path):
 
 
 def test_targets_not_run_without_their_configs():
-    assert statuses(make_results()) == ["NOT RUN"] * 4
+    assert statuses(make_results()) == ["NOT RUN"] * 5
     # Target 1 wants 4 workers without dilation; target 2 only 10gbit.
     results = make_results(replay_config(workers=8), replay_config(dilation=2))
     assert statuses(results)[:2] == ["NOT RUN", "NOT RUN"]
@@ -333,6 +333,68 @@ def test_target_2_needs_every_10gbit_config():
         in target["detail"]
 
 
+def auto_config(auto_ms, decided_after=60, workers=4, medians=None, options=("fp16",)):
+    """The target-1 config (fastest fixed contender: plan, 300 ms; DDP 1000; compute 270) with
+    an auto run of median auto_ms."""
+    config = replay_config(workers=workers, medians=medians)
+    decision = {"step": decided_after + 1, "kept": 1, "kept_name": "fp16|none alone",
+                "why": "fastest measured", "search_steps": 20, "search_seconds": 6.5,
+                "candidates": [{"name": "uncompressed", "summary": "3 buckets: 3 none",
+                                "predicted_ms": 900.0, "measured_ms": 1010.0, "cpu_ms": 90.0},
+                               {"name": "fp16|none alone", "summary": "3 buckets: 3 fp16",
+                                "predicted_ms": 600.0, "measured_ms": auto_ms,
+                                "cpu_ms": 95.0}]}
+    config["runs"].append(make_run("auto", steps_around(auto_ms), family="auto",
+                                   auto={"decided_after_steps": decided_after,
+                                         "options": list(options), "decision": decision}))
+    return config
+
+
+@pytest.mark.parametrize("auto_ms, decided_after, medians, status, failing", [
+    # within 5% of the fastest fixed contender (plan, 300 ms), efficiency 270 / 310 = 0.87
+    (310.0, 60, None, "PASS", None),
+    (315.0, 300, None, "PASS", None),
+    (316.0, 60, None, "MISS", "1.053 x the fastest fixed contender, label of plan 300.0 ms"),
+    # a DDP faster than every other contender: auto at most 1.03 x it
+    (309.0, 60, {"ddp": 299.0}, "MISS", "auto / DDP 1.033"),
+    (307.0, 60, {"ddp": 299.0}, "PASS", None),
+    # decided within 300 steps
+    (310.0, 301, None, "MISS", "decided after 301 steps"),
+    # scaling efficiency 0.85 at 1gbit x 4: 250 / 300
+    (300.0, 60, {"compute": 250.0}, "MISS", "auto's scaling efficiency 0.833"),
+])
+def test_target_5_auto_against_the_fixed_contenders(auto_ms, decided_after, medians, status,
+                                                   failing):
+    target = report.evaluate_targets(make_results(auto_config(auto_ms, decided_after,
+                                                              medians=medians)))[4]
+    assert target["status"] == status, target["detail"]
+    if failing:
+        failed = [part for part in target["detail"].split("; ") if part.endswith(": NO")]
+        assert len(failed) == 1 and failing in failed[0], target["detail"]
+
+
+def test_target_5_names_the_fastest_of_autos_options_and_counts_every_config():
+    # At 8 workers the efficiency is not asked; auto's own option (top-k, 350 ms) is named
+    # beside the fastest of all (plan).
+    results = make_results(auto_config(310.0),
+                           auto_config(340.0, workers=8, options=("topk:ratio=0.01|ef",)))
+    for run in results["replay"][1]["runs"]:
+        if run["contender"] == "gradcomp-topk":
+            run["contender"] = "gradcomp:topk:ratio=0.01|ef"
+    target = report.evaluate_targets(results)[4]
+    assert target["status"] == "MISS"  # 340 / 300 at 8 workers
+    assert ("resnet50 1gbit, 8 workers: auto 340.0 ms, 1.133 x the fastest fixed contender, "
+            "label of plan 300.0 ms (0.971 x the fastest of its options, label of gradcomp-topk "
+            "350.0 ms): NO") in target["detail"]
+    assert "8 workers: auto's scaling efficiency" not in target["detail"]
+    assert "resnet50 1gbit, 4 workers: auto's scaling efficiency 0.871" in target["detail"]
+    failed = make_results(replay_config())
+    failed["replay"][0]["runs"].append({"contender": "auto", "family": "auto",
+                                        "status": "failed", "error": "rank 2 died"})
+    target = report.evaluate_targets(failed)[4]
+    assert target["status"] == "MISS" and "auto run failed: rank 2 died" in target["detail"]
+
+
 @pytest.mark.parametrize("error, status", [(0.09, "PASS"), (-0.09, "PASS"), (0.11, "MISS"),
                                            (-0.11, "MISS")])
 def test_target_3_threshold(error, status, tmp_path):
@@ -368,7 +430,7 @@ def test_failed_run_is_listed_with_its_error_and_excluded(tmp_path):
                                      step_ms=[10.0] * 8, predicted_ms=1.0))
     results = make_results(config)
     targets = report.evaluate_targets(results)
-    assert [t["status"] for t in targets] == ["PASS", "NOT RUN", "PASS", "NOT RUN"]
+    assert [t["status"] for t in targets] == ["PASS", "NOT RUN", "PASS", "NOT RUN", "NOT RUN"]
     assert "failed, not compared: fp16 broken" in targets[0]["detail"]
     assert targets[2]["detail"].startswith("5 of 5")
     md = render(results, tmp_path)
@@ -502,6 +564,42 @@ def test_command_line_writes_report_and_plots(tmp_path):
         assert_png(img / name)
     assert not (img / "cluster-train.png").exists()  # no training results, no plot
     assert f"wrote {md_path}" in done.stdout
+
+
+def test_command_line_reports_several_runs_as_one(tmp_path):
+    # A grid run one config at a time: one report of all of its configs, every
+    # target counted over all of them.
+    first, second = make_results(auto_config(310.0)), make_results(fast_config())
+    second["command"], second["finished"] = "bench.py --rates 10gbit", "2026-11-24T01:00:00Z"
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, results in zip(paths, (first, second)):
+        path.write_text(json.dumps(results))
+    md_path = tmp_path / "grid.md"
+    done = subprocess.run([sys.executable, str(REPORT_PY), *map(str, paths), "--md", str(md_path),
+                           "--img", str(tmp_path / "img")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    md = md_path.read_text()
+    assert "`bench/cluster/run.sh --quick ; bench.py --rates 10gbit`" in md
+    assert "finished 2026-11-24T01:00:00Z" in md
+    assert "### resnet50 at 1gbit" in md and "### resnet50 at 10gbit" in md
+    statuses = [r["status"] for r in table_after(md, "## Targets")]
+    assert statuses == ["**PASS**"] * 3 + ["**NOT RUN**", "**PASS**"]
+    merged = report.merged([first, second])
+    assert [c["rate"] for c in merged["replay"]] == ["1gbit", "10gbit"]
+    assert report.merged([first]) is first
+
+
+def test_the_shipped_report_is_its_results_rendered_with_the_analysis():
+    # docs/cluster-benchmark.md is generated: a section written into it by hand, not into
+    # bench/cluster/analysis.md, would be lost by the next run, and its targets are the code's.
+    results = report.load(ROOT / "bench" / "cluster" / "results" / "cluster-benchmark.json")
+    images = [f"img/cluster-{name}.png" for name in ("step-time-resnet50",
+                                                      "prediction-resnet50", "train")]
+    shipped = (ROOT / "docs" / "cluster-benchmark.md").read_text()
+    assert report.render_markdown(results, images) == shipped, (
+        "regenerate it: /usr/bin/python3 bench/cluster/report.py "
+        "bench/cluster/results/cluster-benchmark.json")
 
 
 def test_load_rejects_other_files(tmp_path):
