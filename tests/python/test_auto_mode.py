@@ -194,6 +194,26 @@ def test_a_job_with_servers_tells_the_planner_and_tries_them(run_workers):
     assert "servers" not in without.report(0)["report"]["cluster"]
 
 
+def test_a_model_as_users_write_them_stays_bit_identical_through_every_plan_change(
+        run_workers):
+    """3 ranks, AdamW, a model with tied weights, a GRU, attention, a frozen layer and a branch
+    used on odd steps only, two backward passes a step, clipping: the ranks' parameters are
+    bit-identical after every step, through the warm-up, every trial's plan and the kept one."""
+    job = run_workers("auto_awkward.py", world=3).check()
+    reports = job.reports()
+    plans = reports[0]["plans"]
+    assert len(set(plans)) >= 3, plans  # uncompressed, trials, the kept plan
+    assert reports[0]["report"]["phase"] == "decided"
+    for rank, report in enumerate(reports[1:], 1):
+        assert report["plans"] == plans, f"rank {rank} ran other plans"
+        differ = [s for s, (a, b) in enumerate(zip(reports[0]["digests"], report["digests"]))
+                  if a != b]
+        assert not differ, f"rank {rank} differs from rank 0 after steps {differ}"
+    assert all(r["frozen_kept"] and r["still_tied"] for r in reports)
+    # find_unused_parameters: the branch's weight gets a gradient on the steps that use it only.
+    assert reports[0]["odd_branch_grad"] == [bool(s % 2) for s in range(len(plans))]
+
+
 def test_the_ddp_hook_decides_too_every_rank_alike(ddp_runs):
     straight, _ = ddp_runs
     report = straight.report(0)["report"]
