@@ -571,7 +571,9 @@ def calibrated_predictions(config, out_dir, calibration):
     """What auto's own model predicts of the config's other gradcomp contenders, calibrated on
     the live cluster and corrected by its trials (the profile, link, codec costs and correction
     its report holds, written to the folder `calibration`, through `gradcomp simulate
-    --correction`): each such run gets calibrated_ms, in emulated time as its steps. Nothing
+    --correction`): each such run gets calibrated_ms, in emulated time as its steps. Only
+    the runs under auto's own optimizer: the simulator has no term for an update, and the
+    correction's step overhead, fitted on auto's trials, holds the time of that one. Nothing
     without a finished auto run."""
     auto = next((r for r in config["runs"] if r.get("status") == "ok" and "auto" in r), None)
     report_path = out_dir / slug("auto") / "auto-report.json"
@@ -599,7 +601,8 @@ def calibrated_predictions(config, out_dir, calibration):
     rows_path = calibration / "simulated.json"
     for run in config["runs"]:
         base = split_optimizer(run["contender"])[0]
-        if run.get("status") != "ok" or run.get("optimizer", "none") != "none":
+        if run.get("status") != "ok" or run.get("optimizer", "none") != auto.get("optimizer",
+                                                                                "none"):
             continue
         if base == "auto":
             extra = ["--plan", kept_plan]

@@ -43,11 +43,14 @@ def test_auto_decides_in_unmeasured_steps_then_measures_the_kept_plan(tmp_path):
     config = {"dilation": 2, "codec_costs": "profiles/codec-costs.json", "runs": [
         {"contender": "auto", "status": "ok", "auto": autos[0]},
         {"contender": "gradcomp:topk:ratio=0.01|ef", "status": "ok", "optimizer": "none"},
-        {"contender": "ddp", "status": "ok", "optimizer": "none"}]}
+        {"contender": "ddp", "status": "ok", "optimizer": "none"},
+        {"contender": "gradcomp:topk:ratio=0.01|ef+adamw", "status": "ok", "optimizer": "adamw"}]}
     bench.calibrated_predictions(config, tmp_path, tmp_path / "auto-calibration")
-    auto_run, topk, ddp = config["runs"]
+    auto_run, topk, ddp, topk_adamw = config["runs"]
     assert auto_run.get("calibrated_ms", 0) > 0 and topk.get("calibrated_ms", 0) > 0, config
     assert "calibrated_ms" not in ddp  # not gradcomp's: its own model has no say
+    # Another optimizer's update is in no term of auto's correction (fitted without it).
+    assert "calibrated_ms" not in topk_adamw
     report_json = json.loads((tmp_path / "auto" / "auto-report.json").read_text())
     assert config["auto_calibration"]["correction"] == report_json["model_correction"]
     # top-k is none of auto's candidates: its costs come from the config's file, auto's own stay.
