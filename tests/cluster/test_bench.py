@@ -65,7 +65,7 @@ def test_small_run_measures_every_contender_and_leaves_nothing(tmp_path):
     # The report was written from these results, with every target evaluated.
     text = (tmp_path / "report.md").read_text()
     assert "Targets" in text and "gradcomp planned" in text
-    assert len(report.evaluate_targets(results)) == 4
+    assert len(report.evaluate_targets(results)) == 5
     assert proc.stdout.count("ms/step") == 5
     assert set(netns.stale_namespaces()) <= before
 
