@@ -402,7 +402,7 @@ def _auto_checks(config, auto):
                      f"{label(best)} {median(best):.1f} ms)")
         checks.append((auto_ms <= AUTO_SLACK * median(fastest), text))
     ddp = find_run(config, contender="ddp")
-    if is_ok(ddp or {}):
+    if ddp is not None and is_ok(ddp):
         checks.append((auto_ms <= AUTO_DDP_SLACK * median(ddp),
                        f"{where}: auto / DDP {auto_ms / median(ddp):.3f}"))
     steps = (auto.get("auto") or {}).get("decided_after_steps")
