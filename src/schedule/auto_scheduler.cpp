@@ -160,6 +160,7 @@ struct AutoScheduler::Impl {
   std::optional<Plan> decide();
   double tie_margin(size_t c, size_t fastest) const;  // decide(): see there
   bool noise_hides_gain(size_t c, size_t fastest) const;
+  size_t keep_plan_in_force(size_t best) const;  // decide(): the hysteresis of a watch's search
   std::vector<size_t> close_to(size_t fastest) const;  // decide(): the runoff's candidates
   std::optional<Plan> run_off(std::vector<size_t> runoff, bool hidden_gain);
   bool remeasured(size_t c) const {  // decide(): candidate c ran again in this search
@@ -553,6 +554,14 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
     compressed.resize(settings.max_proposals);
     std::stable_sort(compressed.begin(), compressed.end(), by_prediction);
   }
+  // A search the watch started tries the plan in force too, whatever the model thinks of it,
+  // one trial more than max_proposals: decide() keeps it unless another plan measures clearly
+  // faster (keep_plan_in_force).
+  if (drift_search && !uses_excluded(searched_from) &&
+      std::none_of(compressed.begin(), compressed.end(),
+                   [&](const auto& c) { return c.plan == searched_from; })) {
+    add("the plan in force", searched_from);
+  }
   std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
                                   1e3 * predict(uncompressed), 0, 0,
                                   uncompressed}};
@@ -765,9 +774,17 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
     // at most once more, so this ends).
     return run_off({fastest, best}, true);
   }
+  const size_t chosen = best;
+  best = keep_plan_in_force(best);
   const AutoCandidate& plain = cs.front();
   const auto ms = measured_text;
-  if (best == 0 && fastest != 0) {
+  if (best != chosen) {
+    search.why = fmt::format(
+        "kept the plan in force: {} against {} uncompressed ({:.2f}x); the fastest, {} ({}), "
+        "did not beat it by more than {:.1f} ms ({:.0f}% or the trials' noise, the larger)",
+        ms(cs[best]), ms(plain), plain.measured_ms / cs[best].measured_ms, cs[chosen].name,
+        ms(cs[chosen]), tie_margin(best, chosen), 100 * kMinGain);
+  } else if (best == 0 && fastest != 0) {
     search.why = fmt::format(
         "nothing beat uncompressed ({}) by more than {:.1f} ms ({:.0f}% or the trials' noise, "
         "the larger): the fastest, {}, measured {}; running uncompressed",
@@ -926,6 +943,24 @@ void AutoScheduler::Impl::restore_link_reference(const json& saved) {
   }
   link_reference = schedule::LinkProbe{bytes, seconds};
   link_per_node = per_node;
+}
+
+// Hysteresis between compressed plans: a search the watch started keeps the plan in force
+// when the fastest compressed plan `best` measured does not beat it by more than tie_margin.
+// Plans within the trials' noise of each other take turns at being the fastest; switching
+// between them gains nothing measurable, restarts the residual watch's fill, and counted as a
+// change it reset the drift's backoff, so that a shared machine's swings kept the search
+// going (three more searches in 570 steps, measured with check_every = 5).
+size_t AutoScheduler::Impl::keep_plan_in_force(size_t best) const {
+  const auto& cs = search.candidates;
+  if (!drift_search || !cs[best].plan.compressed()) return best;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (i != best && cs[i].plan == searched_from && cs[i].measured_steps > 0 &&
+        !cs[i].stopped_early && cs[i].measured_ms <= cs[best].measured_ms + tie_margin(i, best)) {
+      return i;
+    }
+  }
+  return best;
 }
 
 // A search the drift or the link watch started that ends with the plan it started from found

@@ -763,6 +763,47 @@ TEST(AutoScheduler, DriftThatChangesNothingMakesTheNextSearchWaitLonger) {
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
 }
 
+// Hysteresis between compressed plans: after a drift, every compressed plan measures within
+// 2% of the plan in force (the others a little faster); the search keeps the plan in force,
+// so the drift's backoff grows as for a search that found nothing to change. A plan clearly
+// faster (by 20%) is still switched to.
+TEST(AutoScheduler, ADriftSearchKeepsThePlanInForceUnlessAnotherIsClearlyFaster) {
+  AutoScheduler scheduler(world(), model_tensors(), settings());  // 2 checks of 4 steps
+  drive(scheduler, 45, false);
+  ASSERT_EQ(scheduler.phase(), "decided");
+  const Plan kept = scheduler.current_plan();
+  ASSERT_TRUE(is_compressed(kept));
+  const double was = step_ms(kept, false, 1);
+  const auto others_at = [&](double share) {
+    return [&, share](const Plan& p) {
+      if (!is_compressed(p)) return 3 * was;
+      return p == kept ? 1.3 * was : share * 1.3 * was;
+    };
+  };
+  drive_noisy(scheduler, 80, 0.005 * was, others_at(0.98));
+  auto report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 2u);
+  auto decision = report["decisions"][1];
+  const std::string why = decision["why"].get<std::string>();
+  EXPECT_EQ(scheduler.current_plan(), kept) << why << trials_text(decision);
+  EXPECT_NE(why.find("kept the plan in force"), std::string::npos) << why;
+  EXPECT_EQ(report["drift_checks"], 4) << why;
+  // The plan in force was tried, whatever the model's ranking.
+  const auto& cs = decision["candidates"];
+  EXPECT_TRUE(std::any_of(cs.begin(), cs.end(),
+                          [&](const auto& c) { return Plan::from_json(c["plan"]) == kept; }));
+  // Slower again (+30%, 4 checks), and now the other plans 20% faster: the plan changes.
+  drive_noisy(scheduler, 120, 0.005 * was, [&](const Plan& p) {
+    return 1.3 * others_at(0.8)(p);
+  });
+  report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 3u);
+  decision = report["decisions"][2];
+  EXPECT_NE(scheduler.current_plan(), kept) << decision["why"] << trials_text(decision);
+  EXPECT_EQ(report["drift_checks"], 2);
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
 // Every plan a search tries is a trial (Engine::set_plan holds feedback memory back for it);
 // the decision's plan is not, and when it is the last trial's plan it is returned once more, so
 // that the engine delivers what it held. Here each plan tried is faster than those before it,
