@@ -19,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -73,7 +74,8 @@ def get_transport(kind=None, timeout=0.0):
                     "None")
     if backend not in _own_transports:
         if _launched():
-            _own_transports[backend] = _C.make_transport(backend, timeout)
+            _own_transports[backend] = _C.make_transport(backend, timeout,
+                                                         _store_beside_torch(backend))
         else:
             # A single process without a launcher: a one-rank group of its own.
             store = tempfile.mkdtemp(prefix="gradcomp-store-")
@@ -81,6 +83,29 @@ def get_transport(kind=None, timeout=0.0):
             _own_transports[backend] = _C.make_transport(backend or "gloo", timeout,
                                                          f"file:{store}", 0, 1)
     return _own_transports[backend]
+
+
+def _store_beside_torch(backend):
+    """The rendezvous of gradcomp's own Gloo transport in a job where torch.distributed is
+    initialized (DDP with comm_hook(transport="gloo") for the routes over nodes): both would
+    serve a store at MASTER_ADDR:MASTER_PORT, where torch's already listens. Rank 0 picks a
+    free port and tells the others through torch's store. "" (GRADCOMP_STORE, or
+    MASTER_ADDR:MASTER_PORT as usual) otherwise."""
+    if (backend != "gloo" or "GRADCOMP_STORE" in os.environ or "MASTER_ADDR" not in os.environ
+            or not (dist.is_available() and dist.is_initialized())):
+        return ""
+    store = _default_store()
+    if store is None:
+        raise Error("transport 'gloo' beside torch.distributed needs a rendezvous of its own "
+                    "(torch's store serves MASTER_PORT): set GRADCOMP_STORE=tcp://host:port "
+                    "(another free port on rank 0's host) or file:/shared/directory")
+    key = "gradcomp/gloo_store_port"
+    if dist.get_rank() == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            store.set(key, str(s.getsockname()[1]))
+    port = int(store.get(key))
+    return f"tcp://{os.environ['MASTER_ADDR']}:{port}"
 
 
 def _default_store():

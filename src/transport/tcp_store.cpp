@@ -117,8 +117,10 @@ int listen_any(int port) {
     if (error == EADDRINUSE) {
       throw Error(
           fmt::format("rank 0 cannot serve the rendezvous store on port {}: the port is "
-                      "in use (another job, or a previous run still exiting); choose "
-                      "another MASTER_PORT",
+                      "in use (another job, a previous run still exiting, or torch.distributed's "
+                      "own store on MASTER_PORT); choose another MASTER_PORT, or give gradcomp "
+                      "a rendezvous of its own (GRADCOMP_STORE=tcp://host:port, "
+                      "TransportOptions::store)",
                       port));
     }
   }

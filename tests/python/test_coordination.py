@@ -250,3 +250,13 @@ def test_an_optimizer_is_freed_with_its_last_reference(run_workers):
     job = run_workers("lifetime.py").check()
     for report in job.reports():
         assert report["freed"] == [True, True, True], report
+
+
+def test_gradcomps_own_gloo_runs_beside_torch_distributed(run_workers):
+    """comm_hook(transport="gloo") under DDP: torch's store already serves MASTER_PORT, so
+    gradcomp's rendezvous takes a port of its own (it failed with "the port is in use")."""
+    job = run(run_workers, "own_gloo_beside_torch", "--steps", 3, "--compression", "fp16",
+              world=3)
+    steps = assert_ranks_agree(job, ["params"])
+    assert steps[0][0]["transport"] == "gloo"
+    assert steps[0][0]["params"] != steps[0][-1]["params"]

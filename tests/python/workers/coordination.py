@@ -366,6 +366,25 @@ def subgroups(args, rank):
     return steps
 
 
+def own_gloo_beside_torch(args, rank):
+    """DDP needs torch.distributed; gradcomp's own Gloo transport (for the routes over nodes)
+    beside it must not try to serve its store on torch's MASTER_PORT."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    ddp = DDP(common.make_model())
+    ddp.register_comm_hook(None, gc.comm_hook(args.compression, transport="gloo"))
+    sgd = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    steps = []
+    for step in range(args.steps):
+        sgd.zero_grad()
+        common.loss_of(ddp, *common.batch(rank, step)).backward()
+        sgd.step()
+        steps.append({"params": common.state_bytes(ddp.module),
+                      "transport": gc.get_transport("gloo").name})
+    return steps
+
+
 def average_by_hand(model):
     """The reference exchange: each gradient summed over the default group, then divided."""
     import torch.distributed as dist
@@ -436,7 +455,7 @@ def main():
     p.add_argument("--case", required=True, choices=[
         "two_optimizers", "one_optimizer", "gan", "skip_step", "backward_raises", "dead_peer",
         "stalled_peer", "collectives_in_backward", "unfreeze", "add_group", "ddp_twice",
-        "subgroups", "channels_last"])
+        "subgroups", "channels_last", "own_gloo_beside_torch"])
     p.add_argument("--compression", default="none")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--mid-backward", type=float, default=0,
