@@ -1,5 +1,6 @@
 // The model commands (plan, simulate, utility), run as a user would: what they print, the files
 // they write, and their errors. No assertion is about how long anything took.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -134,6 +135,34 @@ TEST_F(ModelCli, PlanRoutesOverServersOnlyWhenTheJobHasThem) {
   const Result bad = run_cli(base + path("x.json") + " --servers -2");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--servers"), std::string::npos) << bad.output;
+}
+
+// A plan whose buckets compress again on the way back (here over the servers) says so, and
+// names --one-lossy-step, under which it has none.
+TEST_F(ModelCli, PlanSaysWhenBucketsCompressTwice) {
+  const std::string out = path("servers_twice.json");
+  const std::string base =
+      "plan --profile resnet50 --workers 4 --inter 1gbit --codecs 'topk:ratio=0.01|ef' "
+      "--servers 4 --json " + out;
+  const auto twice = [&] {
+    size_t n = 0;
+    for (const auto& b : gradcomp::Plan::load(out).buckets) {
+      n += b.option.route == "servers" || b.option.route == "twoway" ? 1 : 0;
+    }
+    return n;
+  };
+  const Result r = run_cli(base);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t n = twice();
+  ASSERT_GT(n, 0u) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("{} bucket{} compress", n, n == 1 ? "" : "s")),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("--one-lossy-step"), std::string::npos) << r.output;
+  const Result once = run_cli(base + " --one-lossy-step");
+  ASSERT_EQ(once.exit_code, 0) << once.output;
+  EXPECT_EQ(twice(), 0u);
+  EXPECT_EQ(once.output.find("compress twice"), std::string::npos) << once.output;
 }
 
 TEST_F(ModelCli, PlanReadsAProfileItHasNeverSeen) {
