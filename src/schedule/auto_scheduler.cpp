@@ -950,7 +950,7 @@ void AutoScheduler::Impl::restore_link_reference(const json& saved) {
 // Plans within the trials' noise of each other take turns at being the fastest; switching
 // between them gains nothing measurable, restarts the residual watch's fill, and counted as a
 // change it reset the drift's backoff, so that a shared machine's swings kept the search
-// going (three more searches in 570 steps, measured with check_every = 5).
+// going (with a small check_every).
 size_t AutoScheduler::Impl::keep_plan_in_force(size_t best) const {
   const auto& cs = search.candidates;
   if (!drift_search || !cs[best].plan.compressed()) return best;

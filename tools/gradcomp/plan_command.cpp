@@ -11,6 +11,8 @@
 #include "gradcomp/error.h"
 #include "gradcomp/model/planner.h"
 #include "gradcomp/model/simulator.h"
+#include "gradcomp/option.h"
+#include "gradcomp/plan.h"
 #include "gradcomp/recommended.h"
 #include "cli_checks.h"
 #include "model_options.h"
@@ -71,12 +73,10 @@ void print_sliced(const Plan& plan) {
 // measured every option with one lossy step, and a second adds its error again.
 void print_twice_compressed(const Plan& plan) {
   size_t twice = 0;
-  for (const auto& bucket : plan.buckets) {
-    const std::string& route = bucket.option.route;
-    if (bucket.option.codec != "none" &&
-        (route.find("twoway") != std::string::npos || route.find("servers") != std::string::npos)) {
-      ++twice;
-    }
+  for (const BucketOption& option : plan.validate()) {
+    const RouteKind route = option.codec_route();
+    const bool back_encoded = route == RouteKind::kTwoway || route == RouteKind::kServers;
+    if (option.text.codec != "none" && back_encoded) ++twice;
   }
   if (twice == 0) return;
   fmt::print("\nnote     {} bucket{} compress{} twice (the way back re-encodes the sum); the "
