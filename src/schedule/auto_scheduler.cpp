@@ -510,10 +510,12 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   };
   std::vector<AutoCandidate> compressed;
   std::set<uint64_t> seen{uncompressed.hash()}, default_plans;
+  const auto push = [&](const std::string& name, const Plan& plan) {
+    compressed.push_back({name, summarize(plan), 1e3 * predict(plan), 0, 0, plan});
+  };
   const auto add = [&](const std::string& name, const Plan& plan) {
     if (!plan.compressed() || !seen.insert(plan.hash()).second) return false;
-    const double predicted = predict(plan);
-    compressed.push_back({name, summarize(plan), 1e3 * predicted, 0, 0, plan});
+    push(name, plan);
     return true;
   };
   const auto options = allowed_candidates();
@@ -556,11 +558,11 @@ std::vector<AutoCandidate> AutoScheduler::Impl::propose(const model::Profile& p,
   }
   // A search the watch started tries the plan in force too, whatever the model thinks of it,
   // one trial more than max_proposals: decide() keeps it unless another plan measures clearly
-  // faster (keep_plan_in_force).
-  if (drift_search && !uses_excluded(searched_from) &&
+  // faster (keep_plan_in_force). Pushed past `seen`: the cut above may have dropped it.
+  if (drift_search && searched_from.compressed() && !uses_excluded(searched_from) &&
       std::none_of(compressed.begin(), compressed.end(),
                    [&](const auto& c) { return c.plan == searched_from; })) {
-    add("the plan in force", searched_from);
+    push("the plan in force", searched_from);
   }
   std::vector<AutoCandidate> all{{"uncompressed", summarize(uncompressed),
                                   1e3 * predict(uncompressed), 0, 0,

@@ -804,6 +804,46 @@ TEST(AutoScheduler, ADriftSearchKeepsThePlanInForceUnlessAnotherIsClearlyFaster)
   expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
 }
 
+// The plan in force is tried even where the model proposed it and the cut to max_proposals
+// dropped it (the trials of the search before may have corrected the model against it; that
+// cut depends on the live calibration, so here the plan in force is a default plan, resumed
+// into a scheduler that keeps only the planner's best).
+TEST(AutoScheduler, ADriftSearchTriesThePlanInForceThatTheProposalsCutLeftOut) {
+  AutoScheduler first(world(), model_tensors(), settings());
+  drive(first, 45, false);
+  ASSERT_EQ(first.phase(), "decided");
+  const auto first_decision = first.report()["decisions"][0];
+  std::optional<Plan> in_force;
+  for (const auto& c : first_decision["candidates"]) {
+    const std::string name = c["name"].get<std::string>();
+    if (name.ends_with(", default plan")) in_force = Plan::from_json(c["plan"]);
+  }
+  ASSERT_TRUE(in_force) << "no default plan proposed: the test checks nothing"
+                        << trials_text(first_decision);
+  nlohmann::json saved = first.save();
+  saved["plan"] = in_force->to_json();
+  const double was = saved["reference_ms"].get<double>();
+  AutoSettings one = settings();
+  one.max_proposals = 1;
+  AutoScheduler scheduler(world(), model_tensors(), one);
+  scheduler.restore(saved);
+  ASSERT_EQ(scheduler.current_plan(), *in_force);
+  // 30% slower (a drift), every other compressed plan 2% faster than the plan in force.
+  drive_noisy(scheduler, 80, 0.005 * was, [&](const Plan& p) {
+    if (!is_compressed(p)) return 3 * was;
+    return p == *in_force ? 1.3 * was : 0.98 * 1.3 * was;
+  });
+  const auto report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 1u);
+  const auto& decision = report["decisions"][0];
+  const auto& cs = decision["candidates"];
+  EXPECT_TRUE(std::any_of(cs.begin(), cs.end(),
+                          [&](const auto& c) { return Plan::from_json(c["plan"]) == *in_force; }))
+      << decision["reason"] << trials_text(decision);
+  EXPECT_EQ(scheduler.current_plan(), *in_force) << decision["why"] << trials_text(decision);
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
 // Every plan a search tries is a trial (Engine::set_plan holds feedback memory back for it);
 // the decision's plan is not, and when it is the last trial's plan it is returned once more, so
 // that the engine delivers what it held. Here each plan tried is faster than those before it,
