@@ -141,6 +141,9 @@ struct DistributedGradientsShared {
   // since would be stepped on this rank's gradient alone (check_left_out).
   std::vector<std::pair<std::string, at::Tensor>> left_out;
   std::string hook_error;                // why our own hook made the running pass raise
+  // Completing an aborted pass from the next pass's first gradient failed (a peer is gone):
+  // that pass hands nothing over, and its end raises this, with its type.
+  std::exception_ptr completion_error;
   std::function<void(EndOfBackward)> queue_end_of_backward;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<AutoScheduler> scheduler;  // compression="auto"
@@ -156,6 +159,7 @@ struct DistributedGradientsShared {
   // Locked helpers.
   bool pass_running() const;
   void complete_aborted_pass();
+  void forget_unstepped_exchange();
   void hand_over_the_rest(bool fill_nan);
   void exchange(bool fill_nan);
   void wait_for_engine();
@@ -360,6 +364,19 @@ void DistributedGradientsShared::hand_over(size_t index, const at::Tensor& grad)
 
 void DistributedGradientsShared::before_accumulation(size_t index) {
   std::lock_guard lock(mutex);
+  // The first gradient of a pass after one that raised (a loop clearing its gradients with
+  // model.zero_grad(), which we do not see): the raised pass's exchange is completed first,
+  // so that what it handed over is not taken for a second pass running at the same time. A
+  // failure there would reach backward()'s caller from autograd's hook as a bare
+  // RuntimeError; the end of this pass raises it with its type instead.
+  if (pass_started && !pass_running()) {
+    try {
+      complete_aborted_pass();
+    } catch (const CommError&) {
+      completion_error = std::current_exception();
+    }
+  }
+  if (completion_error) return;
   if (handed[index]) {
     // Only a second backward pass running at the same time (another thread) gets here: a
     // pass's own exchange ends with it.
@@ -384,6 +401,7 @@ void DistributedGradientsShared::on_accumulated(
     if (!pass_running()) {
       // The first gradient of a backward pass: arrange to finish the pass when it ends.
       if (pass_started) complete_aborted_pass();
+      if (exchanged_since_step && passes_done == 0 && !any_handed) forget_unstepped_exchange();
       auto running = std::make_shared<EndOfBackward::Pass>();
       pass = running;
       pass_started = true;
@@ -407,7 +425,7 @@ void DistributedGradientsShared::on_accumulated(
   }
   // Gradient accumulation: only the step's last pass hands its gradients over. Sparse ones are
   // read when the pass ends (exchange_sparse).
-  if (passes_done + 1 < passes_per_step || index >= dense_count) return;
+  if (passes_done + 1 < passes_per_step || index >= dense_count || completion_error) return;
   try {
     hand_over(index);
   } catch (const CommError&) {
@@ -424,6 +442,7 @@ void DistributedGradientsShared::end_pass(EndOfBackward::Pass& ended) {
   std::lock_guard lock(mutex);
   ended.ended = true;
   pass_started = false;
+  if (completion_error) std::rethrow_exception(std::exchange(completion_error, nullptr));
   if (++passes_done < passes_per_step) return;
   exchange(/*fill_nan=*/false);
 }
@@ -489,6 +508,23 @@ void DistributedGradientsShared::complete_aborted_pass() {
   if (!any_handed) return;  // nothing left the rank: the pass just does not count
   exchange(/*fill_nan=*/true);
   aborted = true;
+}
+
+// A pass begins after an exchange that no step() or zero_grad() of ours followed: the loop
+// went on to its next batch without stepping (it skipped a non-finite mean itself, or a pass
+// raised and it cleared .grad with model.zero_grad()). Every rank's exchange of that step has
+// ended, so every rank forgets it here alike: its NaN or its raised pass must not make step()
+// skip or refuse the step of this pass on some ranks and not on others.
+void DistributedGradientsShared::forget_unstepped_exchange() {
+  exchanged_since_step = false;
+  aborted = false;
+  finite_since_step = true;
+  hook_error.clear();
+  if (scheduler) {  // the scheduler's clock starts this step afresh
+    times = StepTimes{};
+    times.ready.assign(dense_count, 0.0);
+    times.step_start = now_seconds();
+  }
 }
 
 // The gradients no hook handed over (unused parameters; NaN for a pass that raised).

@@ -159,6 +159,37 @@ def test_backward_raising_is_never_silent(run_workers, who):
     assert all(s["outcome"] == "stepped" for s in steps[0][2:])
 
 
+@pytest.mark.parametrize("who", ["0", "0,1"])
+def test_a_loop_clearing_with_model_zero_grad_after_a_raising_backward(run_workers, who):
+    """The loop clears gradients with model.zero_grad(), which gradcomp does not see: the next
+    backward pass completes the exchange the raising pass left (NaN) from its first gradient,
+    then runs its own. Gradients the raising pass had handed over must not read as a second
+    pass running at the same time."""
+    job = run(run_workers, "backward_raises", "--who", who, "--steps", 4,
+              "--model-zero-grad", 1, "--compression", "topk:ratio=0.01|ef")
+    steps = job.loads("steps")
+    raisers = {int(r) for r in who.split(",")}
+    for rank in range(2):
+        assert steps[rank][1]["outcome"].startswith("raised: boom" if rank in raisers
+                                                    else "non-finite"), steps[rank][1]
+        assert all(s["outcome"] == "stepped" for s in steps[rank][2:]), steps[rank]
+    assert_ranks_agree(job, ["params"])
+
+
+def test_a_peer_lost_before_a_raised_pass_is_completed_is_a_comm_error(run_workers):
+    """Rank 1 is gone when rank 0's next pass completes the exchange its raising pass left:
+    the failure comes from autograd's hook, and must reach backward()'s caller as
+    gradcomp.CommError, not as a bare RuntimeError."""
+    job = run(run_workers, "backward_raises", "--who", "0", "--steps", 4, "--peer-dies", 1,
+              "--model-zero-grad", 1, "--compression", "topk:ratio=0.01|ef", check=False,
+              env={"GRADCOMP_TIMEOUT": "2"})
+    assert job.returncode == 0, job.describe()
+    steps = job.load("steps", 0)
+    assert steps[1]["outcome"].startswith("raised: boom"), steps[1]
+    assert steps[-1]["outcome"].startswith("comm error: gradcomp"), steps[-1]
+    assert len(steps) == 3, steps
+
+
 def test_a_plain_loop_after_a_raising_backward_keeps_ranks_together(run_workers):
     """A try/except loop that calls step() whenever backward returned: on rank 1 the mean of
     the step rank 0 failed is not finite, and step() skips it (with a warning) instead of

@@ -46,6 +46,7 @@ import warnings
 import torch
 
 import common
+import gradcomp
 import gradcomp.torch as gc
 
 
@@ -169,8 +170,10 @@ def backward_raises(args, rank):
     raisers = {int(r) for r in args.who.split(",")}
     steps = []
     for step in range(args.steps):
+        if args.peer_dies and step == 1 and rank == 1:
+            os._exit(0)  # noqa: SLF001 (leaves without a word, as a crashed host would)
         outcome = "stepped"
-        opt.zero_grad()
+        (model if args.model_zero_grad else opt).zero_grad()
         try:
             h = model[0](common.batch(rank, step)[0])
             if step == 1 and rank in raisers:
@@ -188,6 +191,9 @@ def backward_raises(args, rank):
                 opt.step()
             else:
                 outcome = "non-finite"  # skipped, as a GradScaler would
+        except gradcomp.CommError as e:
+            steps.append({"outcome": f"comm error: {e}", "params": common.state_bytes(model)})
+            break
         except ValueError as e:
             outcome = f"raised: {e}"
             if args.step_after_raise:
@@ -463,6 +469,10 @@ def main():
     p.add_argument("--who", default="0", help="backward_raises: the ranks whose backward raises")
     p.add_argument("--step-after-raise", type=int, default=0,
                    help="backward_raises: call step() after the exception")
+    p.add_argument("--peer-dies", type=int, default=0,
+                   help="backward_raises: rank 1 leaves before step 1 (rank 0's raises)")
+    p.add_argument("--model-zero-grad", type=int, default=0,
+                   help="backward_raises: clear with model.zero_grad(), not the optimizer's")
     p.add_argument("--plain-loop", type=int, default=0,
                    help="backward_raises: call step() after every backward that returned, "
                         "finite or not")
