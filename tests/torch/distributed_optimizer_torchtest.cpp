@@ -534,6 +534,47 @@ TEST(DistributedOptimizer, RaisingBackwardIsNeverSilent) {
   EXPECT_TRUE(at::isfinite(p["w1"]).all().item<bool>());
 }
 
+// The same failure, in a loop that clears gradients itself (model->zero_grad(), which the
+// optimizer does not see) and goes on to the next batch without step(): the next backward
+// pass completes the raised pass's exchange and then exchanges its own; step() then steps on
+// every rank (neither the raised pass nor the NaN mean of its step is held against it).
+TEST(DistributedOptimizer, ALoopClearingGradientsItselfGoesOnAfterARaisingBackward) {
+  Parameters p = make_parameters();
+  ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
+  GradientOptions options;
+  options.min_compress_elements = 1 << 20;  // every tensor in a bucket of its own
+  DistributedOptimizer opt(sgd, p, world(), options);
+  const bool raiser = world()->rank() == 0;
+  const auto clear = [&] {
+    for (auto& item : p) item.value().mutable_grad() = at::Tensor();
+  };
+  const auto backward = [&](int step, bool raise) {
+    const auto data = batch(world()->rank(), step);
+    at::Tensor h = at::tanh(data.first.mm(p["w1"].t()) + p["b1"]);
+    if (raise) {
+      h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("boom"); });
+    }
+    (h.mm(p["w2"].t()) + p["b2"] - data.second).pow(2).mean().backward();
+  };
+  clear();
+  if (raiser) {
+    EXPECT_THROW(backward(0, true), std::exception);
+  } else {
+    backward(0, false);
+    EXPECT_FALSE(at::isfinite(p["w1"].grad()).all().item<bool>());  // skipped by the loop
+  }
+  const auto before = values(p);
+  for (int step = 1; step <= 2; ++step) {
+    clear();
+    backward(step, false);
+    ASSERT_NO_THROW(opt.step()) << "step " << step;
+  }
+  const auto after = values(p);
+  EXPECT_FALSE(at::equal(before[0], after[0]));  // it stepped
+  EXPECT_TRUE(at::isfinite(p["w1"]).all().item<bool>());
+  expect_identical_across_ranks(after, "parameters after two steps");
+}
+
 TEST(DistributedOptimizer, Float64ParameterIsAnErrorNamingIt) {
   Parameters p = make_parameters();
   p.insert("head.double_weight", at::ones({3}, at::kDouble).requires_grad_());
