@@ -520,11 +520,7 @@ void DistributedGradientsShared::forget_unstepped_exchange() {
   aborted = false;
   finite_since_step = true;
   hook_error.clear();
-  if (scheduler) {  // the scheduler's clock starts this step afresh
-    times = StepTimes{};
-    times.ready.assign(dense_count, 0.0);
-    times.step_start = now_seconds();
-  }
+  // The scheduler's clock runs on: two passes before a step (DDP's semantics) are one step.
 }
 
 // The gradients no hook handed over (unused parameters; NaN for a pass that raised).
