@@ -399,8 +399,8 @@ void DistributedGradientsShared::on_accumulated(
   {
     std::lock_guard lock(mutex);
     if (!pass_running()) {
-      // The first gradient of a backward pass: arrange to finish the pass when it ends.
-      if (pass_started) complete_aborted_pass();
+      // The first gradient of a backward pass: arrange to finish the pass when it ends (a
+      // raised pass before it was completed by before_accumulation, which runs first).
       if (exchanged_since_step && passes_done == 0 && !any_handed) forget_unstepped_exchange();
       auto running = std::make_shared<EndOfBackward::Pass>();
       pass = running;

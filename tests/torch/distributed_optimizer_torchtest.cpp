@@ -496,30 +496,37 @@ TEST(DistributedOptimizer, TwoLiveOptimizersOverOneParameterAreRefused) {
   EXPECT_NE(given_twice.find("is given twice"), std::string::npos) << given_twice;
 }
 
+// Every tensor in a bucket of its own: a pass that raises midway has handed some over.
+GradientOptions a_bucket_per_tensor() {
+  GradientOptions options;
+  options.min_compress_elements = 1 << 20;
+  return options;
+}
+
+// Backward of the loss on this rank's batch `step`. With `raise`, w2 and b2 get their
+// gradients, then a hook on the hidden layer raises before w1's and b1's.
+void backward_raising_if(Parameters& p, int step, bool raise) {
+  const auto data = batch(world()->rank(), step);
+  at::Tensor h = at::tanh(data.first.mm(p["w1"].t()) + p["b1"]);
+  if (raise) {
+    h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("boom"); });
+  }
+  (h.mm(p["w2"].t()) + p["b2"] - data.second).pow(2).mean().backward();
+}
+
 // A backward pass that raises on rank 0 after some gradients were handed over: the exchange
 // is completed with NaN, every rank sees a non-finite mean, step() refuses on rank 0; the
 // next steps go on with every rank identical.
 TEST(DistributedOptimizer, RaisingBackwardIsNeverSilent) {
   Parameters p = make_parameters();
   ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
-  GradientOptions options;
-  options.min_compress_elements = 1 << 20;  // every tensor in a bucket of its own
-  DistributedOptimizer opt(sgd, p, world(), options);
+  DistributedOptimizer opt(sgd, p, world(), a_bucket_per_tensor());
   const bool raiser = world()->rank() == 0;
   opt.zero_grad();
-  {
-    const auto data = batch(world()->rank(), 0);
-    at::Tensor h = at::tanh(data.first.mm(p["w1"].t()) + p["b1"]);
-    if (raiser) {
-      // w2 and b2 get their gradients; the hook on h then raises before w1's and b1's.
-      h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("boom"); });
-    }
-    at::Tensor loss = (h.mm(p["w2"].t()) + p["b2"] - data.second).pow(2).mean();
-    if (raiser) {
-      EXPECT_THROW(loss.backward(), std::exception);
-    } else {
-      loss.backward();
-    }
+  if (raiser) {
+    EXPECT_THROW(backward_raising_if(p, 0, true), std::exception);
+  } else {
+    backward_raising_if(p, 0, false);
   }
   if (raiser) {
     const std::string message = testing::error_text([&] { opt.step(); });
@@ -541,32 +548,22 @@ TEST(DistributedOptimizer, RaisingBackwardIsNeverSilent) {
 TEST(DistributedOptimizer, ALoopClearingGradientsItselfGoesOnAfterARaisingBackward) {
   Parameters p = make_parameters();
   ::torch::optim::SGD sgd(p.values(), ::torch::optim::SGDOptions(0.1));
-  GradientOptions options;
-  options.min_compress_elements = 1 << 20;  // every tensor in a bucket of its own
-  DistributedOptimizer opt(sgd, p, world(), options);
+  DistributedOptimizer opt(sgd, p, world(), a_bucket_per_tensor());
   const bool raiser = world()->rank() == 0;
   const auto clear = [&] {
     for (auto& item : p) item.value().mutable_grad() = at::Tensor();
   };
-  const auto backward = [&](int step, bool raise) {
-    const auto data = batch(world()->rank(), step);
-    at::Tensor h = at::tanh(data.first.mm(p["w1"].t()) + p["b1"]);
-    if (raise) {
-      h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("boom"); });
-    }
-    (h.mm(p["w2"].t()) + p["b2"] - data.second).pow(2).mean().backward();
-  };
   clear();
   if (raiser) {
-    EXPECT_THROW(backward(0, true), std::exception);
+    EXPECT_THROW(backward_raising_if(p, 0, true), std::exception);
   } else {
-    backward(0, false);
+    backward_raising_if(p, 0, false);
     EXPECT_FALSE(at::isfinite(p["w1"].grad()).all().item<bool>());  // skipped by the loop
   }
   const auto before = values(p);
   for (int step = 1; step <= 2; ++step) {
     clear();
-    backward(step, false);
+    backward_raising_if(p, step, false);
     ASSERT_NO_THROW(opt.step()) << "step " << step;
   }
   const auto after = values(p);
