@@ -6,15 +6,34 @@
 
 namespace gradcomp::schedule {
 
-std::vector<double> max_over_ranks(Transport& transport, std::vector<double> mine) {
-  const auto world = static_cast<size_t>(transport.size());
-  std::vector<double> all(mine.size() * world);
+std::vector<double> gather_over_ranks(Transport& transport, const std::vector<double>& mine) {
+  std::vector<double> all(mine.size() * static_cast<size_t>(transport.size()));
   transport.allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)))
       ->wait(transport.timeout());
-  for (size_t r = 0; r < world; ++r) {
-    for (size_t i = 0; i < mine.size(); ++i) mine[i] = std::max(mine[i], all[r * mine.size() + i]);
+  return all;
+}
+
+std::vector<double> rows_max(const std::vector<double>& gathered, size_t world) {
+  const size_t n = gathered.size() / world;
+  std::vector<double> most(gathered.begin(), gathered.begin() + static_cast<std::ptrdiff_t>(n));
+  for (size_t r = 1; r < world; ++r) {
+    for (size_t i = 0; i < n; ++i) most[i] = std::max(most[i], gathered[r * n + i]);
   }
-  return mine;
+  return most;
+}
+
+std::vector<double> rows_mean(const std::vector<double>& gathered, size_t world) {
+  const size_t n = gathered.size() / world;
+  std::vector<double> sum(n, 0.0);
+  for (size_t r = 0; r < world; ++r) {
+    for (size_t i = 0; i < n; ++i) sum[i] += gathered[r * n + i];
+  }
+  for (double& v : sum) v /= static_cast<double>(world);
+  return sum;
+}
+
+std::vector<double> max_over_ranks(Transport& transport, std::vector<double> mine) {
+  return rows_max(gather_over_ranks(transport, mine), static_cast<size_t>(transport.size()));
 }
 
 double median(std::vector<double> values) {
