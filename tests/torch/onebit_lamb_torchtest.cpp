@@ -491,7 +491,9 @@ TEST(OneBitLamb, AParameterNoRankUsedInTheWarmupLearnsItsVariance) {
     loss.backward();
     opt.step();
     const double moved = (p["late"] - before).abs().max().item<double>();
-    if (step < 4) EXPECT_LE(moved, 0.01 * 0.5 * 1.01) << step;  // lr times the weights at most
+    if (step < 4) {
+      EXPECT_LE(moved, 0.01 * 0.5 * 1.01) << step;  // lr times the weights at most
+    }
     EXPECT_EQ(state_of(opt, p["late"]).exp_avg_sq().any().item<bool>(), step >= 4) << step;
   }
   expect_identical_across_ranks(p, "a parameter first used after the warm-up, no option");
