@@ -11,8 +11,8 @@
 //              best plan, the best plan of each candidate alone, the best uncompressed one;
 //   trial      each proposal runs for a few steps (Engine::set_plan, so nothing of the
 //              gradients is lost, and as a trial: feedback memory a plan without feedback
-//              would receive at once waits for the decision); a step's time is the slowest
-//              rank's; the lossy plans go first, uncompressed after them (it can then stop
+//              would receive at once waits for the decision); a step's time is the ranks'
+//              mean of it; the lossy plans go first, uncompressed after them (it can then stop
 //              early too, and a job's first steps may still run slow), and a trial clearly
 //              slower than the fastest measured after its first steps stops there;
 //   refine     the trials correct the model (a cost per message, compute slowed while
@@ -140,7 +140,7 @@ struct AutoCandidate {
   std::string name;          // "planner's best", "powersgd:rank=4|ef alone", "uncompressed"
   std::string summary;       // "12 buckets: 9 powersgd:rank=4/ef/allreduce, 3 none"
   double predicted_ms = 0;   // the calibrated model's iteration time
-  double measured_ms = 0;    // median over its trials' measured steps of the slowest rank's
+  double measured_ms = 0;    // median over its trials' measured steps (each the ranks' mean)
   uint64_t first_step = 0;   // the engine step its (last) trial began
   Plan plan;                 // the plan itself
   int round = 1;             // 1: proposed by the model as calibrated; 2: as corrected by round 1
