@@ -156,11 +156,15 @@ def test_train_reports_accuracy_over_time(tmp_path, contender):
 def test_train_with_auto_decides_as_a_user_would_run_it(tmp_path):
     """compression="auto" with its defaults in the training workload: it decides within 0.15
     epoch (141 steps: the warm-up, up to 7 trials, a runoff of 3 and a lossless plan measured
-    again with the fastest, 6 steps each), every rank alike, and says what it kept."""
+    again with the fastest, 6 steps each), every rank alike, and says what it kept. The run
+    may end in a later search: the drift watch searches again when the step time moves by
+    more than 20% (a CI machine's builds beside the test can do that)."""
     ranks = run_workers(tmp_path, "auto", extra=("--workload", "train", "--epochs", "0.15"))
     auto = ranks[0]["auto"]
-    assert auto["phase"] == "decided", auto
+    assert auto["decisions"], auto
     decision = auto["decisions"][0]
+    assert decision["reason"].startswith("first decision"), decision["reason"]
+    assert ranks[1]["auto"]["phase"] == auto["phase"]
     assert decision["kept"] and decision["why"] and decision["step"] <= ranks[0]["steps"]
     assert len(decision["candidates"]) >= 2
     assert all(c["measured_ms"] > 0 for c in decision["candidates"])
