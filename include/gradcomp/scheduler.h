@@ -22,14 +22,17 @@
 //              uncompressed plan of the same run first) is within the trials' noise or 3% of
 //              it (do no harm); a larger gain that only the noise hides is measured again;
 //   watch      when the step time drifts by more than `drift` for several checks in a row (a link
-//              got slower, another job arrived), or a compressed plan's probe of the link finds
-//              it much faster, it calibrates and decides again; when the
+//              got slower, another job arrived), when a kept compressed plan runs slower than
+//              the lossless plan it beat by more than the margin it won by (do no harm,
+//              watched), or a compressed plan's probe of the link finds it much faster, it
+//              calibrates and decides again; when the
 //              error feedback's residual keeps growing against the mean (compression costs
 //              the model more and more), it backs off to a gentler plan (more bits per
 //              element) and leaves that codec out of later searches.
 //
 // Every rank feeds it its own clock and takes the same decisions: whatever a decision depends
-// on is agreed over the transport first (the maximum over ranks). Collectives are issued only
+// on is agreed over the transport first (the maximum over ranks, or for a step's time their
+// mean). Collectives are issued only
 // from on_step_end(), which every rank calls once per exchanged step, between steps.
 #pragma once
 

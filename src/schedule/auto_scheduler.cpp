@@ -233,6 +233,15 @@ struct AutoScheduler::Impl {
   double reference_ms = 0;  // the kept plan's measured step
   std::vector<double> window;
   uint64_t drifting = 0;    // consecutive checks that saw drift
+  // Do no harm, watched: a compressed plan kept must go on beating the lossless plan the
+  // search measured (its step, and the margin it had to beat it by); 0 when the plan in force
+  // is lossless or the search measured none. Consecutive checks that found it slower.
+  double lossless_ms = 0;
+  double harm_margin_ms = 0;
+  uint64_t harming = 0;
+  double last_check_ms = 0;  // the last check's step (the ranks' mean of their medians)
+  void set_watch_bars(const AutoDecision& d);  // reference_ms and the lossless bar
+  std::optional<Plan> watch_harm(double ms);
   // Searches the drift started that kept the plan they started from, in a row (at most
   // kMaxDriftBackoff): each doubles the drifting checks the next search needs.
   uint64_t drift_backoff = 0;
@@ -833,7 +842,7 @@ std::optional<Plan> AutoScheduler::Impl::decide() {
   search.step = steps + 1;
   search.search_steps = static_cast<double>(trial_steps_run);
   count_search_cost();
-  reference_ms = cs[best].measured_ms;
+  set_watch_bars(search);
   window.clear();
   drifting = 0;
   first_ratio.clear();
@@ -875,9 +884,11 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
       1e3 * schedule::rows_mean(schedule::gather_over_ranks(*transport, {schedule::median(window)}),
                                 world)[0];
   window.clear();
+  last_check_ms = ms;
   const double change = reference_ms > 0 ? ms / reference_ms - 1 : 0;
   drifting = std::fabs(change) > settings.drift ? drifting + 1 : 0;
   if (drifting == 0 || drifting < drift_checks_for(change)) {
+    if (auto plan = watch_harm(ms)) return plan;
     prepare_health_if_due();
     return std::nullopt;
   }
@@ -886,6 +897,47 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
       fmt::format("step time drifted {:+.0f}% ({:.1f} ms against {:.1f} ms) "
                   "for {} check{}",
                   100 * change, ms, reference_ms, drifting, drifting == 1 ? "" : "s"));
+}
+
+// A compressed plan is kept only for beating the lossless one by more than the trials' noise
+// and kMinGain; the drift watch alone would let it lose that gain for good, unseen, whenever
+// the gain was smaller than the drift threshold (a plan that runs 15% slower than its trial
+// where it had won by 10%). Checks that find its step slower than the lossless plan's, by
+// more than the margin it had to win by, as many in a row as a drift needs, start a search:
+// the lossless plan is measured again beside it, under the same conditions, and the decision's
+// hysteresis and the drift's backoff apply (a machine that slowed every plan alike changes
+// nothing, and the next such search waits longer).
+std::optional<Plan> AutoScheduler::Impl::watch_harm(double ms) {
+  harming = lossless_ms > 0 && ms > lossless_ms + harm_margin_ms ? harming + 1 : 0;
+  if (harming == 0 || harming < drift_checks_needed()) return std::nullopt;
+  drift_search = true;
+  return start_search(fmt::format(
+      "the kept plan ran slower than uncompressed: {:.1f} ms a step against {:.1f} ms "
+      "measured for the lossless plan, more than the {:.1f} ms it had to win by, for {} "
+      "check{}",
+      ms, lossless_ms, harm_margin_ms, harming, harming == 1 ? "" : "s"));
+}
+
+// The watch's references from decision `d`: the kept plan's measured step (the drift's), and
+// when it is compressed, the fastest lossless plan measured and the margin the kept plan had
+// to beat it by (decide(): tie_margin).
+void AutoScheduler::Impl::set_watch_bars(const AutoDecision& d) {
+  const AutoCandidate& kept = d.candidates[d.kept];
+  reference_ms = kept.measured_ms;
+  lossless_ms = 0;
+  harm_margin_ms = 0;
+  harming = 0;
+  last_check_ms = 0;
+  if (!kept.plan.compressed()) return;
+  const AutoCandidate* lossless = nullptr;
+  for (const AutoCandidate& c : d.candidates) {
+    if (c.plan.compressed() || c.measured_steps == 0 || c.measured_ms <= 0) continue;
+    if (!lossless || c.measured_ms < lossless->measured_ms) lossless = &c;
+  }
+  if (!lossless) return;
+  lossless_ms = lossless->measured_ms;
+  harm_margin_ms = std::max(kNoiseSpan * std::hypot(lossless->noise_ms, kept.noise_ms),
+                            kMinGain * lossless->measured_ms);
 }
 
 // Drifting checks in a row a search needs when the last one saw `change` (past the drift):
@@ -1109,7 +1161,7 @@ std::optional<Plan> AutoScheduler::Impl::back_off(size_t bucket, double growth) 
   d.step = steps + 1;
   d.search_steps = 0;
   d.search_seconds = 0;
-  reference_ms = d.candidates[d.kept].measured_ms;
+  set_watch_bars(d);
   window.clear();
   drifting = 0;
   link_faster = 0;
@@ -1182,7 +1234,12 @@ json AutoScheduler::report() const {
           {"candidates", s.settings.candidates},
           {"plan", summarize(s.current)},
           {"reference_ms", s.reference_ms},
+          {"last_check_ms", s.last_check_ms},
           {"drift_checks", s.drift_checks_needed()},
+          // Do no harm, watched (watch_harm): 0 where the plan in force is lossless.
+          {"lossless_ms", s.lossless_ms},
+          {"harm_margin_ms", s.harm_margin_ms},
+          {"slower_checks", s.harming},
           {"link_watch", s.link_reference ? json{{"probe_bytes", s.link_reference->bytes},
                                                  {"calibrated_ms", 1e3 * s.link_reference->seconds},
                                                  {"last_ms", 1e3 * s.link_last_s},
@@ -1209,6 +1266,8 @@ json AutoScheduler::save() const {
           {"steps", s.steps},
           {"plan", s.current.to_json()},
           {"reference_ms", s.reference_ms},
+          {"lossless_ms", s.lossless_ms},
+          {"harm_margin_ms", s.harm_margin_ms},
           {"drift_backoff", s.drift_backoff},
           {"watch_from", s.watch_from},
           // The link watch's probe as calibrated: a run resumed on a faster link decides again.
@@ -1247,6 +1306,11 @@ std::optional<Plan> AutoScheduler::restore(const json& saved) {
     if (phase == "decided") {
       s.phase = Impl::Phase::kDecided;
       s.reference_ms = saved.at("reference_ms").get<double>();
+      // Optional: states saved before the harm watch resume without it.
+      s.lossless_ms = saved.value("lossless_ms", 0.0);
+      s.harm_margin_ms = saved.value("harm_margin_ms", 0.0);
+      s.harming = 0;
+      s.last_check_ms = 0;
       s.measured_profile = std::move(profile);
       s.window.clear();
       s.drifting = 0;

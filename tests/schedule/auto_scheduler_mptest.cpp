@@ -728,6 +728,54 @@ TEST(AutoScheduler, AStepSeveralTimesAsLongSearchesAtTheFirstDriftingCheck) {
   EXPECT_EQ(checks_to_search(4.0), 1u);   // +300%: the first
 }
 
+// Do no harm, watched: a compressed plan that won by 10% and then runs 18% slower than its
+// trial (under the drift threshold of 20%) is slower than uncompressed; two checks of it in a
+// row start a search, which measures uncompressed again and keeps it. Slower by less than the
+// margin it had to win by (3% of the lossless step), nothing happens.
+TEST(AutoScheduler, AKeptPlanSlowerThanUncompressedSearchesAgainBeforeItDrifts) {
+  const auto job = [](double compressed_after) {
+    return [compressed_after](const Plan& p) { return is_compressed(p) ? compressed_after : 100.0; };
+  };
+  AutoScheduler scheduler(world(), model_tensors(), settings());  // 2 checks of 4 steps
+  drive_on(scheduler, 45, job(90));
+  ASSERT_EQ(scheduler.phase(), "decided");
+  ASSERT_TRUE(is_compressed(scheduler.current_plan()));
+  auto report = scheduler.report();
+  EXPECT_NEAR(report["lossless_ms"].get<double>(), 100 + mean_rank_lag_ms(), 1e-6);
+  EXPECT_NEAR(report["harm_margin_ms"].get<double>(), 0.03 * (100 + mean_rank_lag_ms()), 1e-6);
+  // 102 ms: slower than uncompressed, within the margin: no search.
+  drive_on(scheduler, 40, job(102));
+  report = scheduler.report();
+  EXPECT_EQ(report["decisions"].size(), 1u);
+  EXPECT_EQ(report["slower_checks"], 0);
+  EXPECT_NEAR(report["last_check_ms"].get<double>(), 102 + mean_rank_lag_ms(), 1e-6);
+  // 106 ms (+17.8% against the trial: no drift): a search after the second check of it (within
+  // 12 steps, the first window may hold steps of both), which keeps uncompressed.
+  drive_on(scheduler, 12, job(106));
+  report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 1u);
+  EXPECT_EQ(report["slower_checks"], 2);
+  EXPECT_EQ(scheduler.phase(), "trial");
+  drive_on(scheduler, 60, job(106));
+  report = scheduler.report();
+  ASSERT_EQ(report["decisions"].size(), 2u);
+  const auto& decision = report["decisions"][1];
+  EXPECT_NE(decision["reason"].get<std::string>().find("slower than uncompressed"),
+            std::string::npos)
+      << decision["reason"];
+  EXPECT_FALSE(is_compressed(scheduler.current_plan())) << decision["why"];
+  EXPECT_EQ(report["lossless_ms"], 0.0);  // nothing to watch under a lossless plan
+  // The bar is saved with the decision.
+  AutoScheduler first(world(), model_tensors(), settings());
+  drive_on(first, 45, job(90));
+  AutoScheduler resumed(world(), model_tensors(), settings());
+  resumed.restore(first.save());
+  EXPECT_EQ(resumed.report()["lossless_ms"], first.report()["lossless_ms"]);
+  drive_on(resumed, 8, job(106));
+  EXPECT_EQ(resumed.phase(), "trial");
+  expect_same_on_every_rank(scheduler.current_plan().to_json().dump());
+}
+
 // On a shared machine the step time swings past the threshold and back: a search the drift
 // started that keeps the plan it started from makes the next one wait for twice as many
 // drifting checks; a search that changes the plan makes the watch as quick as it was set.
