@@ -36,6 +36,10 @@ std::vector<double> max_over_ranks(Transport& transport, std::vector<double> min
   return rows_max(gather_over_ranks(transport, mine), static_cast<size_t>(transport.size()));
 }
 
+std::vector<double> mean_over_ranks(Transport& transport, std::vector<double> mine) {
+  return rows_mean(gather_over_ranks(transport, mine), static_cast<size_t>(transport.size()));
+}
+
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());

@@ -10,9 +10,10 @@
 
 namespace gradcomp::schedule {
 
-// Element-wise maximum over the ranks of `mine` (every rank passes as many values); the same
-// result on every rank. A collective (one allgather).
+// Element-wise maximum / mean over the ranks of `mine` (every rank passes as many values); the
+// same result on every rank. A collective (one allgather).
 std::vector<double> max_over_ranks(Transport& transport, std::vector<double> mine);
+std::vector<double> mean_over_ranks(Transport& transport, std::vector<double> mine);
 
 // Every rank's `mine` (as many values each), rank after rank: the same on every rank. A
 // collective (one allgather).

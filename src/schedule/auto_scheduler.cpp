@@ -879,10 +879,7 @@ std::optional<Plan> AutoScheduler::Impl::watch(double step_s) {
   }
   if (auto plan = watch_residuals()) return plan;
   // The ranks' mean, as the trials measure the reference (take_trial_times).
-  const auto world = static_cast<size_t>(transport->size());
-  const double ms =
-      1e3 * schedule::rows_mean(schedule::gather_over_ranks(*transport, {schedule::median(window)}),
-                                world)[0];
+  const double ms = 1e3 * schedule::mean_over_ranks(*transport, {schedule::median(window)})[0];
   window.clear();
   last_check_ms = ms;
   const double change = reference_ms > 0 ? ms / reference_ms - 1 : 0;
