@@ -105,6 +105,14 @@ std::optional<schedule::LinkProbe> watched_probe(const std::vector<schedule::Lin
                            [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
 }
 
+// How much slower than `fastest` a lossless candidate `c` may measure and still be kept
+// (decide()'s tie_margin, and the bar of the watch after it): the clock cannot tell them apart
+// within their combined noise, and a gain below kMinGain is not worth a lossy codec.
+double margin_between(const AutoCandidate& c, const AutoCandidate& fastest) {
+  const double noise = kNoiseSpan * std::hypot(c.noise_ms, fastest.noise_ms);
+  return std::max(noise, kMinGain * c.measured_ms);
+}
+
 // "41.2 ± 0.8 ms"
 std::string measured_text(const AutoCandidate& c) {
   return c.noise_ms > 0 ? fmt::format("{:.1f} ± {:.1f} ms", c.measured_ms, c.noise_ms)
@@ -158,7 +166,7 @@ struct AutoScheduler::Impl {
   std::optional<Plan> next_trial();
   std::optional<Plan> refine();
   std::optional<Plan> decide();
-  double tie_margin(size_t c, size_t fastest) const;  // decide(): see there
+  double tie_margin(size_t c, size_t fastest) const;  // margin_between, by index
   bool noise_hides_gain(size_t c, size_t fastest) const;
   size_t keep_plan_in_force(size_t best) const;  // decide(): the hysteresis of a watch's search
   std::vector<size_t> close_to(size_t fastest) const;  // decide(): the runoff's candidates
@@ -683,13 +691,8 @@ std::optional<Plan> AutoScheduler::Impl::refine() {
   return next_trial();
 }
 
-// How much slower than `fastest` a lossless candidate `c` may measure and still be kept: the
-// clock cannot tell them apart within their combined noise, and a gain below kMinGain is not
-// worth a lossy codec.
 double AutoScheduler::Impl::tie_margin(size_t c, size_t fastest) const {
-  const auto& cs = search.candidates;
-  const double noise = kNoiseSpan * std::hypot(cs[c].noise_ms, cs[fastest].noise_ms);
-  return std::max(noise, kMinGain * cs[c].measured_ms);
+  return margin_between(search.candidates[c], search.candidates[fastest]);
 }
 
 // Whether lossless candidate `c`, kept within tie_margin of the lossy `fastest`, hides a gain
@@ -917,7 +920,7 @@ std::optional<Plan> AutoScheduler::Impl::watch_harm(double ms) {
 
 // The watch's references from decision `d`: the kept plan's measured step (the drift's), and
 // when it is compressed, the fastest lossless plan measured and the margin the kept plan had
-// to beat it by (decide(): tie_margin).
+// to beat it by (margin_between, as decide() asked it).
 void AutoScheduler::Impl::set_watch_bars(const AutoDecision& d) {
   const AutoCandidate& kept = d.candidates[d.kept];
   reference_ms = kept.measured_ms;
@@ -933,8 +936,7 @@ void AutoScheduler::Impl::set_watch_bars(const AutoDecision& d) {
   }
   if (!lossless) return;
   lossless_ms = lossless->measured_ms;
-  harm_margin_ms = std::max(kNoiseSpan * std::hypot(lossless->noise_ms, kept.noise_ms),
-                            kMinGain * lossless->measured_ms);
+  harm_margin_ms = margin_between(*lossless, kept);
 }
 
 // Drifting checks in a row a search needs when the last one saw `change` (past the drift):
